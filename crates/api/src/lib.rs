@@ -1,0 +1,38 @@
+//! OpenAI-compatible wire types, validation into typed values, OpenAI-shaped errors and SSE.
+//!
+//! `strata-api` sits at the bottom of Strata's dependency graph: the engine, the router and
+//! the gateway all speak the same client API (see `PROTOCOLS.md` §1), so its shapes live
+//! here once. The crate does no I/O and has no async; it only turns bytes into checked
+//! values and values into bytes:
+//!
+//! * [`error`]: [`ApiError`], the one error type every front answers with, serialized in
+//!   OpenAI's `{"error": {"message", "type", "param", "code"}}` shape with its HTTP status.
+//! * [`types`]: serde types for `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+//!   `/v1/embeddings`, `/tokenize` and `/detokenize`, their streaming chunks, usage and
+//!   logprobs. Requests are lenient (unknown fields ignored), responses exact.
+//! * [`validate`]: [`parse_json`] with field-level error reporting, then
+//!   [`validate_chat`] / [`validate_completion`] into [`SamplingParams`] and friends, and
+//!   [`check_context`] once the prompt is tokenized.
+//! * [`sse`]: Server-Sent Events encoding for responses and an incremental decoder for
+//!   reading upstream streams.
+
+pub mod error;
+pub mod sse;
+pub mod types;
+pub mod validate;
+
+pub use error::{ApiError, ErrorDetail, ErrorKind, ErrorResponse};
+pub use sse::{SseDecoder, SseError, SseEvent};
+pub use types::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
+    CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    DetokenizeResponse, EmbeddingRequest, EmbeddingResponse, FinishReason, ModelCard, ModelList,
+    Prompt, RequestMessage, ResponseMessage, Role, StopReason, TokenizeRequest, TokenizeResponse,
+    TopLogprob, TopLogprobMap, Usage,
+};
+pub use validate::{
+    check_context, parse_json, validate_chat, validate_completion, validate_tokenize, ChatMessage,
+    PromptInput, SamplingParams, TokenizeInput, ValidatedChat, ValidatedCompletion,
+    ValidatedTokenize, MAX_N, MAX_STOP, MAX_TOP_LOGPROBS,
+};

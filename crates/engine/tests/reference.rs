@@ -1,0 +1,188 @@
+//! The engine against the reference oracle (`tools/reference/oracle.py`): transformers
+//! running the same GGUF dequantized to f32. With f32 weights every greedy token and every
+//! top-5 logit must match; with the fast Q8_0 weights most greedy continuations must.
+
+mod common;
+
+use serde::Deserialize;
+use strata_engine::kv::cache::KvCache;
+use strata_engine::model::{Llama, SeqInput, WeightFormat};
+
+#[derive(Deserialize)]
+struct Fixture {
+    model_sha256: String,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    steps: Vec<Step>,
+}
+
+#[derive(Deserialize)]
+struct Step {
+    top5: Vec<(u32, f32)>,
+}
+
+fn fixture() -> Fixture {
+    let text = include_str!("fixtures/reference_smollm2.json");
+    serde_json::from_str(text).expect("fixture parses")
+}
+
+/// Runs the prompt then teacher-forces the reference's greedy tokens, returning the
+/// logits after the prompt and after each forced token (one row per reference step).
+fn run_case(model: &Llama, case: &Case) -> Vec<Vec<f32>> {
+    let block_size = 16;
+    let total = case.prompt_ids.len() + case.greedy_ids.len();
+    let num_blocks = total.div_ceil(block_size);
+    let mut cache = KvCache::new(
+        model.config.n_layer,
+        num_blocks,
+        block_size,
+        model.kv_slot_width(),
+    );
+    // A scrambled block table: attention must follow the table, not assume contiguity.
+    let table: Vec<u32> = (0..num_blocks as u32).rev().collect();
+    let mut rows = Vec::new();
+    let first = model
+        .forward(
+            &mut cache,
+            &[SeqInput {
+                tokens: &case.prompt_ids,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+            }],
+        )
+        .expect("prefill");
+    rows.push(first[0].clone().expect("logits"));
+    let mut pos = case.prompt_ids.len();
+    for &tok in &case.greedy_ids[..case.greedy_ids.len() - 1] {
+        let out = model
+            .forward(
+                &mut cache,
+                &[SeqInput {
+                    tokens: &[tok],
+                    start_pos: pos,
+                    block_table: &table,
+                    want_logits: true,
+                }],
+            )
+            .expect("decode");
+        rows.push(out[0].clone().expect("logits"));
+        pos += 1;
+    }
+    rows
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn f32_weights_match_reference_tokens_and_logits() {
+    let fx = fixture();
+    let path = common::model_path();
+    assert_eq!(
+        strata_engine::model_cache::file_sha256(&path).expect("hash"),
+        fx.model_sha256,
+        "the fixture was made from a different model file"
+    );
+    let model = Llama::load(&path, WeightFormat::F32).expect("load f32");
+    let mut failures = Vec::new();
+    let mut worst = 0f32;
+    for case in &fx.cases {
+        let rows = run_case(&model, case);
+        for (i, (row, step)) in rows.iter().zip(&case.steps).enumerate() {
+            let got = argmax(row);
+            if got != case.greedy_ids[i] {
+                failures.push(format!(
+                    "{} step {i}: greedy {got}, reference {}",
+                    case.name, case.greedy_ids[i]
+                ));
+            }
+            for &(id, logit) in &step.top5 {
+                let ours = row[id as usize];
+                let rel = (ours - logit).abs() / logit.abs().max(1.0);
+                worst = worst.max(rel);
+                if rel > 1e-3 {
+                    failures.push(format!(
+                        "{} step {i}: logit of {id} is {ours}, reference {logit} (rel {rel:.2e})",
+                        case.name
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("worst relative logit error: {worst:.2e}");
+    assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn q8_0_weights_match_most_greedy_continuations() {
+    let fx = fixture();
+    let model = Llama::load(&common::model_path(), WeightFormat::Q8_0).expect("load q8_0");
+    let mut matched = 0;
+    let mut report = Vec::new();
+    for case in &fx.cases {
+        // Free-running greedy decode: the continuation must equal the reference's.
+        let block_size = 16;
+        let total = case.prompt_ids.len() + case.greedy_ids.len();
+        let num_blocks = total.div_ceil(block_size);
+        let mut cache = KvCache::new(
+            model.config.n_layer,
+            num_blocks,
+            block_size,
+            model.kv_slot_width(),
+        );
+        let table: Vec<u32> = (0..num_blocks as u32).collect();
+        let mut tokens = case.prompt_ids.clone();
+        let mut start = 0;
+        while tokens.len() < total {
+            let out = model
+                .forward(
+                    &mut cache,
+                    &[SeqInput {
+                        tokens: &tokens[start..],
+                        start_pos: start,
+                        block_table: &table,
+                        want_logits: true,
+                    }],
+                )
+                .expect("forward");
+            start = tokens.len();
+            tokens.push(argmax(out[0].as_ref().expect("logits")));
+        }
+        let ours = &tokens[case.prompt_ids.len()..];
+        let agree = ours
+            .iter()
+            .zip(&case.greedy_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if agree == case.greedy_ids.len() {
+            matched += 1;
+        }
+        report.push(format!(
+            "{}: {agree}/{} tokens",
+            case.name,
+            case.greedy_ids.len()
+        ));
+    }
+    eprintln!("q8_0 greedy agreement:\n{}", report.join("\n"));
+    let needed = (fx.cases.len() * 5).div_ceil(6);
+    assert!(
+        matched >= needed,
+        "only {matched}/{} continuations matched (need {needed}):\n{}",
+        fx.cases.len(),
+        report.join("\n")
+    );
+}

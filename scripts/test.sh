@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every check and test: formatting, lints, the default model (pulled when missing),
+# then the whole workspace's tests. Usage: scripts/test.sh [extra test-runner args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== default model"
+cargo run --quiet --locked -p strata-cli -- model pull
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --locked --no-fail-fast "$@"
+else
+    cargo test --workspace --locked --no-fail-fast "$@"
+fi
