@@ -1,26 +1,38 @@
 #!/usr/bin/env python3
-"""Generate the tokenizer reference fixture from llama.cpp's `llama-tokenize`.
+"""Generate the tokenizer reference fixtures from llama.cpp's `llama-tokenize`.
 
-Runs llama-tokenize (built by tools/llamacpp/build.sh) over a fixed corpus and writes
-crates/engine/tests/fixtures/tokenizer_smollm2.json with, for every string, the ids
-llama.cpp produces. crates/engine/tests/tokenizer.rs checks Strata's tokenizer
-against it.
+Runs llama-tokenize (built by tools/llamacpp/build.sh) over a fixed corpus and writes,
+for every string, the ids llama.cpp produces:
+
+* crates/engine/tests/fixtures/tokenizer_smollm2.json: the SmolLM2 GGUF (byte-level
+  BPE, pre-tokenizer `smollm`);
+* crates/engine/tests/fixtures/tokenizer_spm_synthetic.json: a synthetic SentencePiece
+  (`tokenizer.ggml.model = llama`) vocabulary built here from the corpus, with scores,
+  byte-fallback tokens and control/user-defined tokens. The vocabulary is stored in the
+  fixture and written to a metadata-only GGUF for llama-tokenize.
+
+crates/engine/tests/tokenizer.rs checks Strata's tokenizer against both.
 
 Each text is written to a file and passed with `-f` (bytes exactly as given), with
 `--ids --log-disable --no-escape`; `--no-parse-special` is added for the cases whose
-`parse_special` is false. BOS is left to the model (`add_special: true`).
+`parse_special` is false and `--no-bos` for those whose `add_special` is false.
 
-Usage: tools/reference/tokenizer_fixture.py [--model PATH] [--llama-tokenize PATH] [--out PATH]
+Usage: tools/reference/tokenizer_fixture.py [--which all|smollm2|spm] [--model PATH]
+       [--llama-tokenize PATH] [--out-dir DIR]
 Model default: $STRATA_TEST_MODEL, else $STRATA_HOME/models/smollm2-135m-instruct.gguf
 (STRATA_HOME defaults to ~/.cache/strata).
 """
 
 import argparse
 import json
+import math
 import os
+import random
+import struct
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +136,7 @@ def default_model() -> Path:
     return Path(home) / "models" / "smollm2-135m-instruct.gguf"
 
 
-def tokenize(binary: Path, model: Path, text: str, parse_special: bool) -> list:
+def tokenize(binary: Path, model: Path, text: str, parse_special: bool, add_special: bool = True) -> list:
     with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
         f.write(text.encode("utf-8"))
         path = f.name
@@ -132,6 +144,8 @@ def tokenize(binary: Path, model: Path, text: str, parse_special: bool) -> list:
         cmd = [str(binary), "-m", str(model), "-f", path, "--ids", "--log-disable", "--no-escape"]
         if not parse_special:
             cmd.append("--no-parse-special")
+        if not add_special:
+            cmd.append("--no-bos")
         proc = subprocess.run(cmd, capture_output=True, check=False)
     finally:
         os.unlink(path)
@@ -145,46 +159,186 @@ def tokenize(binary: Path, model: Path, text: str, parse_special: bool) -> list:
     return json.loads(lines[-1])
 
 
+# Extra strings for the SentencePiece vocabulary: dummy prefix, special tokens between
+# text, byte fallback.
+SPM_EXTRA = [
+    ("Hello world", True),
+    (" leading space", True),
+    ("hello</s>world", True),
+    ("hello</s>world", False),
+    ("<s>hello", True),
+    ("<|user|>hi there<|eot_id|>", False),
+    ("<|user|>hi there<|eot_id|>", True),
+    ("Byte fallback: \u20ac \U0001f600 \u4f60\u597d!", True),
+    ("the the the there then they them their", True),
+]
+
+SPM_SPECIALS = [("<unk>", 2), ("<s>", 3), ("</s>", 3), ("<|user|>", 4), ("<|eot_id|>", 3)]
+
+
+def build_spm_vocab() -> dict:
+    """A deterministic SentencePiece-style vocabulary: control/user tokens, 256 byte
+    tokens, then frequent corpus substrings (spaces as U+2581) with made-up scores.
+    Pieces containing the euro sign or the grinning emoji are left out so those
+    characters need byte fallback."""
+    rng = random.Random(7)
+    counts = Counter()
+    for text, _ in CORPUS + SPM_EXTRA:
+        s = "\u2581" + text.replace(" ", "\u2581")
+        for i in range(len(s)):
+            for n in range(1, 7):
+                if i + n <= len(s):
+                    counts[s[i : i + n]] += 1
+    tokens, scores, types = [], [], []
+    for text, ty in SPM_SPECIALS:
+        tokens.append(text)
+        scores.append(0.0)
+        types.append(ty)
+    for b in range(256):
+        tokens.append("<0x%02X>" % b)
+        scores.append(0.0)
+        types.append(6)
+    seen = set(tokens)
+    for piece, count in counts.most_common(2500):
+        if piece in seen or "\u20ac" in piece or "\U0001f600" in piece:
+            continue
+        seen.add(piece)
+        tokens.append(piece)
+        scores.append(round(math.log(count) - 0.5 * len(piece) - 3.0 * rng.random(), 4))
+        types.append(1)
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+
+
+def write_vocab_gguf(path: Path, vocab: dict) -> None:
+    """A GGUF v3 file with metadata only (no tensors): enough for llama-tokenize."""
+    kv = [
+        ("general.architecture", "s", "llama"),
+        ("general.name", "s", "strata-synthetic-spm"),
+        ("llama.context_length", "u32", 512),
+        ("llama.embedding_length", "u32", 64),
+        ("llama.block_count", "u32", 1),
+        ("llama.feed_forward_length", "u32", 128),
+        ("llama.attention.head_count", "u32", 4),
+        ("llama.attention.head_count_kv", "u32", 4),
+        ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-5),
+        ("llama.rope.dimension_count", "u32", 16),
+        ("llama.vocab_size", "u32", len(vocab["tokenizer.ggml.tokens"])),
+        ("tokenizer.ggml.model", "s", vocab["tokenizer.ggml.model"]),
+        ("tokenizer.ggml.tokens", "as", vocab["tokenizer.ggml.tokens"]),
+        ("tokenizer.ggml.scores", "af32", vocab["tokenizer.ggml.scores"]),
+        ("tokenizer.ggml.token_type", "ai32", vocab["tokenizer.ggml.token_type"]),
+        ("tokenizer.ggml.bos_token_id", "u32", vocab["tokenizer.ggml.bos_token_id"]),
+        ("tokenizer.ggml.eos_token_id", "u32", vocab["tokenizer.ggml.eos_token_id"]),
+        ("tokenizer.ggml.unknown_token_id", "u32", vocab["tokenizer.ggml.unknown_token_id"]),
+    ]
+    types = {"u32": (4, "<I"), "i32": (5, "<i"), "f32": (6, "<f"), "s": (8, None)}
+
+    def put_str(f, text):
+        raw = text.encode("utf-8")
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+
+    def put_scalar(f, ty, value):
+        if ty == "s":
+            put_str(f, value)
+        else:
+            f.write(struct.pack(types[ty][1], value))
+
+    with open(path, "wb") as f:
+        f.write(b"GGUF")
+        f.write(struct.pack("<IQQ", 3, 0, len(kv)))
+        for key, ty, value in kv:
+            put_str(f, key)
+            if ty.startswith("a"):
+                elem = ty[1:]
+                f.write(struct.pack("<IIQ", 9, types[elem][0], len(value)))
+                for item in value:
+                    put_scalar(f, elem, item)
+            else:
+                f.write(struct.pack("<I", types[ty][0]))
+                put_scalar(f, ty, value)
+        f.write(b"\0" * ((-f.tell()) % 32))
+
+
+def invocation(version: str) -> dict:
+    return {
+        "source": f"llama.cpp vendored in the llama-cpp-python {version} sdist, built by tools/llamacpp/build.sh",
+        "invocation": "llama-tokenize -m MODEL -f TEXT_FILE --ids --log-disable --no-escape "
+        "[--no-parse-special] [--no-bos]",
+        "notes": "TEXT_FILE holds the text's UTF-8 bytes; --no-parse-special when parse_special "
+        "is false; --no-bos when add_special is false (otherwise BOS per the model)",
+    }
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--which", choices=["all", "smollm2", "spm"], default="all")
     ap.add_argument("--model", type=Path, default=default_model())
     ap.add_argument("--llama-tokenize", type=Path, default=ROOT / "target" / "llama.cpp" / "bin" / "llama-tokenize")
-    ap.add_argument("--out", type=Path, default=ROOT / "crates" / "engine" / "tests" / "fixtures" / "tokenizer_smollm2.json")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "crates" / "engine" / "tests" / "fixtures")
     args = ap.parse_args()
 
-    if not args.model.is_file():
-        print(f"model not found: {args.model}", file=sys.stderr)
+    binary = args.llama_tokenize
+    if not binary.is_file():
+        print(f"llama-tokenize not found: {binary} (run tools/llamacpp/build.sh)", file=sys.stderr)
         return 1
-    if not args.llama_tokenize.is_file():
-        print(f"llama-tokenize not found: {args.llama_tokenize} (run tools/llamacpp/build.sh)", file=sys.stderr)
-        return 1
-
     version = "unknown"
-    version_file = args.llama_tokenize.parent.parent / "VERSION"
+    version_file = binary.parent.parent / "VERSION"
     if version_file.is_file():
         version = version_file.read_text().strip()
 
-    cases = []
-    for text, parse_special in CORPUS:
-        ids = tokenize(args.llama_tokenize, args.model, text, parse_special)
-        cases.append({"text": text, "add_special": True, "parse_special": parse_special, "ids": ids})
+    if args.which in ("all", "smollm2"):
+        if not args.model.is_file():
+            print(f"model not found: {args.model}", file=sys.stderr)
+            return 1
+        cases = []
+        for text, parse_special in CORPUS:
+            ids = tokenize(binary, args.model, text, parse_special)
+            cases.append({"text": text, "add_special": True, "parse_special": parse_special, "ids": ids})
+        out = args.out_dir / "tokenizer_smollm2.json"
+        write_json(out, {
+            "model": args.model.name,
+            "generator": "tools/reference/tokenizer_fixture.py",
+            "llama_cpp": invocation(version),
+            "cases": cases,
+        })
+        print(f"wrote {len(cases)} cases to {out}")
 
-    fixture = {
-        "model": args.model.name,
-        "generator": "tools/reference/tokenizer_fixture.py",
-        "llama_cpp": {
-            "source": f"llama.cpp vendored in the llama-cpp-python {version} sdist, built by tools/llamacpp/build.sh",
-            "invocation": "llama-tokenize -m MODEL -f TEXT_FILE --ids --log-disable --no-escape [--no-parse-special]",
-            "notes": "TEXT_FILE holds the text's UTF-8 bytes; BOS per the model (no --no-bos); "
-            "--no-parse-special when parse_special is false",
-        },
-        "cases": cases,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(fixture, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {len(cases)} cases to {args.out}")
+    if args.which in ("all", "spm"):
+        vocab = build_spm_vocab()
+        with tempfile.TemporaryDirectory() as tmp:
+            gguf = Path(tmp) / "spm.gguf"
+            write_vocab_gguf(gguf, vocab)
+            cases = []
+            for text, parse_special in CORPUS + SPM_EXTRA:
+                for add_special in (True, False):
+                    ids = tokenize(binary, gguf, text, parse_special, add_special)
+                    cases.append({"text": text, "add_special": add_special,
+                                  "parse_special": parse_special, "ids": ids})
+        out = args.out_dir / "tokenizer_spm_synthetic.json"
+        write_json(out, {
+            "model": "synthetic SentencePiece vocabulary (build_spm_vocab in the generator)",
+            "generator": "tools/reference/tokenizer_fixture.py",
+            "llama_cpp": invocation(version),
+            "vocab": vocab,
+            "cases": cases,
+        })
+        print(f"wrote {len(cases)} cases to {out}")
     return 0
 
 

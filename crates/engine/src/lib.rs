@@ -8,6 +8,7 @@
 pub mod chat_template;
 pub mod engine;
 pub mod gguf;
+pub mod kernels;
 pub mod kv;
 pub mod metrics;
 pub mod model;

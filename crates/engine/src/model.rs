@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use rayon::prelude::*;
 
 use crate::gguf::{GgufFile, LlamaConfig, ModelError};
+use crate::kernels::{BlockMatrix, BlockType};
 use crate::kv::cache::KvCache;
 
 /// How weight matrices are held in memory and multiplied.
@@ -21,9 +22,11 @@ use crate::kv::cache::KvCache;
 pub enum WeightFormat {
     /// Dequantized to f32 at load; matrix products through a GEMM. Exact reference mode.
     F32,
-    /// Requantized at load to Q8_0, whose dot-product kernels are SIMD on x86 and ARM.
+    /// Requantized at load to Q8_0 and multiplied by candle's kernels, which also quantize
+    /// the activations to 8 bits.
     Q8_0,
-    /// Kept in the file's own quantization (slow for types without SIMD kernels, e.g. Q4_1).
+    /// Kept in the file's own blocks. Q4_0, Q4_1 and Q8_0 are multiplied by Strata's
+    /// kernels ([`crate::kernels`]) with f32 activations; other types by candle's.
     Gguf,
 }
 
@@ -51,19 +54,27 @@ impl std::fmt::Display for WeightFormat {
     }
 }
 
+/// A weight matrix `[out, in]` and how it is multiplied.
+enum Linear {
+    /// candle: f32 GEMM, or its quantized kernels.
+    Candle(QMatMul),
+    /// Strata's block kernels with f32 activations.
+    Blocks(BlockMatrix),
+}
+
 /// Several projections of the same input: fused into one matrix when the format allows.
 enum Proj {
-    Fused { mat: QMatMul, splits: Vec<usize> },
-    Separate(Vec<QMatMul>),
+    Fused { mat: Linear, splits: Vec<usize> },
+    Separate(Vec<Linear>),
 }
 
 struct Layer {
     attn_norm: Vec<f32>,
     qkv: Proj,
-    wo: QMatMul,
+    wo: Linear,
     ffn_norm: Vec<f32>,
     gate_up: Proj,
-    down: QMatMul,
+    down: Linear,
 }
 
 /// One sequence's share of a step.
@@ -85,29 +96,47 @@ pub struct Llama {
     embed: Tensor,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
-    lm_head: QMatMul,
+    lm_head: Linear,
     /// cos/sin per (position, pair): `context_len * head_dim / 2` each.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
 }
 
-fn to_matmul(w: QTensor, format: WeightFormat) -> Result<QMatMul, ModelError> {
+fn to_linear(w: QTensor, format: WeightFormat) -> Result<Linear, ModelError> {
     match format {
-        WeightFormat::Gguf => Ok(QMatMul::from_qtensor(w)?),
-        WeightFormat::F32 => Ok(QMatMul::Tensor(w.dequantize(&Device::Cpu)?)),
+        WeightFormat::Gguf => match block_type(w.dtype()) {
+            Some(kind) => Ok(Linear::Blocks(to_blocks(&w, kind)?)),
+            None => Ok(Linear::Candle(QMatMul::from_qtensor(w)?)),
+        },
+        WeightFormat::F32 => Ok(Linear::Candle(QMatMul::Tensor(w.dequantize(&Device::Cpu)?))),
         WeightFormat::Q8_0 => dense_to_format(w.dequantize(&Device::Cpu)?, format),
     }
 }
 
-fn dense_to_format(w: Tensor, format: WeightFormat) -> Result<QMatMul, ModelError> {
+fn block_type(dtype: GgmlDType) -> Option<BlockType> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(BlockType::Q4_0),
+        GgmlDType::Q4_1 => Some(BlockType::Q4_1),
+        GgmlDType::Q8_0 => Some(BlockType::Q8_0),
+        _ => None,
+    }
+}
+
+fn to_blocks(w: &QTensor, kind: BlockType) -> Result<BlockMatrix, ModelError> {
+    let (rows, cols) = w.shape().dims2()?;
+    BlockMatrix::new(kind, rows, cols, w.data()?.into_owned())
+        .map_err(|e| ModelError::Unsupported(format!("weight layout: {e}")))
+}
+
+fn dense_to_format(w: Tensor, format: WeightFormat) -> Result<Linear, ModelError> {
     let k = w.dim(1)?;
     if format == WeightFormat::Q8_0 && k % GgmlDType::Q8_0.block_size() == 0 {
-        Ok(QMatMul::from_qtensor(QTensor::quantize(
+        Ok(Linear::Candle(QMatMul::from_qtensor(QTensor::quantize(
             &w,
             GgmlDType::Q8_0,
-        )?)?)
+        )?)?))
     } else {
-        Ok(QMatMul::Tensor(w))
+        Ok(Linear::Candle(QMatMul::Tensor(w)))
     }
 }
 
@@ -126,11 +155,11 @@ impl Llama {
         let embed = embed_q.dequantize(&Device::Cpu)?;
         let lm_head = if cfg.tied_embeddings {
             match format {
-                WeightFormat::Gguf => QMatMul::from_qtensor(embed_q)?,
+                WeightFormat::Gguf => to_linear(embed_q, format)?,
                 _ => dense_to_format(embed.clone(), format)?,
             }
         } else {
-            to_matmul(file.tensor("output.weight", &[cfg.vocab_size, h])?, format)?
+            to_linear(file.tensor("output.weight", &[cfg.vocab_size, h])?, format)?
         };
         let norm = |file: &mut GgufFile, name: &str| -> Result<Vec<f32>, ModelError> {
             Ok(file
@@ -153,10 +182,10 @@ impl Llama {
             layers.push(Layer {
                 attn_norm: norm(file, &p("attn_norm"))?,
                 qkv,
-                wo: to_matmul(file.tensor(&p("attn_output"), &[h, h])?, format)?,
+                wo: to_linear(file.tensor(&p("attn_output"), &[h, h])?, format)?,
                 ffn_norm: norm(file, &p("ffn_norm"))?,
                 gate_up,
-                down: to_matmul(file.tensor(&p("ffn_down"), &[h, cfg.ffn_hidden])?, format)?,
+                down: to_linear(file.tensor(&p("ffn_down"), &[h, cfg.ffn_hidden])?, format)?,
             });
         }
         let (rope_cos, rope_sin) = rope_tables(cfg.context_len, hd, cfg.rope_theta);
@@ -344,9 +373,28 @@ impl Llama {
 
 fn proj(ws: Vec<QTensor>, format: WeightFormat) -> Result<Proj, ModelError> {
     if format == WeightFormat::Gguf {
+        let splits = ws
+            .iter()
+            .map(|w| w.shape().dims2().map(|d| d.0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let kinds: Vec<_> = ws.iter().map(|w| block_type(w.dtype())).collect();
+        if let Some(Some(kind)) = kinds.first().copied() {
+            if kinds.iter().all(|k| *k == Some(kind)) {
+                let blocks = ws
+                    .iter()
+                    .map(|w| to_blocks(w, kind))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some(mat) = BlockMatrix::concat_rows(blocks) {
+                    return Ok(Proj::Fused {
+                        mat: Linear::Blocks(mat),
+                        splits,
+                    });
+                }
+            }
+        }
         let mats = ws
             .into_iter()
-            .map(|w| to_matmul(w, format))
+            .map(|w| to_linear(w, format))
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(Proj::Separate(mats));
     }
@@ -389,10 +437,15 @@ impl Proj {
     }
 }
 
-fn matmul(m: &QMatMul, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
-    let k = x.len() / rows.max(1);
-    let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
-    Ok(m.forward(&t)?.flatten_all()?.to_vec1()?)
+fn matmul(m: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+    match m {
+        Linear::Blocks(b) => Ok(b.matmul(x, rows)),
+        Linear::Candle(q) => {
+            let k = x.len() / rows.max(1);
+            let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
+            Ok(q.forward(&t)?.flatten_all()?.to_vec1()?)
+        }
+    }
 }
 
 fn rope_tables(context_len: usize, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
@@ -470,8 +523,8 @@ mod tests {
 
     #[test]
     fn rms_norm_unit_rows() {
-        let out = rms_norm(&[3.0, 4.0, 0.0, 0.0], &[1.0, 2.0], 0.0);
-        let inv = 1.0 / (12.5f32).sqrt();
+        let out = rms_norm(&[3.0, 4.0, 0.0, 0.0], &[1.0, 2.0], 1e-6);
+        let inv = 1.0 / (12.5f32 + 1e-6).sqrt();
         assert!((out[0] - 3.0 * inv).abs() < 1e-6);
         assert!((out[1] - 8.0 * inv).abs() < 1e-6);
         assert_eq!(&out[2..], &[0.0, 0.0]);

@@ -39,7 +39,7 @@ use std::cmp::Ordering;
 /// Temperatures below this (or NaN) select greedy decoding.
 pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
 
-/// Size of the first block sorted when looking for the top-p nucleus; grows ×4 as needed.
+/// Top-m tried first when looking for the top-p nucleus (before the O(n) quickselect).
 const TOP_P_FIRST_BLOCK: usize = 64;
 
 /// Per-request sampling parameters (vLLM names and defaults).
@@ -132,7 +132,9 @@ pub struct Sampler {
     /// Candidate / index scratch.
     indices: Vec<u32>,
     /// Vocab-sized unnormalized probabilities, valid only for current candidates.
-    weights: Vec<f64>,
+    weights: Vec<f32>,
+    /// Packed (weight, id) sort keys for the top-p quickselect.
+    keys: Vec<u64>,
 }
 
 impl Sampler {
@@ -146,6 +148,7 @@ impl Sampler {
             counts: Vec::new(),
             indices: Vec::new(),
             weights: Vec::new(),
+            keys: Vec::new(),
         }
     }
 
@@ -294,113 +297,240 @@ impl Sampler {
             rng,
             indices: cand,
             weights,
+            keys,
             ..
         } = self;
         let n = logits.len();
-        let cmp = |a: &u32, b: &u32| desc_by_logit(logits, *a, *b);
-
-        cand.clear();
-        cand.extend((0..n as u32).filter(|&i| logits[i as usize] > f32::NEG_INFINITY));
-
-        if let Some(k) = config.top_k {
-            let k = k as usize;
-            if k > 0 && k < cand.len() {
-                cand.select_nth_unstable_by(k - 1, cmp);
-                cand.truncate(k);
-            }
-        }
-
-        // Unnormalized probabilities exp((x - max) / T); the max token has weight exactly 1.
         if weights.len() != n {
             weights.clear();
             weights.resize(n, 0.0);
         }
-        let t = f64::from(config.temperature);
-        let max = f64::from(max);
-        for &i in cand.iter() {
-            let i = i as usize;
-            weights[i] = ((f64::from(logits[i]) - max) / t).exp();
+        // Unnormalized probabilities exp((x - max) / T); the max token has weight exactly 1
+        // and -inf tokens weight 0.
+        let t = config.temperature;
+        let weight = |x: f32| fast_exp((x - max) / t);
+
+        // `cand` holds the surviving ids once a filter needs an explicit list; until then
+        // every id of the row is a candidate (weights of the whole row are valid).
+        let mut use_cand = false;
+        let top_k = config.top_k.map_or(0, |k| k as usize);
+        if top_k > 0 && top_k < n {
+            top_m_sorted(logits, top_k, cand);
+            for &i in cand.iter() {
+                weights[i as usize] = weight(logits[i as usize]);
+            }
+            use_cand = true;
+        } else {
+            for (w, &x) in weights.iter_mut().zip(logits.iter()) {
+                *w = weight(x);
+            }
         }
         let weights = &*weights;
 
-        let top_p = f64::from(config.top_p);
-        if top_p < 1.0 && cand.len() > 1 {
-            let total: f64 = cand.iter().map(|&i| weights[i as usize]).sum();
-            let target = top_p * total;
-            let keep = nucleus_len(cand, weights, target, cmp);
-            cand.truncate(keep);
+        let top_p = config.top_p;
+        if top_p < 1.0 {
+            if use_cand {
+                let total = cand
+                    .iter()
+                    .map(|&i| f64::from(weights[i as usize]))
+                    .sum::<f64>();
+                let keep = nucleus_len(cand, weights, f64::from(top_p) * total);
+                cand.truncate(keep.unwrap_or(cand.len()));
+            } else {
+                // Peaked rows: the nucleus is among the few best tokens (one streaming
+                // pass). Otherwise a weighted quickselect over the whole row, O(n).
+                let target = f64::from(top_p) * sum_f32(weights);
+                top_m_sorted(logits, TOP_P_FIRST_BLOCK, cand);
+                if let Some(keep) = nucleus_len(cand, weights, target) {
+                    cand.truncate(keep);
+                } else {
+                    keys.clear();
+                    keys.extend(
+                        (0..n as u32)
+                            .filter(|&i| weights[i as usize] > 0.0)
+                            .map(|i| weight_key(weights[i as usize], i)),
+                    );
+                    let keep = weighted_prefix(keys, target);
+                    cand.clear();
+                    cand.extend(keys[..keep].iter().map(|&k| key_id(k)));
+                }
+                use_cand = true;
+            }
         }
 
-        let min_p = f64::from(config.min_p);
+        let min_p = config.min_p;
         if min_p > 0.0 {
             // The max token has weight 1 = max_prob (unnormalized), so it always survives.
             let threshold = min_p.min(1.0);
-            cand.retain(|&i| weights[i as usize] >= threshold);
-        }
-
-        let total: f64 = cand.iter().map(|&i| weights[i as usize]).sum();
-        let u = rng.random::<f64>() * total;
-        let mut cum = 0.0;
-        for &i in cand.iter() {
-            cum += weights[i as usize];
-            if u < cum {
-                return Some(i as usize);
+            if use_cand {
+                cand.retain(|&i| weights[i as usize] >= threshold);
+            } else {
+                cand.clear();
+                cand.extend((0..n as u32).filter(|&i| weights[i as usize] >= threshold));
+                use_cand = true;
             }
         }
-        cand.last().map(|&i| i as usize)
+
+        if use_cand {
+            let total: f64 = cand.iter().map(|&i| f64::from(weights[i as usize])).sum();
+            let u = rng.random::<f64>() * total;
+            let mut cum = 0.0;
+            for &i in cand.iter() {
+                cum += f64::from(weights[i as usize]);
+                if u < cum {
+                    return Some(i as usize);
+                }
+            }
+            // Rounding: take the last candidate with a non-zero weight.
+            cand.iter()
+                .rev()
+                .find(|&&i| weights[i as usize] > 0.0)
+                .map(|&i| i as usize)
+        } else {
+            draw_from_row(weights, rng.random::<f64>())
+        }
     }
 
     fn top_logprobs(&mut self, logits: &[f32], lse: f64, k: usize) -> Vec<(u32, f32)> {
-        let n = logits.len();
-        let k = k.min(n);
         let idx = &mut self.indices;
-        idx.clear();
-        idx.extend(0..n as u32);
-        let cmp = |a: &u32, b: &u32| desc_by_logit(logits, *a, *b);
-        if k < n {
-            idx.select_nth_unstable_by(k - 1, cmp);
-            idx.truncate(k);
-        }
-        idx.sort_unstable_by(cmp);
+        top_m_sorted(logits, k, idx);
         idx.iter()
             .map(|&i| (i, (f64::from(logits[i as usize]) - lse) as f32))
             .collect()
     }
 }
 
-/// Length of the top-p nucleus of `cand`: the shortest prefix in descending order whose
-/// weight reaches `target` (at least 1, all of `cand` if rounding never gets there).
-/// Reorders `cand` so that this prefix comes first, sorting only as much as needed.
-fn nucleus_len(
-    cand: &mut [u32],
-    weights: &[f64],
-    target: f64,
-    cmp: impl Fn(&u32, &u32) -> Ordering + Copy,
-) -> usize {
-    let len = cand.len();
-    let mut sorted = 0;
-    let mut block = TOP_P_FIRST_BLOCK;
-    let mut cum = 0.0;
-    while sorted < len {
-        let end = (sorted + block).min(len);
-        let tail = &mut cand[sorted..];
-        let m = end - sorted;
-        // Everything in the tail is <= everything already sorted, so after moving the m
-        // largest of the tail to its front and sorting them, cand[..end] is sorted.
-        if m < tail.len() {
-            tail.select_nth_unstable_by(m - 1, cmp);
+/// Block size of the lane-parallel loops (lets the compiler vectorize them).
+const LANES: usize = 16;
+
+/// Rows are scanned for top-m candidates in blocks of this size, skipping whole blocks
+/// whose maximum does not beat the running threshold.
+const TOP_M_BLOCK: usize = 256;
+
+/// Capacity slack of the streaming top-m buffer beyond `2 * m`.
+const TOP_M_SLACK: usize = 512;
+
+/// Draws from the whole row given its unnormalized weights and a uniform `r` in `[0, 1)`.
+/// Zero-weight ids are never chosen.
+fn draw_from_row(weights: &[f32], r: f64) -> Option<usize> {
+    const BLOCK: usize = 256;
+    let u = r * sum_f32(weights);
+    let mut cum = 0.0f64;
+    for (b, block) in weights.chunks(BLOCK).enumerate() {
+        let block_sum = sum_f32(block);
+        if cum + block_sum <= u {
+            cum += block_sum;
+            continue;
         }
-        tail[..m].sort_unstable_by(cmp);
-        for (j, &i) in cand.iter().enumerate().take(end).skip(sorted) {
-            cum += weights[i as usize];
-            if cum >= target {
-                return j + 1;
+        for (j, &w) in block.iter().enumerate() {
+            cum += f64::from(w);
+            if u < cum {
+                return Some(b * BLOCK + j);
             }
         }
-        sorted = end;
-        block = block.saturating_mul(4);
     }
-    len
+    weights.iter().rposition(|&w| w > 0.0)
+}
+
+/// Ids of the `m` largest logits (at most the row), sorted by descending logit, ties by
+/// lower id, written to `out`. One streaming pass with a rising threshold, so the cost is
+/// about one scan of the row when `m` is small.
+fn top_m_sorted(logits: &[f32], m: usize, out: &mut Vec<u32>) {
+    out.clear();
+    let n = logits.len();
+    let m = m.min(n);
+    if m == 0 {
+        return;
+    }
+    let cmp = |a: &u32, b: &u32| desc_by_logit(logits, *a, *b);
+    let cap = m.saturating_mul(2).saturating_add(TOP_M_SLACK);
+    if cap >= n {
+        out.extend(0..n as u32);
+    } else {
+        // Until the first compaction everything is taken; afterwards only values strictly
+        // above the current m-th best (later ids lose ties to it).
+        let mut threshold = f32::NEG_INFINITY;
+        let mut strict = false;
+        let mut base = 0usize;
+        for chunk in logits.chunks(TOP_M_BLOCK) {
+            if strict && max_f32(chunk) <= threshold {
+                base += chunk.len();
+                continue;
+            }
+            for (j, &x) in chunk.iter().enumerate() {
+                if x > threshold || !strict {
+                    out.push((base + j) as u32);
+                    if out.len() == cap {
+                        out.select_nth_unstable_by(m - 1, cmp);
+                        out.truncate(m);
+                        threshold = logits[out[m - 1] as usize];
+                        strict = true;
+                    }
+                }
+            }
+            base += chunk.len();
+        }
+    }
+    if out.len() > m {
+        out.select_nth_unstable_by(m - 1, cmp);
+        out.truncate(m);
+    }
+    out.sort_unstable_by(cmp);
+}
+
+/// Sort key ordering by descending weight (`w >= 0`), then ascending id, as ascending u64:
+/// the bits of a non-negative f32 order like its value.
+fn weight_key(w: f32, id: u32) -> u64 {
+    let raw = (u64::from(w.to_bits()) << 32) | u64::from(u32::MAX - id);
+    u64::MAX - raw
+}
+
+fn key_id(key: u64) -> u32 {
+    u32::MAX - ((u64::MAX - key) as u32)
+}
+
+fn key_weight(key: u64) -> f64 {
+    f64::from(f32::from_bits(((u64::MAX - key) >> 32) as u32))
+}
+
+/// Weighted quickselect: reorders `keys` so that its first `k` entries are the `k` most
+/// probable, for the smallest `k` whose weight reaches `target` (at least 1 when `keys` is
+/// non-empty; all of them if rounding never gets there), and returns `k`. Expected O(n).
+fn weighted_prefix(keys: &mut [u64], target: f64) -> usize {
+    let (mut lo, mut hi) = (0, keys.len());
+    let mut before = 0.0; // weight of keys[..lo], all more probable than keys[lo..]
+    while hi - lo > 32 {
+        let mid = lo + (hi - lo) / 2;
+        keys[lo..hi].select_nth_unstable(mid - lo);
+        let upper: f64 = keys[lo..=mid].iter().map(|&k| key_weight(k)).sum();
+        if before + upper >= target {
+            hi = mid + 1;
+        } else {
+            before += upper;
+            lo = mid + 1;
+        }
+    }
+    keys[lo..hi].sort_unstable();
+    for (j, &k) in keys.iter().enumerate().take(hi).skip(lo) {
+        before += key_weight(k);
+        if before >= target {
+            return j + 1;
+        }
+    }
+    hi
+}
+
+/// Length of the top-p nucleus of the descending-sorted `cand`: the shortest prefix whose
+/// weight reaches `target` (at least 1), or `None` if all of `cand` does not reach it.
+fn nucleus_len(cand: &[u32], weights: &[f32], target: f64) -> Option<usize> {
+    let mut cum = 0.0;
+    for (j, &i) in cand.iter().enumerate() {
+        cum += f64::from(weights[i as usize]);
+        if cum >= target {
+            return Some(j + 1);
+        }
+    }
+    None
 }
 
 /// Descending logit, ties by ascending id. Logits hold no NaN here.
@@ -410,16 +540,14 @@ fn desc_by_logit(logits: &[f32], a: u32, b: u32) -> Ordering {
         .then(a.cmp(&b))
 }
 
+/// NaN → -inf, +inf → `f32::MAX`, -0.0 → 0.0 (so `total_cmp` ties agree with `==`).
 fn sanitize(x: f32) -> f32 {
-    if x.is_nan() {
+    let y = if x.is_nan() {
         f32::NEG_INFINITY
-    } else if x == f32::INFINITY {
-        f32::MAX
-    } else if x == 0.0 {
-        0.0 // folds -0.0 so that total_cmp ties agree with ==
     } else {
-        x
-    }
+        x.min(f32::MAX)
+    };
+    y + 0.0
 }
 
 fn finite_or_zero(x: f32) -> f32 {
@@ -430,24 +558,92 @@ fn finite_or_zero(x: f32) -> f32 {
     }
 }
 
-/// First index of the maximum (lowest id on ties) and the maximum. `logits` is non-empty.
-fn argmax(logits: &[f32]) -> (usize, f32) {
-    let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > best_v {
-            best = i;
-            best_v = x;
+/// Maximum of a NaN-free slice (`-inf` when empty).
+#[inline]
+fn max_f32(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = if x > *l { x } else { *l };
         }
     }
-    (best, best_v)
+    let mut m = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(rest) {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
+/// Sum of non-negative weights.
+fn sum_f32(xs: &[f32]) -> f64 {
+    block_sum(xs, |x| x)
+}
+
+/// `sum(f(x))` for non-negative `f`: f32 lanes within blocks of 1024 (vectorizable),
+/// blocks accumulated in f64.
+fn block_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut total = 0f64;
+    for block in xs.chunks(1024) {
+        let mut lanes = [0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                *l += f(x);
+            }
+        }
+        for &x in rest {
+            lanes[0] += f(x);
+        }
+        total += lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
+    }
+    total
+}
+
+/// First index of the maximum (lowest id on ties) and the maximum. `logits` is non-empty.
+fn argmax(logits: &[f32]) -> (usize, f32) {
+    let max = max_f32(logits);
+    let i = logits.iter().position(|&x| x == max).unwrap_or(0);
+    (i, max)
 }
 
 /// `log(sum(exp(x)))` given the (finite) maximum.
 fn log_sum_exp(logits: &[f32], max: f32) -> f64 {
-    let max = f64::from(max);
-    let s: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-    max + s.ln()
+    f64::from(max) + block_sum(logits, |x| fast_exp(x - max)).ln()
+}
+
+/// `exp(x)` in f32 (Cephes-style range reduction and polynomial, ~1 ulp), written without
+/// library calls so that loops over a row vectorize. Exactly 1 at 0; 0 below -87 and for NaN.
+fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 * 2^23 rounds to the nearest integer in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let underflow = x.is_nan() || x < -87.0;
+    let xc = x.clamp(-87.0, 88.0);
+    let xc = if underflow { 0.0 } else { xc };
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let ni = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((ni + 127) as u32) << 23);
+    if underflow {
+        0.0
+    } else {
+        y * scale
+    }
 }
 
 #[cfg(test)]
@@ -628,29 +824,125 @@ mod tests {
     }
 
     #[test]
-    fn top_p_on_large_vocab_matches_full_sort() {
-        // Many tokens needed for the nucleus: exercises the block-growing partial sort.
-        let n = 3000;
-        let logits: Vec<f32> = (0..n).map(|i| ((i * 97) % n) as f32 * 1e-3).collect();
-        let weights: Vec<f64> = logits.iter().map(|&x| f64::from(x).exp()).collect();
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_by(|a, b| desc_by_logit(&logits, *a, *b));
-        let total: f64 = weights.iter().sum();
-        let target = 0.9 * total;
-        let mut cum = 0.0;
-        let mut want = 0;
-        for (j, &i) in order.iter().enumerate() {
-            cum += weights[i as usize];
-            if cum >= target {
-                want = j + 1;
-                break;
+    fn top_m_matches_full_sort() {
+        let n = 5000;
+        let rows: Vec<Vec<f32>> = vec![
+            (0..n).map(|i| ((i * 97) % n) as f32 * 1e-3).collect(),
+            // ascending: worst case for the streaming threshold
+            (0..n).map(|i| i as f32).collect(),
+            // heavy ties and -inf
+            (0..n)
+                .map(|i| match i % 7 {
+                    0 => f32::NEG_INFINITY,
+                    k => (k % 3) as f32,
+                })
+                .collect(),
+        ];
+        let mut out = Vec::new();
+        for logits in &rows {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            order.sort_by(|a, b| desc_by_logit(logits, *a, *b));
+            for m in [1, 2, 40, 64, 700, 2000, n - 1, n, n + 5] {
+                top_m_sorted(logits, m, &mut out);
+                assert_eq!(out[..], order[..m.min(n)], "m={m}");
             }
         }
-        let mut cand: Vec<u32> = (0..n as u32).rev().collect();
-        let cmp = |a: &u32, b: &u32| desc_by_logit(&logits, *a, *b);
-        let got = nucleus_len(&mut cand, &weights, target, cmp);
-        assert_eq!(got, want);
-        assert_eq!(&cand[..got], &order[..want]);
+    }
+
+    #[test]
+    fn top_p_nucleus_on_large_vocab() {
+        // A flat row needs a nucleus far beyond the first top-m block.
+        let n = 3000;
+        let logits: Vec<f32> = (0..n).map(|i| ((i * 97) % n) as f32 * 1e-3).collect();
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by(|a, b| desc_by_logit(&logits, *a, *b));
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&i| f64::from(logits[i as usize]).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut cum = 0.0;
+        let want = w
+            .iter()
+            .position(|x| {
+                cum += x;
+                cum >= 0.9 * total
+            })
+            .map(|j| j + 1)
+            .unwrap();
+        // (f32 weights may move the boundary by a token)
+        let allowed = &order[..want + 2];
+        let c = SamplingConfig {
+            top_p: 0.9,
+            ..cfg()
+        };
+        let got = draws(c, &logits, 3000, 5);
+        assert!(got.iter().all(|t| allowed.contains(t)));
+        // the draws reach deep into the nucleus (tokens ranked beyond the first blocks)
+        let deepest = got
+            .iter()
+            .map(|t| order.iter().position(|o| o == t).unwrap())
+            .max()
+            .unwrap();
+        assert!(deepest > want * 9 / 10, "{deepest} vs {want}");
+    }
+
+    #[test]
+    fn weighted_prefix_matches_sorted_walk() {
+        for (n, p) in [
+            (0usize, 0.5f64),
+            (1, 0.5),
+            (10, 0.3),
+            (5000, 0.9),
+            (5000, 0.999),
+            (5000, 0.0),
+        ] {
+            // Weights with ties; ids scrambled.
+            let weights: Vec<f32> = (0..n).map(|i| ((i * 7919) % 97) as f32 / 97.0).collect();
+            let mut order: Vec<u32> = (0..n as u32)
+                .filter(|&i| weights[i as usize] > 0.0)
+                .collect();
+            order.sort_by(|&a, &b| {
+                weights[b as usize]
+                    .total_cmp(&weights[a as usize])
+                    .then(a.cmp(&b))
+            });
+            let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+            let target = p * total;
+            let want = nucleus_len(&order, &weights, target).unwrap_or(order.len());
+            let mut keys: Vec<u64> = order
+                .iter()
+                .rev()
+                .map(|&i| weight_key(weights[i as usize], i))
+                .collect();
+            let got = weighted_prefix(&mut keys, target);
+            assert_eq!(got, want, "n={n} p={p}");
+            let mut ids: Vec<u32> = keys[..got].iter().map(|&k| key_id(k)).collect();
+            ids.sort_unstable();
+            let mut expect = order[..want].to_vec();
+            expect.sort_unstable();
+            assert_eq!(ids, expect);
+            for &k in &keys {
+                assert_eq!(key_weight(k), f64::from(weights[key_id(k) as usize]));
+            }
+        }
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(f32::NAN), 0.0);
+        assert_eq!(fast_exp(-90.0), 0.0);
+        for i in 0..=200_000 {
+            let x = -87.0 + 95.0 * i as f32 / 200_000.0;
+            let want = f64::from(x).exp();
+            let got = f64::from(fast_exp(x));
+            assert!(
+                ((got - want) / want).abs() < 5e-7,
+                "x={x} got={got} want={want}"
+            );
+        }
     }
 
     #[test]

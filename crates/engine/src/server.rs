@@ -67,7 +67,7 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
-            weights: WeightFormat::Q8_0,
+            weights: WeightFormat::Gguf,
             block_size: 16,
             num_blocks: None,
             kv_cache_memory: 1 << 30,

@@ -1291,6 +1291,14 @@ mod tests {
         md
     }
 
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<IncrementalDecoder>();
+        assert_send_sync::<TokenizerError>();
+    }
+
     fn ids_to_strs(tk: &Tokenizer, ids: &[u32]) -> Vec<String> {
         ids.iter()
             .map(|&i| tk.token_str(i).unwrap_or_default())

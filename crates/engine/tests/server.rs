@@ -1,0 +1,483 @@
+//! The engine's HTTP server on a loopback port, in process, on the default model: bad
+//! input of every kind gets an OpenAI-shaped 4xx and the server keeps serving; streaming
+//! follows the SSE contract; a client that disconnects frees its blocks; metrics count
+//! what was sent; batching does not change greedy output.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use strata_engine::server::{self, EngineOptions};
+
+/// Starts a server with a small context so that context-limit cases are cheap.
+fn start(opts: EngineOptions) -> SocketAddr {
+    let loaded = server::load(&common::model_path(), "smollm2-135m-instruct", &opts)
+        .expect("load the default model");
+    let app = server::router(loaded.state.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr"))
+                .expect("send addr");
+            let _keep = Arc::clone(&loaded.state);
+            axum::serve(listener, app).await.expect("serve");
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("server address")
+}
+
+fn small() -> EngineOptions {
+    EngineOptions {
+        num_blocks: Some(64),
+        max_model_len: Some(512),
+        max_body_bytes: 64 * 1024,
+        ..EngineOptions::default()
+    }
+}
+
+/// A minimal HTTP/1.1 exchange (`Connection: close`), de-chunking the body.
+fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write head");
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("header end");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = request(addr, "POST", path, body.to_string().as_bytes());
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, v)
+}
+
+fn assert_openai_error(status: u16, body: &str, want_status: u16, want_param: Option<&str>) {
+    assert_eq!(status, want_status, "{body}");
+    let v: Value = serde_json::from_str(body).expect("error body is JSON");
+    let err = &v["error"];
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
+    assert!(err["type"].as_str().is_some(), "{v}");
+    assert!(
+        err.as_object().expect("object").contains_key("param"),
+        "{v}"
+    );
+    assert!(err.as_object().expect("object").contains_key("code"), "{v}");
+    if let Some(p) = want_param {
+        assert_eq!(err["param"], p, "{v}");
+    }
+}
+
+fn metric(addr: SocketAddr, name: &str, label: Option<&str>) -> f64 {
+    let (status, text) = request(addr, "GET", "/metrics", b"");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.split(['{', ' ']).next() == Some(name) && label.is_none_or(|lb| l.contains(lb))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    body
+}
+
+#[test]
+fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
+    let addr = start(small());
+    let long_prompt = "word ".repeat(2000);
+    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>)> = vec![
+        ("malformed json", b"{\"messages\": [".to_vec(), 400, None),
+        ("not an object", b"[1,2,3]".to_vec(), 400, None),
+        (
+            "wrong type",
+            chat("hi", json!({"temperature": "hot"}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "unknown model",
+            chat("hi", json!({"model": "gpt-9"}))
+                .to_string()
+                .into_bytes(),
+            404,
+            Some("model"),
+        ),
+        (
+            "empty messages",
+            json!({"messages": [], "max_tokens": 4})
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "prompt longer than the context",
+            chat(&long_prompt, json!({})).to_string().into_bytes(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "max_tokens zero",
+            chat("hi", json!({"max_tokens": 0}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "max_tokens beyond the context",
+            chat("hi", json!({"max_tokens": 100000}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "invalid utf-8",
+            b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(),
+            400,
+            None,
+        ),
+        (
+            "absurd n",
+            chat("hi", json!({"n": 100000})).to_string().into_bytes(),
+            400,
+            Some("n"),
+        ),
+        (
+            "absurd top_logprobs",
+            chat("hi", json!({"logprobs": true, "top_logprobs": 1000}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            "oversized body",
+            chat(&"x".repeat(100 * 1024), json!({}))
+                .to_string()
+                .into_bytes(),
+            413,
+            None,
+        ),
+        (
+            "stop token out of vocabulary",
+            chat("hi", json!({"stop_token_ids": [99999999]}))
+                .to_string()
+                .into_bytes(),
+            400,
+            Some("stop_token_ids"),
+        ),
+    ];
+    for (name, body, want, param) in &cases {
+        let (status, text) = request(addr, "POST", "/v1/chat/completions", body);
+        eprintln!("{name}: {status}");
+        assert_openai_error(status, &text, *want, *param);
+    }
+    let (status, text) = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        json!({"prompt": [1, 2, 49152], "max_tokens": 2})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_openai_error(status, &text, 400, Some("prompt"));
+    let (status, text) = request(addr, "GET", "/v1/nope", b"");
+    assert_openai_error(status, &text, 404, None);
+    let (status, text) = request(addr, "GET", "/v1/chat/completions", b"");
+    assert_openai_error(status, &text, 405, None);
+
+    // Still serving, and nothing leaked into the engine.
+    let (status, v) = post(addr, "/v1/chat/completions", &chat("Hello", json!({})));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(request(addr, "GET", "/health", b"").0, 200);
+    assert_eq!(metric(addr, "vllm:num_requests_running", None), 0.0);
+    assert_eq!(metric(addr, "vllm:kv_cache_usage_perc", None), 0.0);
+}
+
+#[test]
+fn streaming_follows_the_sse_contract() {
+    let addr = start(small());
+    let body = chat(
+        "What is the capital of France?",
+        json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 12}),
+    );
+    let (status, text) = request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+        })
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk json"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().expect("usage chunk");
+    assert_eq!(usage["choices"], json!([]));
+    let completion = usage["usage"]["completion_tokens"].as_u64().expect("usage");
+    assert!(completion > 0 && completion <= 12);
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter(|c| !c["finish_reason"].is_null())
+        .collect();
+    assert_eq!(finishes.len(), 1, "exactly one finishing chunk");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
+        .collect();
+    // Same as the non-streaming answer.
+    let (_, v) = post(
+        addr,
+        "/v1/chat/completions",
+        &chat("What is the capital of France?", json!({"max_tokens": 12})),
+    );
+    assert_eq!(v["choices"][0]["message"]["content"], text);
+    assert!(text.contains("Paris"), "{text}");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
+    let addr = start(small());
+    let body = json!({
+        "prompt": "Once upon a time",
+        "max_tokens": 400,
+        "ignore_eos": true,
+        "stream": true
+    })
+    .to_string();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut buf = [0u8; 4096];
+    let mut got = 0;
+    while got < 600 {
+        got += s.read(&mut buf).expect("read stream");
+    }
+    assert!(metric(addr, "vllm:num_requests_running", None) >= 1.0);
+    assert!(metric(addr, "vllm:kv_cache_usage_perc", None) > 0.0);
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running = metric(addr, "vllm:num_requests_running", None);
+        let kv = metric(addr, "vllm:kv_cache_usage_perc", None);
+        if running == 0.0 && kv == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running={running} kv={kv} after the client left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        metric(
+            addr,
+            "vllm:request_success_total",
+            Some("finished_reason=\"abort\"")
+        ),
+        1.0
+    );
+    let generated = metric(addr, "vllm:generation_tokens_total", None);
+    assert!(generated < 400.0, "generation went on: {generated} tokens");
+}
+
+#[test]
+fn metrics_count_what_was_sent() {
+    let addr = start(small());
+    let mut prompt_total = 0;
+    let mut completion_total = 0;
+    for (i, max) in [3u64, 5, 7].into_iter().enumerate() {
+        let (status, v) = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": format!("Count to {i}:"), "max_tokens": max, "ignore_eos": true}),
+        );
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], max);
+        prompt_total += v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+        completion_total += max;
+    }
+    assert_eq!(
+        metric(addr, "vllm:prompt_tokens_total", None),
+        prompt_total as f64
+    );
+    assert_eq!(
+        metric(addr, "vllm:generation_tokens_total", None),
+        completion_total as f64
+    );
+    assert_eq!(
+        metric(
+            addr,
+            "vllm:request_success_total",
+            Some("finished_reason=\"length\"")
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(addr, "vllm:time_to_first_token_seconds_count", None),
+        3.0
+    );
+    assert_eq!(
+        metric(addr, "vllm:inter_token_latency_seconds_count", None),
+        (completion_total - 3) as f64
+    );
+    assert_eq!(
+        metric(addr, "vllm:e2e_request_latency_seconds_count", None),
+        3.0
+    );
+    let (_, text) = request(addr, "GET", "/metrics", b"");
+    assert!(
+        text.contains("vllm:cache_config_info{")
+            && text.contains("block_size=\"16\"")
+            && text.contains("num_gpu_blocks=\"64\""),
+        "{text}"
+    );
+    assert!(text.contains("model_name=\"smollm2-135m-instruct\""));
+}
+
+#[test]
+fn greedy_output_is_the_same_alone_and_in_a_batch() {
+    let addr = start(EngineOptions {
+        num_blocks: Some(512),
+        ..EngineOptions::default()
+    });
+    let prompts: Vec<String> = (0..12)
+        .map(|i| format!("Write a short sentence about the number {i}."))
+        .collect();
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 16, "temperature": 0});
+    let alone: Vec<Value> = prompts
+        .iter()
+        .map(|p| post(addr, "/v1/completions", &body(p)).1)
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let b = body(p);
+            std::thread::spawn(move || post(addr, "/v1/completions", &b).1)
+        })
+        .collect();
+    let together: Vec<Value> = handles
+        .into_iter()
+        .map(|h| h.join().expect("client thread"))
+        .collect();
+    for (a, t) in alone.iter().zip(&together) {
+        assert_eq!(a["choices"][0]["text"], t["choices"][0]["text"]);
+    }
+}
+
+#[test]
+fn tokenize_detokenize_models_and_version() {
+    let addr = start(small());
+    let (status, v) = post(addr, "/tokenize", &json!({"prompt": "Hello world"}));
+    assert_eq!(status, 200, "{v}");
+    let tokens = v["tokens"].as_array().expect("tokens").clone();
+    assert_eq!(v["count"], tokens.len());
+    assert_eq!(v["max_model_len"], 512);
+    let (status, d) = post(addr, "/detokenize", &json!({"tokens": tokens}));
+    assert_eq!(status, 200);
+    assert_eq!(d["prompt"], "Hello world");
+    let (status, v) = post(
+        addr,
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(v["tokens"][0], 1, "ChatML starts with <|im_start|>");
+    let (status, text) = request(addr, "GET", "/v1/models", b"");
+    assert_eq!(status, 200);
+    let m: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(m["data"][0]["id"], "smollm2-135m-instruct");
+    let (status, _) = request(addr, "GET", "/version", b"");
+    assert_eq!(status, 200);
+    let (status, text) = request(addr, "POST", "/v1/embeddings", b"{\"input\": \"x\"}");
+    assert_openai_error(status, &text, 400, Some("model"));
+}
