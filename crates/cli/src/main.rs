@@ -106,6 +106,22 @@ struct EngineCmd {
     /// Seconds Ctrl-C waits for in-flight requests before aborting them.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_secs: u64,
+    /// Turn the prefix cache off (it is on by default).
+    #[arg(long)]
+    no_enable_prefix_caching: bool,
+    /// Seed of the prefix-cache block hashes; equal seeds give equal hashes across engines
+    /// (a vLLM engine's counterpart is PYTHONHASHSEED).
+    #[arg(long, default_value = strata_engine::server::DEFAULT_HASH_SEED)]
+    prefix_caching_hash_seed: String,
+    /// ZMQ endpoint for KV-cache events, e.g. `tcp://*:5557` (off when absent).
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// ZMQ ROUTER endpoint that replays missed KV events, e.g. `tcp://*:5558`.
+    #[arg(long)]
+    kv_events_replay_endpoint: Option<String>,
+    /// KV-event topic (default `kv@<host:port>@<model>`).
+    #[arg(long)]
+    kv_events_topic: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -262,6 +278,11 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
             seed: cmd.seed,
             max_body_bytes: cmd.max_body_bytes,
             shutdown_grace: std::time::Duration::from_secs(cmd.shutdown_grace_secs),
+            prefix_caching: !cmd.no_enable_prefix_caching,
+            prefix_caching_hash_seed: cmd.prefix_caching_hash_seed,
+            kv_events_endpoint: cmd.kv_events_endpoint,
+            kv_events_replay_endpoint: cmd.kv_events_replay_endpoint,
+            kv_events_topic: cmd.kv_events_topic,
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -16,11 +16,13 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::KvCache;
+use crate::kv::hashing::{BlockHash, BlockHasher, ExtraKey};
 use crate::metrics::EngineMetrics;
 use crate::model::{Llama, SeqInput};
 use crate::sampler::Sampler;
-use crate::scheduler::{Policy, Scheduler, SchedulerConfig};
+use crate::scheduler::{BlockHashFn, Policy, Scheduler, SchedulerConfig};
 use crate::sequence::{
     FinishReason, GenerationRequest, SeqEvent, SeqTimes, Sequence, TokenLogprob,
 };
@@ -38,6 +40,10 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     pub policy: Policy,
     pub seed: u64,
+    /// Share full KV blocks between requests with the same prefix.
+    pub prefix_caching: bool,
+    /// Seed of the block hashes (vLLM's `PYTHONHASHSEED` counterpart).
+    pub hash_seed: String,
 }
 
 /// Why a request was not accepted.
@@ -51,6 +57,10 @@ pub enum SubmitError {
 
 enum Command {
     Add(Box<GenerationRequest>),
+    /// Forget every cached prefix; answers whether it could (no block may be in use).
+    ResetPrefixCache(tokio::sync::oneshot::Sender<bool>),
+    /// The hashes currently naming cached blocks.
+    CachedHashes(tokio::sync::oneshot::Sender<Vec<HashKey>>),
 }
 
 /// Counters shared between the loop and the server.
@@ -87,6 +97,25 @@ impl EngineHandle {
         })
     }
 
+    /// Clears the prefix cache (publishing AllBlocksCleared). False while requests hold
+    /// blocks or when the engine is gone.
+    pub async fn reset_prefix_cache(&self) -> bool {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.tx.send(Command::ResetPrefixCache(tx)).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
+
+    /// The hashes naming cached blocks right now (for checks against KV-event mirrors).
+    pub async fn cached_block_hashes(&self) -> Vec<HashKey> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.tx.send(Command::CachedHashes(tx)).is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
     /// Requests queued or running.
     pub fn in_flight(&self) -> usize {
         self.shared.waiting.load(Ordering::Acquire) + self.shared.running.load(Ordering::Acquire)
@@ -108,6 +137,7 @@ pub fn start(
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     metrics: Arc<EngineMetrics>,
+    kv_events: Option<KvEventSink>,
 ) -> (EngineHandle, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::default());
@@ -120,7 +150,7 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
-            let mut engine = EngineLoop::new(model, tokenizer, config, metrics, shared);
+            let mut engine = EngineLoop::new(model, tokenizer, config, metrics, shared, kv_events);
             engine.run(rx);
         });
     let thread = match thread {
@@ -141,7 +171,11 @@ struct EngineLoop {
     rng: StdRng,
     eos_ids: Vec<u32>,
     next_seq: u64,
+    kv_events: Option<KvEventSink>,
 }
+
+/// Where cache changes go (the ZMQ publisher in production, a channel in tests).
+pub type KvEventSink = Box<dyn FnMut(Vec<PoolEvent>, usize) + Send>;
 
 impl EngineLoop {
     fn new(
@@ -150,6 +184,7 @@ impl EngineLoop {
         config: EngineConfig,
         metrics: Arc<EngineMetrics>,
         shared: Arc<Shared>,
+        kv_events: Option<KvEventSink>,
     ) -> Self {
         let cache = KvCache::new(
             model.config.n_layer,
@@ -165,6 +200,9 @@ impl EngineLoop {
                 policy: config.policy,
             },
             config.num_blocks,
+            config
+                .prefix_caching
+                .then(|| block_hash_fn(&config.hash_seed, config.block_size)),
         );
         let eos_ids = tokenizer.stop_ids().to_vec();
         Self {
@@ -177,6 +215,7 @@ impl EngineLoop {
             rng: StdRng::seed_from_u64(config.seed),
             eos_ids,
             next_seq: 0,
+            kv_events,
         }
     }
 
@@ -195,6 +234,7 @@ impl EngineLoop {
             }
             self.drop_abandoned();
             self.step();
+            self.flush_kv_events();
             self.publish_gauges();
         }
     }
@@ -204,9 +244,6 @@ impl EngineLoop {
             Command::Add(req) => {
                 let req = *req;
                 let sampler = Sampler::new(req.sampling, self.rng.random());
-                self.metrics
-                    .prefix_cache_queries
-                    .inc_by(req.prompt.len() as u64);
                 let seq = Sequence {
                     request_id: req.request_id,
                     prompt_len: req.prompt.len(),
@@ -227,10 +264,35 @@ impl EngineLoop {
                         last_token: None,
                     },
                     cached_tokens: 0,
+                    block_hashes: Vec::new(),
+                    num_committed: 0,
+                    cache_salt: req.cache_salt,
+                    admitted_once: false,
                 };
                 self.next_seq += 1;
                 self.scheduler.add(seq);
             }
+            Command::CachedHashes(reply) => {
+                let hashes = self
+                    .scheduler
+                    .pool
+                    .cached_blocks()
+                    .map(|(h, _)| *h)
+                    .collect();
+                let _ = reply.send(hashes);
+            }
+            Command::ResetPrefixCache(reply) => {
+                let ok = self.scheduler.pool.reset();
+                self.flush_kv_events();
+                let _ = reply.send(ok);
+            }
+        }
+    }
+
+    fn flush_kv_events(&mut self) {
+        let events = self.scheduler.pool.take_events();
+        if let (Some(sink), false) = (self.kv_events.as_mut(), events.is_empty()) {
+            sink(events, self.scheduler.config.block_size);
         }
     }
 
@@ -275,6 +337,12 @@ impl EngineLoop {
                 .num_preemptions
                 .inc_by(plan.num_preempted as u64);
         }
+        self.metrics
+            .prefix_cache_queries
+            .inc_by(plan.prefix_queries as u64);
+        self.metrics
+            .prefix_cache_hits
+            .inc_by(plan.prefix_hits as u64);
         if plan.work.is_empty() {
             return;
         }
@@ -382,6 +450,8 @@ impl EngineLoop {
                 finished.push((w.index, FinishReason::Length, None));
             }
         }
+        // Name the blocks this step filled before finished sequences release theirs.
+        self.scheduler.commit_full_blocks();
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for (i, reason, stop) in finished {
             let seq = self.scheduler.finish_running(i);
@@ -435,4 +505,18 @@ impl EngineLoop {
             cached_tokens: seq.cached_tokens,
         });
     }
+}
+
+/// The prefix-cache block hash (PROTOCOLS §3) as the scheduler calls it.
+fn block_hash_fn(seed: &str, block_size: usize) -> BlockHashFn {
+    let hasher = BlockHasher::new(seed, block_size);
+    Box::new(move |parent, tokens, salt| {
+        let parent = parent.map(|p| BlockHash(*p));
+        let extra: Vec<ExtraKey> = salt
+            .map(|s| ExtraKey::CacheSalt(s.to_string()))
+            .into_iter()
+            .collect();
+        let extra = (!extra.is_empty()).then_some(extra.as_slice());
+        hasher.hash_block(parent.as_ref(), tokens, extra).0
+    })
 }

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
+pub mod kv_events;
 pub mod metrics;
 pub mod model;
 pub mod model_cache;

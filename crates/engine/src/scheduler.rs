@@ -11,8 +11,13 @@
 
 use std::collections::VecDeque;
 
-use crate::kv::block_pool::BlockPool;
+use crate::kv::block_pool::{BlockPool, HashKey};
 use crate::sequence::Sequence;
+
+/// Computes a full block's prefix-cache hash from its parent's hash, its tokens and the
+/// sequence's cache salt (mixed into the first block only). Supplied by the engine so the
+/// scheduler stays independent of the hash scheme.
+pub type BlockHashFn = Box<dyn Fn(Option<&HashKey>, &[u32], Option<&str>) -> HashKey + Send>;
 
 /// Order in which waiting requests are admitted and running ones preempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +60,9 @@ pub struct StepPlan {
     /// Indices into `Scheduler::running`.
     pub work: Vec<Scheduled>,
     pub num_preempted: usize,
+    /// Prompt tokens looked up in the prefix cache at admission, and how many were found.
+    pub prefix_queries: usize,
+    pub prefix_hits: usize,
 }
 
 pub struct Scheduler {
@@ -62,15 +70,62 @@ pub struct Scheduler {
     pub pool: BlockPool,
     pub waiting: VecDeque<Sequence>,
     pub running: Vec<Sequence>,
+    hash: Option<BlockHashFn>,
 }
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig, num_blocks: usize) -> Self {
+    /// `hash`: the block hash function; `None` disables prefix caching.
+    pub fn new(config: SchedulerConfig, num_blocks: usize, hash: Option<BlockHashFn>) -> Self {
         Self {
             config,
-            pool: BlockPool::new(num_blocks),
+            pool: BlockPool::new(num_blocks, hash.is_some()),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            hash,
+        }
+    }
+
+    /// Extends `seq.block_hashes` to every full block of its tokens.
+    fn update_hashes(hash: &BlockHashFn, block_size: usize, seq: &mut Sequence) {
+        let full = seq.tokens.len() / block_size;
+        while seq.block_hashes.len() < full {
+            let i = seq.block_hashes.len();
+            let parent = i.checked_sub(1).map(|p| seq.block_hashes[p]);
+            let salt = if i == 0 {
+                seq.cache_salt.as_deref()
+            } else {
+                None
+            };
+            let h = hash(
+                parent.as_ref(),
+                &seq.tokens[i * block_size..(i + 1) * block_size],
+                salt,
+            );
+            seq.block_hashes.push(h);
+        }
+    }
+
+    /// Names the blocks that the last step filled, so later requests can share them.
+    /// Call after advancing `num_computed`.
+    pub fn commit_full_blocks(&mut self) {
+        let Some(hash) = &self.hash else { return };
+        let bs = self.config.block_size;
+        for seq in self.running.iter_mut() {
+            let full = (seq.num_computed / bs).min(seq.block_table.len());
+            if seq.num_committed >= full {
+                continue;
+            }
+            Self::update_hashes(hash, bs, seq);
+            for i in seq.num_committed..full {
+                let parent = i.checked_sub(1).map(|p| seq.block_hashes[p]);
+                self.pool.commit(
+                    seq.block_table[i],
+                    seq.block_hashes[i],
+                    parent,
+                    &seq.tokens[i * bs..(i + 1) * bs],
+                );
+            }
+            seq.num_committed = full;
         }
     }
 
@@ -114,6 +169,7 @@ impl Scheduler {
         self.pool.release(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
+        seq.num_committed = 0;
         self.waiting.push_front(seq);
     }
 
@@ -171,18 +227,37 @@ impl Scheduler {
         //    Nothing is admitted in a step that had to preempt.
         while plan.num_preempted == 0 && budget > 0 && self.running.len() < self.config.max_num_seqs
         {
-            let Some(front) = self.waiting.front() else {
-                break;
-            };
-            let num_tokens = front.num_pending().min(budget);
-            let need = self.blocks_needed(front, num_tokens);
-            let Some(blocks) = self.pool.allocate(need) else {
-                break;
-            };
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
+            // Take the cached prefix, always leaving at least one token to compute so the
+            // step yields logits.
+            let mut hits = 0;
+            if let Some(hash) = &self.hash {
+                Self::update_hashes(hash, self.config.block_size, &mut seq);
+                let max_blocks = (seq.tokens.len() - 1) / self.config.block_size;
+                hits = self.pool.count_hits(&seq.block_hashes[..max_blocks]);
+            }
+            let cached = self.pool.acquire_cached(&seq.block_hashes[..hits]);
+            seq.block_table = cached;
+            seq.num_computed = hits * self.config.block_size;
+            let num_tokens = seq.num_pending().min(budget);
+            let need = self.blocks_needed(&seq, num_tokens);
+            let Some(blocks) = self.pool.allocate(need) else {
+                self.pool.release(&seq.block_table);
+                seq.block_table.clear();
+                seq.num_computed = 0;
+                self.waiting.push_front(seq);
+                break;
+            };
             seq.block_table.extend(blocks);
+            seq.num_committed = hits;
+            if !seq.admitted_once {
+                seq.admitted_once = true;
+                seq.cached_tokens = seq.num_computed;
+                plan.prefix_queries += seq.prompt_len;
+                plan.prefix_hits += seq.num_computed;
+            }
             self.running.push(seq);
             plan.work.push(Scheduled {
                 index: self.running.len() - 1,

@@ -74,6 +74,7 @@ pub struct GenerationRequest {
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: bool,
     pub priority: i32,
+    pub cache_salt: Option<String>,
     pub arrival: Instant,
     pub events: UnboundedSender<SeqEvent>,
 }
@@ -104,7 +105,16 @@ pub struct Sequence {
     pub stop: StopMatcher,
     pub events: UnboundedSender<SeqEvent>,
     pub times: SeqTimes,
+    /// Prompt tokens found in the prefix cache at first admission.
     pub cached_tokens: usize,
+    /// Prefix-cache hashes of the full blocks of `tokens`, computed as blocks fill.
+    pub block_hashes: Vec<crate::kv::block_pool::HashKey>,
+    /// Leading blocks of `block_table` already named in the prefix cache.
+    pub num_committed: usize,
+    /// Mixed into the first block's hash: only requests with the same salt share a prefix.
+    pub cache_salt: Option<String>,
+    /// Whether the sequence was admitted before (a preempted one comes back).
+    pub admitted_once: bool,
 }
 
 impl Sequence {

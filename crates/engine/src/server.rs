@@ -36,7 +36,10 @@ use tokio::sync::mpsc::{self, UnboundedReceiver};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::{self, EngineConfig, EngineHandle, SubmitError};
 use crate::gguf::{GgufFile, ModelError};
+use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::KvCache;
+use crate::kv::hashing::BlockHash;
+use crate::kv_events::{self, KvEvent, KvEventPublisher, KvEventsConfig};
 use crate::metrics::EngineMetrics;
 use crate::model::{Llama, WeightFormat};
 use crate::sampler::SamplingConfig;
@@ -62,6 +65,16 @@ pub struct EngineOptions {
     pub max_body_bytes: usize,
     /// How long Ctrl-C waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Share KV blocks between requests with a common prefix.
+    pub prefix_caching: bool,
+    /// Seed of the prefix-cache block hashes (PROTOCOLS §3).
+    pub prefix_caching_hash_seed: String,
+    /// ZMQ endpoint to publish KV-cache events on (PROTOCOLS §4); off when `None`.
+    pub kv_events_endpoint: Option<String>,
+    /// Replay (ROUTER) endpoint for missed events.
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Topic; default `kv@<host:port>@<model>`.
+    pub kv_events_topic: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -79,9 +92,18 @@ impl Default for EngineOptions {
             seed: 0,
             max_body_bytes: 8 << 20,
             shutdown_grace: Duration::from_secs(30),
+            prefix_caching: true,
+            prefix_caching_hash_seed: DEFAULT_HASH_SEED.to_string(),
+            kv_events_endpoint: None,
+            kv_events_replay_endpoint: None,
+            kv_events_topic: None,
         }
     }
 }
+
+/// The default block-hash seed: fixed, so hashes are stable across restarts and equal to
+/// those of a vLLM engine started with `PYTHONHASHSEED=0`.
+pub const DEFAULT_HASH_SEED: &str = "0";
 
 /// Everything `strata engine` needs to serve.
 #[derive(Debug, Clone)]
@@ -173,6 +195,7 @@ pub fn load(
         "model loaded"
     );
     let metrics = Arc::new(EngineMetrics::new(model_name, opts.block_size, num_blocks));
+    let kv_events = kv_event_sink(opts, model_name)?;
     let tokenizer = Arc::new(tokenizer);
     let (handle, engine_thread) = engine::start(
         Arc::new(model),
@@ -185,8 +208,11 @@ pub fn load(
             max_waiting: opts.max_waiting,
             policy: opts.policy,
             seed: opts.seed,
+            prefix_caching: opts.prefix_caching,
+            hash_seed: opts.prefix_caching_hash_seed.clone(),
         },
         metrics.clone(),
+        kv_events,
     );
     let state = Arc::new(AppState {
         model_name: model_name.to_string(),
@@ -205,6 +231,81 @@ pub fn load(
     })
 }
 
+/// The KV-event publisher, when an endpoint is configured.
+fn kv_event_sink(
+    opts: &EngineOptions,
+    model_name: &str,
+) -> Result<Option<engine::KvEventSink>, ServerError> {
+    let Some(endpoint) = &opts.kv_events_endpoint else {
+        return Ok(None);
+    };
+    let topic = opts
+        .kv_events_topic
+        .clone()
+        .unwrap_or_else(|| kv_events::topic("localhost", model_name));
+    let (publisher, addrs) = KvEventPublisher::start(KvEventsConfig {
+        endpoint: endpoint.clone(),
+        replay_endpoint: opts.kv_events_replay_endpoint.clone(),
+        topic: topic.clone(),
+        ..KvEventsConfig::default()
+    })
+    .map_err(|e| ServerError::Option(format!("KV events: {e}")))?;
+    tracing::info!(publisher = %addrs.publisher, replay = ?addrs.replay, %topic, "publishing KV events");
+    Ok(Some(Box::new(move |events, block_size| {
+        publisher.publish(to_kv_events(events, block_size));
+    })))
+}
+
+/// Pool changes as vLLM KV events: consecutive stores of a chain become one BlockStored,
+/// consecutive evictions one BlockRemoved.
+pub fn to_kv_events(events: Vec<PoolEvent>, block_size: usize) -> Vec<KvEvent> {
+    let wire = |h: &HashKey| BlockHash(*h).to_u64();
+    let mut out: Vec<KvEvent> = Vec::new();
+    for ev in events {
+        match ev {
+            PoolEvent::Stored {
+                hash,
+                parent,
+                tokens,
+            } => {
+                if let Some(KvEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    ..
+                }) = out.last_mut()
+                {
+                    if parent.as_ref().map(wire) == block_hashes.last().copied() {
+                        block_hashes.push(wire(&hash));
+                        token_ids.extend_from_slice(&tokens);
+                        continue;
+                    }
+                }
+                out.push(KvEvent::BlockStored {
+                    block_hashes: vec![wire(&hash)],
+                    parent_block_hash: parent.as_ref().map(wire),
+                    token_ids: tokens,
+                    block_size,
+                    lora_id: None,
+                    medium: Some(kv_events::MEDIUM_GPU.to_string()),
+                    lora_name: None,
+                });
+            }
+            PoolEvent::Removed { hash } => {
+                if let Some(KvEvent::BlockRemoved { block_hashes, .. }) = out.last_mut() {
+                    block_hashes.push(wire(&hash));
+                    continue;
+                }
+                out.push(KvEvent::BlockRemoved {
+                    block_hashes: vec![wire(&hash)],
+                    medium: Some(kv_events::MEDIUM_GPU.to_string()),
+                });
+            }
+            PoolEvent::Cleared => out.push(KvEvent::AllBlocksCleared),
+        }
+    }
+    out
+}
+
 /// The HTTP routes.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -217,6 +318,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/version", get(version))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -224,7 +326,13 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Serves until Ctrl-C or SIGTERM, then drains in-flight requests (bounded) and returns.
 pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
-    let opts = config.options.clone();
+    let mut opts = config.options.clone();
+    if opts.kv_events_topic.is_none() {
+        opts.kv_events_topic = Some(kv_events::topic(
+            &config.addr.to_string(),
+            &config.model_name,
+        ));
+    }
     let path = config.model_path.clone();
     let name = config.model_name.clone();
     let loaded = tokio::task::spawn_blocking(move || load(&path, &name, &opts))
@@ -419,6 +527,7 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
             include_stop_str_in_output: job.sampling.include_stop_str_in_output,
             skip_special_tokens: job.sampling.skip_special_tokens,
             priority: job.sampling.priority,
+            cache_salt: job.sampling.cache_salt.clone(),
             arrival: Instant::now(),
             events: tx,
         };
@@ -1048,6 +1157,17 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> ApiResult {
+    if state.engine.reset_prefix_cache().await {
+        Ok(StatusCode::OK.into_response())
+    } else {
+        Err(ApiError::unavailable(
+            "The prefix cache cannot be reset while requests hold KV blocks; retry when idle.",
+        )
+        .into())
+    }
 }
 
 async fn version() -> Response {

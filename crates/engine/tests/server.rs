@@ -481,3 +481,97 @@ fn tokenize_detokenize_models_and_version() {
     let (status, text) = request(addr, "POST", "/v1/embeddings", b"{\"input\": \"x\"}");
     assert_openai_error(status, &text, 400, Some("model"));
 }
+
+#[test]
+fn a_repeated_prefix_is_served_from_the_cache() {
+    let addr = start(EngineOptions {
+        num_blocks: Some(128),
+        ..EngineOptions::default()
+    });
+    let system = "You are a careful assistant. ".repeat(40);
+    let ask = |q: &str| {
+        json!({
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 4,
+            "temperature": 0
+        })
+    };
+    let (status, first) = post(addr, "/v1/chat/completions", &ask("What is 2+2?"));
+    assert_eq!(status, 200, "{first}");
+    assert!(first["usage"]["prompt_tokens_details"].is_null(), "{first}");
+    let (_, second) = post(addr, "/v1/chat/completions", &ask("What is 3+3?"));
+    let prompt = second["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached tokens reported");
+    // The shared system prompt is most of the prompt; only whole blocks are shared.
+    assert!(
+        cached >= prompt - 32 && cached % 16 == 0,
+        "{cached} of {prompt}"
+    );
+    assert_eq!(
+        metric(addr, "vllm:prefix_cache_hits_total", None),
+        cached as f64
+    );
+    let queries = metric(addr, "vllm:prefix_cache_queries_total", None);
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    assert_eq!(queries, (first_prompt + prompt) as f64);
+    // Same answer whether the prefix came from the cache or not.
+    let (_, again) = post(addr, "/v1/chat/completions", &ask("What is 2+2?"));
+    assert_eq!(
+        again["choices"][0]["message"]["content"],
+        first["choices"][0]["message"]["content"]
+    );
+    // Reset: the cache is emptied, and the next request finds nothing.
+    let (status, _) = request(addr, "POST", "/reset_prefix_cache", b"");
+    assert_eq!(status, 200);
+    let (_, cold) = post(addr, "/v1/chat/completions", &ask("What is 2+2?"));
+    assert!(cold["usage"]["prompt_tokens_details"].is_null(), "{cold}");
+}
+
+#[test]
+fn preemption_under_kv_pressure_finishes_every_request_with_the_same_output() {
+    // 12 blocks of 16 tokens: four requests of ~75 tokens each cannot all fit at once.
+    let addr = start(EngineOptions {
+        num_blocks: Some(12),
+        ..EngineOptions::default()
+    });
+    let body = |i: usize| {
+        json!({
+            "prompt": format!("Story number {i}: once upon a time, in a land far away,"),
+            "max_tokens": 60,
+            "ignore_eos": true,
+            "temperature": 0
+        })
+    };
+    let alone: Vec<Value> = (0..4)
+        .map(|i| post(addr, "/v1/completions", &body(i)).1)
+        .collect();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let b = body(i);
+            std::thread::spawn(move || post(addr, "/v1/completions", &b))
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (status, v) = h.join().expect("client thread");
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 60);
+        assert_eq!(
+            v["choices"][0]["text"], alone[i]["choices"][0]["text"],
+            "request {i} changed under preemption"
+        );
+    }
+    assert!(
+        metric(addr, "vllm:num_preemptions_total", None) > 0.0,
+        "the workload was meant to preempt"
+    );
+    assert_eq!(
+        metric(addr, "vllm:kv_cache_usage_perc", None),
+        0.0,
+        "leaked blocks"
+    );
+    assert_eq!(metric(addr, "vllm:num_requests_running", None), 0.0);
+}

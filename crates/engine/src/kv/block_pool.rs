@@ -1,54 +1,246 @@
-//! The block pool: which KV blocks are free and who holds the others.
+//! The block pool: which KV blocks are free, who holds the others, and which full blocks
+//! hold which prefix (the prefix cache).
 //!
-//! Invariants: every block id in `0..num_blocks` is either in `free` (ref count 0) or
-//! held by at least one sequence (ref count > 0), never both; `free` has no duplicates.
+//! Invariants:
+//! - every block is either in the free queue (ref count 0) or held (ref count > 0), never
+//!   both;
+//! - a block in `cached` maps back to its hash in `hashes`, and vice versa; a free block
+//!   keeps its hash, so a later request with the same prefix can take it back, until the
+//!   block is evicted (handed out again for other content);
+//! - the free queue is least recently used first: blocks without a hash go to the front
+//!   (nothing to lose), released blocks with a hash go to the back, a sequence's blocks in
+//!   reverse order so its tail (the least shareable part) is evicted first.
 
-/// Owner of the KV blocks' bookkeeping.
+use std::collections::HashMap;
+
+/// A block's content hash (PROTOCOLS §3, SHA-256).
+pub type HashKey = [u8; 32];
+
+/// Changes to the cache, for the KV-event publisher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolEvent {
+    Stored {
+        hash: HashKey,
+        parent: Option<HashKey>,
+        tokens: Vec<u32>,
+    },
+    Removed {
+        hash: HashKey,
+    },
+    Cleared,
+}
+
+const NIL: u32 = u32::MAX;
+
+/// A doubly linked list over block ids with O(1) push, pop and removal from the middle.
+#[derive(Debug)]
+struct FreeQueue {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    queued: Vec<bool>,
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl FreeQueue {
+    fn new(n: usize) -> Self {
+        let mut q = Self {
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            queued: vec![false; n],
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        };
+        for b in 0..n as u32 {
+            q.push_back(b);
+        }
+        q
+    }
+
+    fn push_back(&mut self, b: u32) {
+        let i = b as usize;
+        debug_assert!(!self.queued[i]);
+        self.prev[i] = self.tail;
+        self.next[i] = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.next[self.tail as usize] = b;
+        }
+        self.tail = b;
+        self.queued[i] = true;
+        self.len += 1;
+    }
+
+    fn push_front(&mut self, b: u32) {
+        let i = b as usize;
+        debug_assert!(!self.queued[i]);
+        self.next[i] = self.head;
+        self.prev[i] = NIL;
+        if self.head == NIL {
+            self.tail = b;
+        } else {
+            self.prev[self.head as usize] = b;
+        }
+        self.head = b;
+        self.queued[i] = true;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, b: u32) {
+        let i = b as usize;
+        if !self.queued[i] {
+            return;
+        }
+        let (p, n) = (self.prev[i], self.next[i]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.queued[i] = false;
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
+        self.len -= 1;
+    }
+
+    fn pop_front(&mut self) -> Option<u32> {
+        let b = self.head;
+        if b == NIL {
+            return None;
+        }
+        self.remove(b);
+        Some(b)
+    }
+}
+
+/// Owner of the KV blocks' bookkeeping and the prefix cache.
 #[derive(Debug)]
 pub struct BlockPool {
     ref_counts: Vec<u32>,
-    free: Vec<u32>,
+    hashes: Vec<Option<HashKey>>,
+    cached: HashMap<HashKey, u32>,
+    free: FreeQueue,
+    prefix_caching: bool,
+    events: Vec<PoolEvent>,
 }
 
 impl BlockPool {
-    pub fn new(num_blocks: usize) -> Self {
+    pub fn new(num_blocks: usize, prefix_caching: bool) -> Self {
         Self {
             ref_counts: vec![0; num_blocks],
-            // pop() hands out low ids first
-            free: (0..num_blocks as u32).rev().collect(),
+            hashes: vec![None; num_blocks],
+            cached: HashMap::new(),
+            free: FreeQueue::new(num_blocks),
+            prefix_caching,
+            events: Vec::new(),
         }
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
     }
 
     pub fn num_blocks(&self) -> usize {
         self.ref_counts.len()
     }
 
+    /// Blocks nobody holds (cached or not): what `allocate` can hand out.
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.free.len
     }
 
-    /// Fraction of blocks in use, 0..=1.
+    /// Fraction of blocks held by sequences, 0..=1 (cached free blocks count as free).
     pub fn usage(&self) -> f64 {
         if self.ref_counts.is_empty() {
             return 0.0;
         }
-        1.0 - self.free.len() as f64 / self.ref_counts.len() as f64
+        1.0 - self.free.len as f64 / self.ref_counts.len() as f64
     }
 
-    /// Takes `n` free blocks, or none at all when fewer than `n` are free.
+    /// The block holding `hash`, if cached.
+    pub fn cached_block(&self, hash: &HashKey) -> Option<u32> {
+        self.cached.get(hash).copied()
+    }
+
+    /// Every cached (hash, block) pair, for checks against a mirror built from events.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = (&HashKey, &u32)> {
+        self.cached.iter()
+    }
+
+    /// How many leading `hashes` are cached (no side effects).
+    pub fn count_hits(&self, hashes: &[HashKey]) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        hashes
+            .iter()
+            .take_while(|h| self.cached.contains_key(*h))
+            .count()
+    }
+
+    /// Takes a reference on the cached blocks of the leading `hashes` (all must be cached:
+    /// call [`count_hits`](Self::count_hits) first) and returns them.
+    pub fn acquire_cached(&mut self, hashes: &[HashKey]) -> Vec<u32> {
+        let mut blocks = Vec::with_capacity(hashes.len());
+        for h in hashes {
+            let Some(&b) = self.cached.get(h) else { break };
+            if self.ref_counts[b as usize] == 0 {
+                self.free.remove(b);
+            }
+            self.ref_counts[b as usize] += 1;
+            blocks.push(b);
+        }
+        blocks
+    }
+
+    /// Takes `n` free blocks, evicting least recently used cached ones, or none at all
+    /// when fewer than `n` are free.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
-        if n > self.free.len() {
+        if n > self.free.len {
             return None;
         }
-        let at = self.free.len() - n;
-        let blocks: Vec<u32> = self.free.drain(at..).rev().collect();
-        for &b in &blocks {
+        let mut blocks = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b = self.free.pop_front()?;
+            if let Some(h) = self.hashes[b as usize].take() {
+                if self.cached.get(&h) == Some(&b) {
+                    self.cached.remove(&h);
+                    self.events.push(PoolEvent::Removed { hash: h });
+                }
+            }
             self.ref_counts[b as usize] = 1;
+            blocks.push(b);
         }
         Some(blocks)
     }
 
-    /// Drops one reference to each block; blocks nobody holds become free.
+    /// Records that held block `block` is full with `tokens` whose chained hash is `hash`.
+    /// A block whose content is already cached elsewhere stays unnamed.
+    pub fn commit(&mut self, block: u32, hash: HashKey, parent: Option<HashKey>, tokens: &[u32]) {
+        if !self.prefix_caching || self.hashes[block as usize].is_some() {
+            return;
+        }
+        if self.cached.contains_key(&hash) {
+            return;
+        }
+        self.cached.insert(hash, block);
+        self.hashes[block as usize] = Some(hash);
+        self.events.push(PoolEvent::Stored {
+            hash,
+            parent,
+            tokens: tokens.to_vec(),
+        });
+    }
+
+    /// Drops one reference to each of a sequence's blocks (given in table order).
     pub fn release(&mut self, blocks: &[u32]) {
         for &b in blocks.iter().rev() {
             let Some(rc) = self.ref_counts.get_mut(b as usize) else {
@@ -60,9 +252,32 @@ impl BlockPool {
             }
             *rc -= 1;
             if *rc == 0 {
-                self.free.push(b);
+                if self.hashes[b as usize].is_some() {
+                    self.free.push_back(b);
+                } else {
+                    self.free.push_front(b);
+                }
             }
         }
+    }
+
+    /// Forgets every cached prefix. Refused (false) while any block is held, as a reset
+    /// under running sequences would name blocks that are being written.
+    pub fn reset(&mut self) -> bool {
+        if self.free.len != self.ref_counts.len() {
+            return false;
+        }
+        self.cached.clear();
+        for h in self.hashes.iter_mut() {
+            *h = None;
+        }
+        self.events.push(PoolEvent::Cleared);
+        true
+    }
+
+    /// Cache changes since the last call.
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        std::mem::take(&mut self.events)
     }
 }
 
@@ -70,9 +285,13 @@ impl BlockPool {
 mod tests {
     use super::*;
 
+    fn h(i: u8) -> HashKey {
+        [i; 32]
+    }
+
     #[test]
     fn allocate_and_release_round_trip() {
-        let mut pool = BlockPool::new(4);
+        let mut pool = BlockPool::new(4, true);
         let a = pool.allocate(3).expect("3 of 4 free");
         assert_eq!(a.len(), 3);
         assert_eq!(pool.num_free(), 1);
@@ -81,9 +300,71 @@ mod tests {
         pool.release(&a);
         assert_eq!(pool.num_free(), 4);
         assert_eq!(pool.usage(), 0.0);
-        let b = pool.allocate(4).expect("all free again");
-        let mut sorted = b.clone();
-        sorted.sort();
-        assert_eq!(sorted, vec![0, 1, 2, 3]);
+        let mut b = pool.allocate(4).expect("all free again");
+        b.sort();
+        assert_eq!(b, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn released_cached_blocks_are_reusable_until_evicted_lru_first() {
+        let mut pool = BlockPool::new(4, true);
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(1), None, &[1, 2]);
+        pool.commit(a[1], h(2), Some(h(1)), &[3, 4]);
+        pool.release(&a);
+        assert_eq!(pool.count_hits(&[h(1), h(2), h(3)]), 2);
+        // Two uncached blocks go first; the cached ones survive.
+        let b = pool.allocate(2).expect("two more");
+        assert!(!b.contains(&a[0]) && !b.contains(&a[1]));
+        assert_eq!(pool.count_hits(&[h(1), h(2)]), 2);
+        // The next allocation evicts the tail block (h2) before the head block (h1).
+        let c = pool.allocate(1).expect("one");
+        assert_eq!(c, vec![a[1]]);
+        assert_eq!(pool.count_hits(&[h(1), h(2)]), 1);
+        let events = pool.take_events();
+        assert_eq!(events.last(), Some(&PoolEvent::Removed { hash: h(2) }));
+    }
+
+    #[test]
+    fn acquiring_a_cached_block_takes_it_out_of_the_free_queue() {
+        let mut pool = BlockPool::new(2, true);
+        let a = pool.allocate(1).expect("one");
+        pool.commit(a[0], h(9), None, &[7]);
+        pool.release(&a);
+        assert_eq!(pool.num_free(), 2);
+        let got = pool.acquire_cached(&[h(9)]);
+        assert_eq!(got, a);
+        assert_eq!(pool.num_free(), 1);
+        // Shared: a second holder, then both release.
+        let again = pool.acquire_cached(&[h(9)]);
+        assert_eq!(again, a);
+        pool.release(&got);
+        assert_eq!(pool.num_free(), 1, "still held once");
+        pool.release(&again);
+        assert_eq!(pool.num_free(), 2);
+    }
+
+    #[test]
+    fn duplicate_content_stays_unnamed_and_reset_needs_an_idle_pool() {
+        let mut pool = BlockPool::new(3, true);
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(5), None, &[1]);
+        pool.commit(a[1], h(5), None, &[1]);
+        assert_eq!(pool.cached_block(&h(5)), Some(a[0]));
+        assert!(!pool.reset(), "blocks are held");
+        pool.release(&a);
+        assert!(pool.reset());
+        assert_eq!(pool.count_hits(&[h(5)]), 0);
+        assert_eq!(pool.take_events().last(), Some(&PoolEvent::Cleared));
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_cached() {
+        let mut pool = BlockPool::new(2, false);
+        let a = pool.allocate(1).expect("one");
+        pool.commit(a[0], h(1), None, &[1]);
+        pool.release(&a);
+        assert_eq!(pool.count_hits(&[h(1)]), 0);
+        assert!(pool.take_events().is_empty());
     }
 }
