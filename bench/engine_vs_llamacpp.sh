@@ -12,8 +12,9 @@ ROUNDS="${1:-3}"
 THREADS="$(nproc)"
 
 tools/llamacpp/build.sh >/dev/null
-cargo build --release --quiet -p strata-cli -p strata-engine --example engine_bench
-MODEL="$(target/release/strata model pull 2>/dev/null)"
+cargo build --release --quiet -p strata-cli --bin strata
+cargo build --release --quiet -p strata-engine --example engine_bench
+MODEL="$(target/release/strata model pull)"
 BENCH=target/release/examples/engine_bench
 LLAMA=target/llama.cpp/bin/llama-bench
 OUT="$(mktemp -d)"

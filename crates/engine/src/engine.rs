@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::KvCache;
-use crate::kv::hashing::{BlockHash, BlockHasher, ExtraKey};
+use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
 use crate::metrics::EngineMetrics;
 use crate::model::{Llama, SeqInput};
 use crate::sampler::Sampler;
@@ -512,11 +512,9 @@ fn block_hash_fn(seed: &str, block_size: usize) -> BlockHashFn {
     let hasher = BlockHasher::new(seed, block_size);
     Box::new(move |parent, tokens, salt| {
         let parent = parent.map(|p| BlockHash(*p));
-        let extra: Vec<ExtraKey> = salt
-            .map(|s| ExtraKey::CacheSalt(s.to_string()))
-            .into_iter()
-            .collect();
-        let extra = (!extra.is_empty()).then_some(extra.as_slice());
+        // The scheduler passes the salt for the first block only.
+        let extra = block_extra_keys(0, None, salt);
+        let extra = extra.as_deref();
         hasher.hash_block(parent.as_ref(), tokens, extra).0
     })
 }

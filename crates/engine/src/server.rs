@@ -101,9 +101,10 @@ impl Default for EngineOptions {
     }
 }
 
-/// The default block-hash seed: fixed, so hashes are stable across restarts and equal to
-/// those of a vLLM engine started with `PYTHONHASHSEED=0`.
-pub const DEFAULT_HASH_SEED: &str = "0";
+/// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
+/// a default Strata engine and a default vLLM engine in `sha256_cbor` mode name the same
+/// blocks.
+pub use crate::kv::hashing::DEFAULT_HASH_SEED;
 
 /// Everything `strata engine` needs to serve.
 #[derive(Debug, Clone)]

@@ -575,3 +575,76 @@ fn preemption_under_kv_pressure_finishes_every_request_with_the_same_output() {
     );
     assert_eq!(metric(addr, "vllm:num_requests_running", None), 0.0);
 }
+
+#[test]
+fn requests_that_cannot_fit_or_overflow_the_queue_are_refused_cleanly() {
+    // 8 blocks of 16 tokens: nothing longer than 128 tokens can ever be cached.
+    let addr = start(EngineOptions {
+        num_blocks: Some(8),
+        max_num_seqs: 1,
+        max_waiting: 1,
+        ..EngineOptions::default()
+    });
+    let (status, text) = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        json!({"prompt": "word ".repeat(200), "max_tokens": 4})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_openai_error(status, &text, 400, Some("prompt"));
+    let (status, text) = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        json!({"prompt": "Hello", "max_tokens": 200})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_openai_error(status, &text, 400, Some("max_tokens"));
+
+    // One running, one waiting: further requests are shed with 429 and Retry-After.
+    let body =
+        json!({"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": true}).to_string();
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let b = body.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(120)))
+                    .expect("timeout");
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                    b.len()
+                )
+                .expect("send");
+                let mut raw = Vec::new();
+                s.read_to_end(&mut raw).expect("read");
+                String::from_utf8_lossy(&raw).into_owned()
+            })
+        })
+        .collect();
+    let responses: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    let shed: Vec<&String> = responses
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.1 429"))
+        .collect();
+    let served = responses
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.1 200"))
+        .count();
+    assert!(!shed.is_empty(), "nothing was shed");
+    assert_eq!(served + shed.len(), 6, "{responses:?}");
+    for r in shed {
+        assert!(r.to_ascii_lowercase().contains("retry-after: "), "{r}");
+        let (_, body) = parse_response(r.as_bytes());
+        assert_openai_error(429, &body, 429, None);
+    }
+    assert_eq!(metric(addr, "vllm:kv_cache_usage_perc", None), 0.0);
+}
