@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use strata_engine::gguf::ModelError;
+use strata_engine::gguf::{ModelError, SUPPORTED_TENSOR_TYPES};
 use strata_engine::kv::cache::KvCache;
 use strata_engine::model::{Llama, SeqInput, WeightFormat};
 
@@ -132,17 +132,7 @@ fn logits(model: &Llama, prompt: &[u32]) -> Vec<f32> {
 #[test]
 fn every_supported_tensor_type_runs_and_matches_its_f32_dequantization() {
     let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
-    for dtype in [
-        GgmlDType::F32,
-        GgmlDType::F16,
-        GgmlDType::BF16,
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ] {
+    for &dtype in SUPPORTED_TENSOR_TYPES {
         let path = temp_file(&format!("{dtype:?}"));
         write_model(
             &path,
