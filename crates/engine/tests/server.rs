@@ -442,18 +442,21 @@ fn metrics_count_what_was_sent() {
 }
 
 #[test]
-fn greedy_output_is_the_same_alone_and_in_a_batch() {
+fn greedy_output_is_the_same_alone_and_among_32_others() {
     let addr = start(EngineOptions {
         num_blocks: Some(512),
         ..EngineOptions::default()
     });
-    let prompts: Vec<String> = (0..12)
+    let prompts: Vec<String> = (0..33)
         .map(|i| format!("Write a short sentence about the number {i}."))
         .collect();
-    let body = |p: &str| json!({"prompt": p, "max_tokens": 16, "temperature": 0});
-    let alone: Vec<Value> = prompts
+    let body =
+        |p: &str| json!({"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+    // Three requests run alone, then again in one batch with all 33.
+    let targets = [0, 16, 32];
+    let alone: Vec<Value> = targets
         .iter()
-        .map(|p| post(addr, "/v1/completions", &body(p)).1)
+        .map(|&i| post(addr, "/v1/completions", &body(&prompts[i])).1)
         .collect();
     let handles: Vec<_> = prompts
         .iter()
@@ -466,8 +469,12 @@ fn greedy_output_is_the_same_alone_and_in_a_batch() {
         .into_iter()
         .map(|h| h.join().expect("client thread"))
         .collect();
-    for (a, t) in alone.iter().zip(&together) {
-        assert_eq!(a["choices"][0]["text"], t["choices"][0]["text"]);
+    for (a, &i) in alone.iter().zip(&targets) {
+        assert_eq!(a["usage"]["completion_tokens"], 16);
+        assert_eq!(
+            a["choices"][0]["text"], together[i]["choices"][0]["text"],
+            "prompt {i} changed in a batch"
+        );
     }
 }
 
