@@ -3,9 +3,9 @@
 //!
 //! Each step, every running sequence first gets what it needs to continue (one token for
 //! a decode, the next chunk for a prefill in progress); then waiting sequences are admitted
-//! in order (FCFS, or highest `priority` first) while the step has token budget, a free
+//! in order (FCFS, or lowest `priority` value first, as vLLM) while the step has token budget, a free
 //! sequence slot and blocks. When a running sequence cannot get a block, the sequence that
-//! should yield (newest under FCFS, lowest priority under the priority policy) is
+//! should yield (newest under FCFS, the highest `priority` value under the priority policy) is
 //! preempted: its blocks are freed and it returns to the front of the queue, to recompute
 //! its KV from its tokens when it is admitted again.
 
@@ -134,11 +134,12 @@ impl Scheduler {
         match self.config.policy {
             Policy::Fcfs => self.waiting.push_back(seq),
             Policy::Priority => {
-                // stable: after every waiting sequence of the same or higher priority
+                // vLLM's convention: a lower value runs earlier. Stable: after every
+                // waiting sequence with the same or a lower value.
                 let at = self
                     .waiting
                     .iter()
-                    .position(|w| w.priority < seq.priority)
+                    .position(|w| w.priority > seq.priority)
                     .unwrap_or(self.waiting.len());
                 self.waiting.insert(at, seq);
             }
@@ -158,7 +159,8 @@ impl Scheduler {
     fn victim(&self) -> Option<usize> {
         let key = |s: &Sequence| match self.config.policy {
             Policy::Fcfs => (0, s.arrival_seq),
-            Policy::Priority => (-(s.priority as i64), s.arrival_seq),
+            // the highest value (least urgent) yields first, the newest among equals
+            Policy::Priority => (s.priority as i64, s.arrival_seq),
         };
         (0..self.running.len()).max_by_key(|&i| key(&self.running[i]))
     }
@@ -266,5 +268,95 @@ impl Scheduler {
             budget -= num_tokens;
         }
         plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::{Sampler, SamplingConfig};
+    use crate::sequence::SeqTimes;
+    use crate::stop::StopMatcher;
+    use crate::tokenizer::IncrementalDecoder;
+
+    fn seq(id: u64, priority: i32, prompt_len: usize) -> Sequence {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        Sequence {
+            request_id: id.to_string(),
+            tokens: vec![1; prompt_len],
+            prompt_len,
+            num_computed: 0,
+            block_table: Vec::new(),
+            max_tokens: 8,
+            priority,
+            arrival_seq: id,
+            sampler: Sampler::new(SamplingConfig::default(), 0),
+            decoder: IncrementalDecoder::new(true),
+            stop: StopMatcher::new(Vec::new(), false),
+            events: tx,
+            times: SeqTimes {
+                arrival: std::time::Instant::now(),
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+            },
+            cached_tokens: 0,
+            block_hashes: Vec::new(),
+            num_committed: 0,
+            cache_salt: None,
+            admitted_once: false,
+        }
+    }
+
+    fn config(policy: Policy, max_num_seqs: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            block_size: 4,
+            max_num_seqs,
+            max_num_batched_tokens: 64,
+            policy,
+        }
+    }
+
+    #[test]
+    fn priority_policy_admits_lower_values_first_and_fcfs_among_equals() {
+        let mut s = Scheduler::new(config(Policy::Priority, 2), 16, None);
+        s.add(seq(0, 5, 4));
+        s.add(seq(1, -1, 4));
+        s.add(seq(2, 5, 4));
+        s.add(seq(3, 0, 4));
+        let plan = s.schedule();
+        assert_eq!(plan.work.len(), 2);
+        let admitted: Vec<u64> = s.running.iter().map(|q| q.arrival_seq).collect();
+        assert_eq!(admitted, vec![1, 3]);
+        let waiting: Vec<u64> = s.waiting.iter().map(|q| q.arrival_seq).collect();
+        assert_eq!(waiting, vec![0, 2]);
+    }
+
+    #[test]
+    fn preemption_picks_the_newest_under_fcfs_and_the_least_urgent_under_priority() {
+        for (policy, victim) in [(Policy::Fcfs, 2), (Policy::Priority, 0)] {
+            // 6 blocks of 4 tokens; three prompts of 8 tokens take all 6 blocks.
+            let mut s = Scheduler::new(config(policy, 8), 6, None);
+            s.add(seq(0, 9, 8));
+            s.add(seq(1, 0, 8));
+            s.add(seq(2, 1, 8));
+            let plan = s.schedule();
+            assert_eq!(plan.work.len(), 3, "{policy:?}");
+            for q in s.running.iter_mut() {
+                q.num_computed = q.tokens.len();
+                q.tokens.push(7); // a sampled token: each now needs a third block
+            }
+            let plan = s.schedule();
+            assert!(plan.num_preempted >= 1, "{policy:?}");
+            assert_eq!(
+                s.waiting.front().map(|q| q.arrival_seq),
+                Some(victim),
+                "{policy:?}"
+            );
+            assert_eq!(
+                s.pool.num_free() + s.running.iter().map(|q| q.block_table.len()).sum::<usize>(),
+                6
+            );
+        }
     }
 }
