@@ -23,11 +23,8 @@ use crate::metrics::EngineMetrics;
 use crate::model::{Llama, SeqInput};
 use crate::sampler::Sampler;
 use crate::scheduler::{BlockHashFn, Policy, Scheduler, SchedulerConfig};
-use crate::sequence::{
-    FinishReason, GenerationRequest, SeqEvent, SeqTimes, Sequence, TokenLogprob,
-};
-use crate::stop::StopMatcher;
-use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, Sequence, TokenLogprob};
+use crate::tokenizer::Tokenizer;
 
 /// Engine sizing and policy.
 #[derive(Debug, Clone)]
@@ -243,32 +240,8 @@ impl EngineLoop {
         match cmd {
             Command::Add(req) => {
                 let req = *req;
-                let sampler = Sampler::new(req.sampling, self.rng.random());
-                let seq = Sequence {
-                    request_id: req.request_id,
-                    prompt_len: req.prompt.len(),
-                    tokens: req.prompt,
-                    num_computed: 0,
-                    block_table: Vec::new(),
-                    max_tokens: req.max_tokens,
-                    priority: req.priority,
-                    arrival_seq: self.next_seq,
-                    sampler,
-                    decoder: IncrementalDecoder::new(req.skip_special_tokens),
-                    stop: StopMatcher::new(req.stop, req.include_stop_str_in_output),
-                    events: req.events,
-                    times: SeqTimes {
-                        arrival: req.arrival,
-                        first_scheduled: None,
-                        first_token: None,
-                        last_token: None,
-                    },
-                    cached_tokens: 0,
-                    block_hashes: Vec::new(),
-                    num_committed: 0,
-                    cache_salt: req.cache_salt,
-                    admitted_once: false,
-                };
+                let sampler = Sampler::new(req.sampling.clone(), self.rng.random());
+                let seq = Sequence::new(req, sampler, self.next_seq);
                 self.next_seq += 1;
                 self.scheduler.add(seq);
             }

@@ -275,37 +275,24 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::sampler::{Sampler, SamplingConfig};
-    use crate::sequence::SeqTimes;
-    use crate::stop::StopMatcher;
-    use crate::tokenizer::IncrementalDecoder;
+    use crate::sequence::GenerationRequest;
 
     fn seq(id: u64, priority: i32, prompt_len: usize) -> Sequence {
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        Sequence {
+        let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = GenerationRequest {
             request_id: id.to_string(),
-            tokens: vec![1; prompt_len],
-            prompt_len,
-            num_computed: 0,
-            block_table: Vec::new(),
+            prompt: vec![1; prompt_len],
+            sampling: SamplingConfig::default(),
             max_tokens: 8,
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
             priority,
-            arrival_seq: id,
-            sampler: Sampler::new(SamplingConfig::default(), 0),
-            decoder: IncrementalDecoder::new(true),
-            stop: StopMatcher::new(Vec::new(), false),
-            events: tx,
-            times: SeqTimes {
-                arrival: std::time::Instant::now(),
-                first_scheduled: None,
-                first_token: None,
-                last_token: None,
-            },
-            cached_tokens: 0,
-            block_hashes: Vec::new(),
-            num_committed: 0,
             cache_salt: None,
-            admitted_once: false,
-        }
+            arrival: std::time::Instant::now(),
+            events,
+        };
+        Sequence::new(req, Sampler::new(SamplingConfig::default(), 0), id)
     }
 
     fn config(policy: Policy, max_num_seqs: usize) -> SchedulerConfig {

@@ -118,6 +118,35 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// A new, not yet admitted sequence for `req`; `arrival_seq` orders admissions.
+    pub fn new(req: GenerationRequest, sampler: Sampler, arrival_seq: u64) -> Self {
+        Self {
+            request_id: req.request_id,
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
+            num_computed: 0,
+            block_table: Vec::new(),
+            max_tokens: req.max_tokens,
+            priority: req.priority,
+            arrival_seq,
+            sampler,
+            decoder: IncrementalDecoder::new(req.skip_special_tokens),
+            stop: StopMatcher::new(req.stop, req.include_stop_str_in_output),
+            events: req.events,
+            times: SeqTimes {
+                arrival: req.arrival,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+            },
+            cached_tokens: 0,
+            block_hashes: Vec::new(),
+            num_committed: 0,
+            cache_salt: req.cache_salt,
+            admitted_once: false,
+        }
+    }
+
     pub fn num_output(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
