@@ -17,6 +17,7 @@
 //!   reading upstream streams.
 
 pub mod error;
+pub mod kv_events;
 pub mod sse;
 pub mod types;
 pub mod validate;

@@ -122,6 +122,21 @@ struct EngineCmd {
     /// KV-event topic (default `kv@<host:port>@<model>`).
     #[arg(long)]
     kv_events_topic: Option<String>,
+    /// Serve fixed completions without a model (for proxy overhead benchmarks and tests).
+    #[arg(long)]
+    mock: bool,
+    /// Mock mode: tokens per completion (capped by the request's max_tokens).
+    #[arg(long, default_value_t = 16, requires = "mock")]
+    mock_output_tokens: usize,
+    /// Mock mode: milliseconds before the first token.
+    #[arg(long, default_value_t = 0, requires = "mock")]
+    mock_ttft_ms: u64,
+    /// Mock mode: milliseconds between tokens.
+    #[arg(long, default_value_t = 0, requires = "mock")]
+    mock_itl_ms: u64,
+    /// Mock mode: which engine's metric names /metrics uses (vllm, sglang, trtllm, llamacpp).
+    #[arg(long, default_value = "strata", requires = "mock")]
+    mock_kind: strata_mock::EngineKind,
 }
 
 #[derive(Subcommand)]
@@ -238,9 +253,38 @@ fn model(cmd: ModelCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+        .context("starting the async runtime")
+}
+
+fn mock_engine(cmd: EngineCmd, addr: SocketAddr) -> anyhow::Result<()> {
+    let config = strata_mock::MockConfig {
+        model: cmd.served_model_name.unwrap_or_else(|| cmd.model.clone()),
+        kind: cmd.mock_kind,
+        output_tokens: cmd.mock_output_tokens,
+        ttft: std::time::Duration::from_millis(cmd.mock_ttft_ms),
+        itl: std::time::Duration::from_millis(cmd.mock_itl_ms),
+        replica: None,
+        block_size: cmd.block_size as u32,
+        num_blocks: cmd.num_blocks.unwrap_or(1024) as u32,
+    };
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let mock = strata_mock::MockEngine::serve(config, listener)?;
+        tracing::info!(url = %mock.url(), "mock engine serving");
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        mock.shutdown().await;
+        Ok(())
+    })
+}
+
 fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
-    let cache = ModelCache::from_env();
-    let path: PathBuf = cache.resolve_or_pull(&cmd.model, &mut print_progress)?;
     let addr: SocketAddr = format!("{}:{}", cmd.host, cmd.port)
         .parse()
         .or_else(|_| {
@@ -252,6 +296,11 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
                 .ok_or(())
         })
         .map_err(|_| anyhow::anyhow!("cannot resolve --host {}", cmd.host))?;
+    if cmd.mock {
+        return mock_engine(cmd, addr);
+    }
+    let cache = ModelCache::from_env();
+    let path: PathBuf = cache.resolve_or_pull(&cmd.model, &mut print_progress)?;
     let model_name = cmd.served_model_name.clone().unwrap_or_else(|| {
         if path.as_os_str() == cmd.model.as_str() {
             path.file_stem()
@@ -285,11 +334,6 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
             kv_events_topic: cmd.kv_events_topic,
         },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(strata_engine::server::run(config))?;
+    runtime()?.block_on(strata_engine::server::run(config))?;
     Ok(())
 }

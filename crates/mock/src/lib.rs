@@ -1,0 +1,645 @@
+//! A fast fake OpenAI-compatible engine.
+//!
+//! `strata-mock` answers the client API (PROTOCOLS §1) with fixed text and exports the
+//! metric names of a chosen engine kind (PROTOCOLS §2), without loading a model. It exists
+//! for two jobs:
+//!
+//! - **tests** of the router, gateway, controller and load generator, which need replicas
+//!   that can be told to fail in specific ways ([`Fault`]) and to report chosen load
+//!   ([`MockEngine::set_gauges`]);
+//! - **overhead benchmarks** (`strata engine --mock`), where the backend must never be the
+//!   bottleneck so that what is measured is the proxy in front of it.
+//!
+//! Responses are deterministic: completion `k` of a request is the word `" tok"` repeated
+//! `output_tokens` times (capped by `max_tokens` / `max_completion_tokens`), one word per
+//! streamed chunk, with the configured time to first token and inter-token gap. Prompt
+//! token counts are whitespace-separated words (or the length of a token-id prompt), so that
+//! a caller's accounting can be checked against what it sent.
+//!
+//! [`MockEngine::shutdown`] is abrupt like a killed process: the listener closes and every
+//! open connection, streams included, is cut.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use strata_api::error::ApiError;
+use strata_api::sse;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Which engine's metric names `/metrics` uses (PROTOCOLS §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    #[default]
+    Vllm,
+    /// A Strata engine exports the vLLM names.
+    Strata,
+    Sglang,
+    Trtllm,
+    Llamacpp,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vllm" => Ok(EngineKind::Vllm),
+            "strata" => Ok(EngineKind::Strata),
+            "sglang" => Ok(EngineKind::Sglang),
+            "trtllm" => Ok(EngineKind::Trtllm),
+            "llamacpp" => Ok(EngineKind::Llamacpp),
+            other => Err(format!(
+                "unknown engine kind {other:?} (expected vllm, strata, sglang, trtllm or llamacpp)"
+            )),
+        }
+    }
+}
+
+/// A way for the mock to misbehave, set at run time with [`MockEngine::set_fault`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Serve normally.
+    #[default]
+    None,
+    /// Answer every completion request with this HTTP status and an OpenAI-shaped error.
+    Status(u16),
+    /// Accept completion requests and never answer them (until the client goes away).
+    Hang,
+    /// `/metrics` never answers.
+    HangMetrics,
+    /// `/metrics` answers 200 with bytes that are not the Prometheus text format.
+    GarbageMetrics,
+    /// `/health` answers 503 (the replica is up but not ready).
+    NotReady,
+    /// Streamed completions send this many content chunks, then the connection is cut
+    /// (no finish chunk, no `[DONE]`); non-streamed completions are cut before any byte.
+    CloseMidStream { after_chunks: usize },
+}
+
+/// How a mock engine behaves.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// The model name it serves (`/v1/models` and the `model` check).
+    pub model: String,
+    pub kind: EngineKind,
+    /// Tokens per completion when the request does not ask for fewer.
+    pub output_tokens: usize,
+    /// Delay before the first token.
+    pub ttft: Duration,
+    /// Delay between tokens.
+    pub itl: Duration,
+    /// Name reported in `x-mock-replica` and response ids (default: the bound address).
+    pub replica: Option<String>,
+    /// Reported KV block size (`cache_config_info`).
+    pub block_size: u32,
+    /// Reported KV block count (`cache_config_info`).
+    pub num_blocks: u32,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            model: "mock".to_string(),
+            kind: EngineKind::Vllm,
+            output_tokens: 16,
+            ttft: Duration::ZERO,
+            itl: Duration::ZERO,
+            replica: None,
+            block_size: 16,
+            num_blocks: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Gauges {
+    waiting: u64,
+    running: u64,
+    kv_usage: f64,
+}
+
+struct Shared {
+    config: MockConfig,
+    replica: String,
+    fault: Mutex<Fault>,
+    gauges: Mutex<Gauges>,
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    fn fault(&self) -> Fault {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn gauges(&self) -> Gauges {
+        *self.gauges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running mock engine. Dropping it stops it like [`MockEngine::shutdown`].
+pub struct MockEngine {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MockEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockEngine")
+            .field("addr", &self.addr)
+            .field("replica", &self.shared.replica)
+            .finish()
+    }
+}
+
+impl MockEngine {
+    /// Starts a mock on `127.0.0.1` at an ephemeral port.
+    pub async fn spawn(config: MockConfig) -> std::io::Result<MockEngine> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        MockEngine::serve(config, listener)
+    }
+
+    /// Starts a mock on an already bound listener.
+    pub fn serve(config: MockConfig, listener: TcpListener) -> std::io::Result<MockEngine> {
+        let addr = listener.local_addr()?;
+        let replica = config.replica.clone().unwrap_or_else(|| addr.to_string());
+        let shared = Arc::new(Shared {
+            config,
+            replica,
+            fault: Mutex::new(Fault::None),
+            gauges: Mutex::new(Gauges::default()),
+            requests: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+        });
+        let (stop, stopped) = watch::channel(false);
+        let app = router(shared.clone());
+        let task = tokio::spawn(accept_loop(listener, app, stopped));
+        Ok(MockEngine {
+            addr,
+            shared,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The replica name in `x-mock-replica` and response ids.
+    pub fn replica(&self) -> &str {
+        &self.shared.replica
+    }
+
+    pub fn set_fault(&self, fault: Fault) {
+        *self.shared.fault.lock().unwrap_or_else(|e| e.into_inner()) = fault;
+    }
+
+    /// What `/metrics` reports: queued requests, running requests (added to the requests
+    /// the mock is actually serving) and KV-cache use in 0..1.
+    pub fn set_gauges(&self, waiting: u64, running: u64, kv_usage: f64) {
+        *self.shared.gauges.lock().unwrap_or_else(|e| e.into_inner()) = Gauges {
+            waiting,
+            running,
+            kv_usage,
+        };
+    }
+
+    /// Completion requests received so far (chat and text, including failed ones).
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Completion requests being answered right now.
+    pub fn in_flight(&self) -> u64 {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Stops serving at once: the port refuses connections and open ones are cut.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for MockEngine {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, app: Router, mut stopped: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                connections.spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+/// The mock's routes over a fresh state, for serving it on a listener of one's own
+/// (`strata engine --mock`). Faults and gauges stay at their defaults.
+pub fn app(config: MockConfig, replica: String) -> Router {
+    router(Arc::new(Shared {
+        config,
+        replica,
+        fault: Mutex::new(Fault::None),
+        gauges: Mutex::new(Gauges::default()),
+        requests: AtomicU64::new(0),
+        in_flight: AtomicU64::new(0),
+        next_id: AtomicU64::new(0),
+    }))
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { error(ApiError::not_found("unknown route")) })
+        .with_state(shared)
+}
+
+fn error(err: ApiError) -> Response {
+    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        err.to_json_string(),
+    )
+        .into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": s.config.model, "object": "model", "created": unix_now(), "owned_by": "strata-mock"}]
+    }))
+    .into_response()
+}
+
+async fn health(State(s): State<Arc<Shared>>) -> Response {
+    if s.fault() == Fault::NotReady {
+        return error(ApiError::unavailable("not ready"));
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    match s.fault() {
+        Fault::HangMetrics => return std::future::pending::<Response>().await,
+        Fault::GarbageMetrics => {
+            return (
+                StatusCode::OK,
+                "\u{0}{{{ this is not # the prometheus format ]]]\n",
+            )
+                .into_response()
+        }
+        _ => {}
+    }
+    let g = s.gauges();
+    let running = g.running + s.in_flight.load(Ordering::SeqCst);
+    let text = render_metrics(&s.config, g.waiting, running, g.kv_usage);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `/metrics` text for `kind` with these gauge values.
+pub fn render_metrics(config: &MockConfig, waiting: u64, running: u64, kv_usage: f64) -> String {
+    let m = &config.model;
+    let (bs, nb) = (config.block_size, config.num_blocks);
+    match config.kind {
+        EngineKind::Vllm | EngineKind::Strata => format!(
+            "# TYPE vllm:num_requests_waiting gauge\n\
+             vllm:num_requests_waiting{{model_name=\"{m}\",engine=\"0\"}} {waiting}\n\
+             # TYPE vllm:num_requests_running gauge\n\
+             vllm:num_requests_running{{model_name=\"{m}\",engine=\"0\"}} {running}\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\n\
+             vllm:kv_cache_usage_perc{{model_name=\"{m}\",engine=\"0\"}} {kv_usage}\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{bs}\",num_gpu_blocks=\"{nb}\",engine=\"0\"}} 1.0\n"
+        ),
+        EngineKind::Sglang => format!(
+            "# TYPE sglang:num_queue_reqs gauge\n\
+             sglang:num_queue_reqs{{model_name=\"{m}\"}} {waiting}\n\
+             # TYPE sglang:num_running_reqs gauge\n\
+             sglang:num_running_reqs{{model_name=\"{m}\"}} {running}\n\
+             # TYPE sglang:token_usage gauge\n\
+             sglang:token_usage{{model_name=\"{m}\"}} {kv_usage}\n\
+             # TYPE sglang:cache_config_info gauge\n\
+             sglang:cache_config_info{{page_size=\"{bs}\"}} 1\n"
+        ),
+        EngineKind::Trtllm => format!(
+            "# TYPE trtllm_num_requests_waiting gauge\n\
+             trtllm_num_requests_waiting {waiting}\n\
+             # TYPE trtllm_num_requests_running gauge\n\
+             trtllm_num_requests_running {running}\n\
+             # TYPE trtllm_kv_cache_utilization gauge\n\
+             trtllm_kv_cache_utilization {kv_usage}\n\
+             # TYPE trtllm_kv_cache_tokens_per_block gauge\n\
+             trtllm_kv_cache_tokens_per_block {bs}\n"
+        ),
+        EngineKind::Llamacpp => format!(
+            "# HELP llamacpp:requests_processing Number of requests processing.\n\
+             # TYPE llamacpp:requests_processing gauge\n\
+             llamacpp:requests_processing {running}\n\
+             # HELP llamacpp:requests_deferred Number of requests deferred.\n\
+             # TYPE llamacpp:requests_deferred gauge\n\
+             llamacpp:requests_deferred {waiting}\n"
+        ),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Text,
+}
+
+async fn chat(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    complete(s, Api::Chat, body).await
+}
+
+async fn completions(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    complete(s, Api::Text, body).await
+}
+
+/// Counts words in the prompt (or token ids), the mock's notion of prompt tokens.
+fn prompt_tokens(api: Api, req: &Value) -> Result<u64, ApiError> {
+    fn words(v: &Value) -> u64 {
+        match v {
+            Value::String(s) => s.split_whitespace().count() as u64,
+            Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
+            Value::Array(items) => items.iter().map(words).sum(),
+            Value::Object(o) => o.get("text").map(words).unwrap_or(0),
+            _ => 0,
+        }
+    }
+    match api {
+        Api::Chat => match req.get("messages") {
+            Some(Value::Array(msgs)) if !msgs.is_empty() => Ok(msgs
+                .iter()
+                .map(|m| m.get("content").map(words).unwrap_or(0))
+                .sum()),
+            _ => Err(ApiError::invalid(
+                "messages",
+                "`messages` must be a non-empty array",
+            )),
+        },
+        Api::Text => match req.get("prompt") {
+            Some(p @ (Value::String(_) | Value::Array(_))) => Ok(words(p)),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "`prompt` must be a string or an array",
+            )),
+        },
+    }
+}
+
+struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    s.in_flight.fetch_add(1, Ordering::SeqCst);
+    let guard = InFlight(s.clone());
+    let req: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return error(ApiError::invalid_no_param("the body must be a JSON object")),
+        Err(e) => return error(ApiError::invalid_no_param(format!("malformed JSON: {e}"))),
+    };
+    match req.get("model").and_then(Value::as_str) {
+        Some(m) if m == s.config.model => {}
+        Some(m) => return error(ApiError::model_not_found(m)),
+        None => return error(ApiError::invalid("model", "`model` is required")),
+    }
+    let prompt_tokens = match prompt_tokens(api, &req) {
+        Ok(n) => n,
+        Err(e) => return error(e),
+    };
+    let fault = s.fault();
+    match fault {
+        Fault::Status(code) => {
+            let mut err = ApiError::internal(format!("injected failure {code}"));
+            err.status = code;
+            return error(err);
+        }
+        Fault::Hang => std::future::pending::<()>().await,
+        _ => {}
+    }
+    let limit = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| req.get(*k).and_then(Value::as_u64));
+    let n_out = limit.map_or(s.config.output_tokens, |l| {
+        s.config.output_tokens.min(l as usize)
+    });
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = req
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let seq = s.next_id.fetch_add(1, Ordering::SeqCst);
+    let id = format!(
+        "{}-{}-{seq}",
+        if api == Api::Chat { "chatcmpl" } else { "cmpl" },
+        s.replica
+    );
+    let replica = HeaderValue::from_str(&s.replica).unwrap_or(HeaderValue::from_static("mock"));
+    let model = s.config.model.clone();
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n_out,
+        "total_tokens": prompt_tokens + n_out as u64,
+    });
+    let finish = if limit.is_some_and(|l| (l as usize) <= s.config.output_tokens) {
+        "length"
+    } else {
+        "stop"
+    };
+    let (ttft, itl) = (s.config.ttft, s.config.itl);
+
+    if !stream {
+        if matches!(fault, Fault::CloseMidStream { .. }) {
+            return cut_response();
+        }
+        tokio::time::sleep(ttft + itl * (n_out.saturating_sub(1) as u32)).await;
+        let text = " tok".repeat(n_out);
+        let body = match api {
+            Api::Chat => json!({
+                "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": null, "finish_reason": finish}],
+                "usage": usage,
+            }),
+            Api::Text => json!({
+                "id": id, "object": "text_completion", "created": unix_now(), "model": model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "usage": usage,
+            }),
+        };
+        drop(guard);
+        let mut resp = axum::Json(body).into_response();
+        resp.headers_mut().insert("x-mock-replica", replica);
+        return resp;
+    }
+
+    let cut_after = match fault {
+        Fault::CloseMidStream { after_chunks } => Some(after_chunks),
+        _ => None,
+    };
+    let created = unix_now();
+    let chunk = move |delta: Value, finish: Value, usage: Value| -> String {
+        let v = match api {
+            Api::Chat => json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": if delta.is_null() { json!([]) } else {
+                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
+                },
+                "usage": usage,
+            }),
+            Api::Text => json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": if delta.is_null() { json!([]) } else {
+                    json!([{"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
+                            "logprobs": null, "finish_reason": finish}])
+                },
+                "usage": usage,
+            }),
+        };
+        sse::encode_data(&v.to_string())
+    };
+    let body = async_stream(move |tx| async move {
+        let _guard = guard;
+        let role = json!({"role": "assistant", "content": ""});
+        if api == Api::Chat
+            && tx
+                .send(Ok(chunk(role, Value::Null, Value::Null)))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        for k in 0..n_out {
+            if cut_after == Some(k) {
+                // Let what was sent reach the wire before the connection goes.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = tx.send(Err(())).await;
+                return;
+            }
+            tokio::time::sleep(if k == 0 { ttft } else { itl }).await;
+            let c = chunk(json!({"content": " tok"}), Value::Null, Value::Null);
+            if tx.send(Ok(c)).await.is_err() {
+                return;
+            }
+        }
+        if cut_after.is_some_and(|c| c >= n_out) {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let _ = tx.send(Err(())).await;
+            return;
+        }
+        let last = chunk(json!({}), json!(finish), Value::Null);
+        if tx.send(Ok(last)).await.is_err() {
+            return;
+        }
+        if include_usage
+            && tx
+                .send(Ok(chunk(Value::Null, Value::Null, usage)))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        let _ = tx.send(Ok(sse::encode_data("[DONE]"))).await;
+    });
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp.headers_mut().insert("x-mock-replica", replica);
+    resp
+}
+
+/// A body that fails at once: hyper aborts the connection before sending anything.
+fn cut_response() -> Response {
+    let stream = futures_util::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("injected cut"))
+    });
+    Response::new(Body::from_stream(stream))
+}
+
+/// A streaming body fed by a producer task; `Err(())` cuts the connection.
+fn async_stream<F, Fut>(produce: F) -> Body
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<String, ()>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, ()>>(4);
+    tokio::spawn(produce(tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        let out: Result<Bytes, std::io::Error> = match item {
+            Ok(s) => Ok(Bytes::from(s)),
+            Err(()) => Err(std::io::Error::other("injected cut")),
+        };
+        Some((out, rx))
+    });
+    Body::from_stream(stream)
+}
