@@ -278,7 +278,9 @@ fn mock_engine(cmd: EngineCmd, addr: SocketAddr) -> anyhow::Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let mock = strata_mock::MockEngine::serve(config, listener)?;
         tracing::info!(url = %mock.url(), "mock engine serving");
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
         mock.shutdown().await;
         Ok(())
     })

@@ -356,13 +356,7 @@ impl EngineLoop {
             if seq.times.first_scheduled.is_none() {
                 seq.times.first_scheduled = Some(now);
             }
-            let was_prefill = seq.num_computed < seq.prompt_len;
             seq.num_computed += w.num_tokens;
-            if was_prefill {
-                let prompt_part = seq.prompt_len.min(seq.num_computed)
-                    - (seq.num_computed - w.num_tokens).min(seq.prompt_len);
-                self.metrics.prompt_tokens.inc_by(prompt_part as u64);
-            }
             let Some(mut logits) = logits else { continue };
             let out = seq.sampler.sample(
                 &mut logits,
@@ -376,6 +370,8 @@ impl EngineLoop {
             match seq.times.last_token {
                 None => {
                     seq.times.first_token = Some(t);
+                    // Like vLLM: the whole prompt, cached or not, once per request.
+                    self.metrics.prompt_tokens.inc_by(seq.prompt_len as u64);
                     self.metrics
                         .time_to_first_token
                         .observe((t - seq.times.arrival).as_secs_f64());

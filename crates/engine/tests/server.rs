@@ -668,3 +668,113 @@ fn requests_that_cannot_fit_or_overflow_the_queue_are_refused_cleanly() {
     }
     settles_to(addr, "vllm:kv_cache_usage_perc", 0.0);
 }
+
+/// Twelve requests at once into a batch of four: while they run, the gauges never claim
+/// more than was sent or allowed; afterwards every counter and histogram count equals what
+/// the requests themselves report.
+#[test]
+fn metrics_under_concurrent_load_match_what_was_sent() {
+    let addr = start(EngineOptions {
+        max_num_seqs: 4,
+        ..small()
+    });
+    let n = 12u64;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let (mut max_running, mut max_in_system, mut busy_scrapes) = (0f64, 0f64, 0);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let running = metric(addr, "vllm:num_requests_running", None);
+                let waiting = metric(addr, "vllm:num_requests_waiting", None);
+                max_running = max_running.max(running);
+                max_in_system = max_in_system.max(running + waiting);
+                if running > 0.0 {
+                    busy_scrapes += 1;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (max_running, max_in_system, busy_scrapes)
+        })
+    };
+    let clients: Vec<_> = (0..n)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let max = 4 + i % 7;
+                let (status, v) = post(
+                    addr,
+                    "/v1/completions",
+                    &json!({"prompt": format!("Request number {i} says:"), "max_tokens": max,
+                            "ignore_eos": true, "temperature": 0}),
+                );
+                assert_eq!(status, 200, "{v}");
+                assert_eq!(v["usage"]["completion_tokens"], max);
+                let prompt = v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+                (prompt, max)
+            })
+        })
+        .collect();
+    let sent: Vec<(u64, u64)> = clients
+        .into_iter()
+        .map(|c| c.join().expect("client"))
+        .collect();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (max_running, max_in_system, busy_scrapes) = sampler.join().expect("sampler");
+    assert!(busy_scrapes > 0, "no scrape saw a running request");
+    assert!(max_running <= 4.0, "running {max_running} > max_num_seqs");
+    assert!(
+        max_in_system <= n as f64,
+        "{max_in_system} requests in the system"
+    );
+
+    let prompt_total: u64 = sent.iter().map(|s| s.0).sum();
+    let output_total: u64 = sent.iter().map(|s| s.1).sum();
+    let itl_total: u64 = sent.iter().map(|s| s.1 - 1).sum();
+    let nf = n as f64;
+    assert_eq!(
+        metric(addr, "vllm:prompt_tokens_total", None),
+        prompt_total as f64
+    );
+    assert_eq!(
+        metric(addr, "vllm:generation_tokens_total", None),
+        output_total as f64
+    );
+    assert_eq!(metric(addr, "vllm:num_preemptions_total", None), 0.0);
+    assert_eq!(
+        metric(addr, "vllm:prefix_cache_queries_total", None),
+        prompt_total as f64
+    );
+    assert_eq!(
+        metric(
+            addr,
+            "vllm:request_success_total",
+            Some("finished_reason=\"length\"")
+        ),
+        nf
+    );
+    for h in [
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    ] {
+        assert_eq!(metric(addr, &format!("{h}_count"), None), nf, "{h}");
+        // The +Inf bucket holds every observation.
+        assert_eq!(
+            metric(addr, &format!("{h}_bucket"), Some("le=\"+Inf\"")),
+            nf,
+            "{h}"
+        );
+    }
+    assert_eq!(
+        metric(addr, "vllm:inter_token_latency_seconds_count", None),
+        itl_total as f64
+    );
+    // Twelve requests through four slots: at least eight waited a whole request's time.
+    assert!(metric(addr, "vllm:request_queue_time_seconds_sum", None) > 0.0);
+    settles_to(addr, "vllm:num_requests_running", 0.0);
+    settles_to(addr, "vllm:num_requests_waiting", 0.0);
+    settles_to(addr, "vllm:kv_cache_usage_perc", 0.0);
+}

@@ -1,0 +1,84 @@
+//! Helpers shared by the CLI's process tests: spawn `strata`, talk HTTP/1.1 on loopback.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn strata() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+}
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A `strata engine` child, killed on drop if still running.
+pub struct Engine {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    Some((status, body))
+}
+
+/// Starts `strata engine` on a free port with `extra` flags and waits until it is ready.
+pub fn start_engine_with(extra: &[&str]) -> Engine {
+    let port = free_port();
+    let child = strata()
+        .args(["engine", "--port", &port.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn strata engine");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let mut engine = Engine { child, addr };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some((200, _)) = http(addr, "GET", "/health", "") {
+            return engine;
+        }
+        if let Ok(Some(status)) = engine.child.try_wait() {
+            panic!("strata engine exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "engine not ready in 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A default-model engine with a 256 MiB KV cache.
+pub fn start_engine() -> Engine {
+    start_engine_with(&["--kv-cache-memory", "268435456"])
+}
