@@ -34,27 +34,27 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole stack on this machine (engines, router, gateway, controller).
-    Up,
+    /// Run the whole stack on this machine: engine replicas, the router and the dashboard.
+    Up(Box<strata_stack::UpArgs>),
     /// Serve a model through the OpenAI-compatible API.
     Engine(Box<EngineCmd>),
     /// Route requests across engine replicas.
-    Router,
+    Router(Box<strata_router::RouterArgs>),
     /// The API gateway: keys, limits, budgets, aliases, caches.
-    Gateway,
+    Gateway(Box<strata_gateway::GatewayArgs>),
     /// The lifecycle controller: autoscaling and rollouts.
-    Controller,
+    Controller(Box<strata_controller::ControllerArgs>),
     /// Simulate a deployment in virtual time.
     Sim,
     /// Load-test an OpenAI-compatible server.
-    Bench,
-    /// Manage the local model cache.
+    Bench(Box<strata_bench::BenchArgs>),
+    /// Manage the local model cache, and sign and verify models.
     Model {
         #[command(subcommand)]
         command: ModelCmd,
     },
     /// Manage gateway API keys.
-    Keys,
+    Keys(Box<strata_gateway::KeysArgs>),
 }
 
 #[derive(clap::Args)]
@@ -150,6 +150,12 @@ enum ModelCmd {
     List,
     /// Print the path of a model (a cache name or a GGUF path).
     Path { name: String },
+    /// Write an ed25519 key pair for signing models (`FILE`, `FILE.pub`).
+    Keygen(strata_controller::ModelKeygenArgs),
+    /// Write a signed manifest (per-file SHA-256 digests) beside a model.
+    Sign(strata_controller::ModelSignArgs),
+    /// Check a model against its signed manifest; non-zero exit saying what differs.
+    Verify(strata_controller::ModelVerifyArgs),
 }
 
 fn main() -> ExitCode {
@@ -160,13 +166,13 @@ fn main() -> ExitCode {
         ExitCode::from(2)
     };
     let result = match cli.command {
-        Command::Up => return unbuilt("up"),
-        Command::Router => return unbuilt("router"),
-        Command::Gateway => return unbuilt("gateway"),
-        Command::Controller => return unbuilt("controller"),
+        Command::Up(args) => block_on(strata_stack::run(*args)),
+        Command::Router(args) => block_on(strata_router::run(*args)),
+        Command::Gateway(args) => block_on(strata_gateway::run(*args)),
+        Command::Controller(args) => block_on(strata_controller::run(*args)),
         Command::Sim => return unbuilt("sim"),
-        Command::Bench => return unbuilt("bench"),
-        Command::Keys => return unbuilt("keys"),
+        Command::Bench(args) => block_on(strata_bench::run(*args)),
+        Command::Keys(args) => block_on(strata_gateway::run_keys(*args)),
         Command::Model { command } => model(command),
         Command::Engine(cmd) => engine(*cmd),
     };
@@ -249,8 +255,15 @@ fn model(cmd: ModelCmd) -> anyhow::Result<()> {
         ModelCmd::Path { name } => {
             println!("{}", cache.resolve(&name)?.display());
         }
+        ModelCmd::Keygen(args) => strata_controller::run_keygen(&args)?,
+        ModelCmd::Sign(args) => strata_controller::run_sign(&args)?,
+        ModelCmd::Verify(args) => strata_controller::run_verify(&args)?,
     }
     Ok(())
+}
+
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
+    runtime()?.block_on(f)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

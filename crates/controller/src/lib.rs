@@ -1,1 +1,46 @@
-//! Controller: autoscaling and rollout policies, the model registry, replica drivers (local processes, Kubernetes) and the KEDA external scaler.
+//! Strata's lifecycle controller: it watches what engines report, adds and removes
+//! replicas ahead of need, and replaces model versions safely.
+//!
+//! - [`autoscale`]: the autoscaling policy, a pure function (no clock, no I/O).
+//! - [`rollout`]: canary analysis, a pure function; [`rollout_runner`] applies it live.
+//! - [`registry`]: model digests, ed25519 signing and verification ([`verify_model`]).
+//! - [`signals`]: reading engine `/metrics` into the policy's load sample.
+//! - [`driver`]: the [`driver::Driver`] trait and the local process driver.
+//! - [`controller`]: the control loop.
+//! - [`keda`]: the KEDA external scaler (gRPC) exposing the controller's judgement.
+//! - [`cli`]: `strata controller` and `strata model keygen|sign|verify`, wired by `strata`.
+//!
+//! Everything but `autoscale`, `rollout` and `registry` sits behind the default `runtime`
+//! feature: `default-features = false` links only the pure policies and the registry.
+
+pub mod autoscale;
+pub mod registry;
+pub mod rollout;
+
+#[cfg(feature = "runtime")]
+pub mod cli;
+#[cfg(feature = "runtime")]
+pub mod config;
+#[cfg(feature = "runtime")]
+pub mod controller;
+#[cfg(feature = "runtime")]
+pub mod driver;
+#[cfg(feature = "runtime")]
+pub mod http;
+#[cfg(feature = "runtime")]
+pub mod keda;
+#[cfg(feature = "runtime")]
+pub mod metrics;
+#[cfg(feature = "runtime")]
+pub mod rollout_runner;
+#[cfg(feature = "runtime")]
+pub mod signals;
+
+#[cfg(feature = "runtime")]
+pub use cli::{
+    run, run_keygen, run_sign, run_verify, serve, ControllerArgs, ModelKeygenArgs, ModelSignArgs,
+    ModelVerifyArgs, RolloutArgs, RolloutCommand,
+};
+#[cfg(feature = "runtime")]
+pub use config::ControllerConfig;
+pub use registry::{verify_model, Digest, VerifyError};

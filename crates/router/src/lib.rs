@@ -1,1 +1,37 @@
-//! Router: endpoint discovery, metric scraping, KV-event prefix index, the scheduling framework (filters, scorers, pickers) and the streaming proxy.
+//! Strata's router: sends each request to the replica that will answer it soonest.
+//!
+//! Shaped like the Gateway API Inference Extension / llm-d endpoint picker:
+//!
+//! - **data layer** ([`datalayer`], [`endpoint`]): endpoints and their engine kinds,
+//!   `/metrics` scraping into one [`scheduling::EndpointMetrics`] per endpoint, `/health`
+//!   readiness gating, staleness, and KV-event subscribers feeding the precise index;
+//! - **prefix indexes** ([`prefix`]): approximate (prompt-text chunks the router sent) and
+//!   precise (block hashes from KV events), plus vLLM-compatible block hashing;
+//! - **scheduling** ([`scheduling`]): filters → weighted scorers → picker in named
+//!   profiles, configured in llm-d's `EndpointPickerConfig` shape; pure (no clock, I/O or
+//!   tokio), so the simulator runs it in virtual time;
+//! - **request control** ([`router`], [`circuit`]): admission and shedding, traffic
+//!   splits, circuit breakers, in-flight accounting: the [`Router`] handle the gateway
+//!   embeds and the controller drives;
+//! - **transport** ([`proxy`], [`server`]): the OpenAI-compatible HTTP front that streams
+//!   through, retries before the first byte, and exports [`telemetry`].
+//!
+//! Entry points for the CLI: [`RouterArgs`] and [`run`].
+
+pub mod circuit;
+pub mod client;
+pub mod config;
+pub mod datalayer;
+pub mod endpoint;
+pub mod prefix;
+pub mod proxy;
+pub mod router;
+pub mod scheduling;
+pub mod server;
+pub mod telemetry;
+
+pub use config::RouterConfig;
+pub use endpoint::{EndpointId, EndpointSpec, EngineKind};
+pub use router::{Lease, Picked, PoolError, RouteError, Router};
+pub use scheduling::{EndpointPickerConfig, Scheduler, TrafficSplit};
+pub use server::{run, RouterArgs};

@@ -1,0 +1,362 @@
+//! Command-line surfaces the `strata` binary wires: `strata controller`,
+//! `strata model keygen|sign|verify`, and the argument shapes of `strata rollout`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::config::{ControllerConfig, DriverConfig};
+use crate::controller::Controller;
+use crate::driver::local::LocalDriver;
+use crate::driver::{NoRegistrar, ReplicaRegistrar};
+use crate::metrics::ControllerMetrics;
+use crate::registry;
+use crate::signals::MetricsScraper;
+
+/// `strata controller`: run the lifecycle controller alone.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ControllerArgs {
+    /// Path to controller.yaml (default: every setting at its default).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override `listen` (address of /metrics and /status).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Override `autoscale.minReplicas`.
+    #[arg(long)]
+    pub min_replicas: Option<u32>,
+    /// Override `autoscale.maxReplicas`.
+    #[arg(long)]
+    pub max_replicas: Option<u32>,
+    /// Override the local driver's `model`.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+impl ControllerArgs {
+    /// The configuration these arguments describe, validated.
+    pub fn load(&self) -> anyhow::Result<ControllerConfig> {
+        let mut cfg = match &self.config {
+            Some(p) => ControllerConfig::load(p)?,
+            None => ControllerConfig::default(),
+        };
+        if let Some(l) = &self.listen {
+            cfg.listen = l.clone();
+        }
+        if let Some(n) = self.min_replicas {
+            cfg.autoscale.min_replicas = n;
+        }
+        if let Some(n) = self.max_replicas {
+            cfg.autoscale.max_replicas = n;
+        }
+        if let (Some(m), DriverConfig::Local(l)) = (&self.model, &mut cfg.driver) {
+            l.model = m.clone();
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Runs the controller until Ctrl-C, then drains and stops its replicas.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let cfg = args.load()?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = tx.send(true);
+        }
+    });
+    serve(cfg, Arc::new(NoRegistrar), rx).await
+}
+
+/// Runs the controller with `registrar` (the router, in `strata up`) until `shutdown`
+/// turns true: the HTTP endpoint on `cfg.listen` and the control loop over the configured
+/// driver.
+pub async fn serve(
+    cfg: ControllerConfig,
+    registrar: Arc<dyn ReplicaRegistrar>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let DriverConfig::Local(local) = &cfg.driver else {
+        anyhow::bail!("only the local driver is built");
+    };
+    let driver = LocalDriver::new(local.clone(), registrar.clone())?;
+    let source = MetricsScraper::new(
+        cfg.engine_kind,
+        Duration::from_secs_f64(cfg.scrape_timeout_secs),
+    );
+    let metrics = Arc::new(ControllerMetrics::new());
+    let controller = Controller::new(
+        cfg.autoscale.clone(),
+        Duration::from_secs_f64(cfg.interval_secs),
+        driver,
+        source,
+        registrar,
+        metrics.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    tracing::info!(listen = %cfg.listen, "controller endpoint: /metrics /status /health");
+    let app = crate::http::router(metrics, controller.status());
+    let keda = match &cfg.keda_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            tracing::info!(listen = %addr, "KEDA external scaler (gRPC)");
+            let scaler = crate::keda::KedaScaler::new(
+                controller.status(),
+                Duration::from_secs_f64(cfg.interval_secs),
+            );
+            let mut keda_shutdown = shutdown.clone();
+            Some(tokio::spawn(crate::keda::serve(scaler, l, async move {
+                while keda_shutdown.changed().await.is_ok() {
+                    if *keda_shutdown.borrow() {
+                        break;
+                    }
+                }
+            })))
+        }
+        None => None,
+    };
+    let mut http_shutdown = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                while http_shutdown.changed().await.is_ok() {
+                    if *http_shutdown.borrow() {
+                        break;
+                    }
+                }
+            })
+            .await
+    });
+    controller.run(shutdown).await;
+    if let Some(k) = keda {
+        match k.await {
+            Ok(r) => r.context("KEDA scaler")?,
+            Err(e) => anyhow::bail!("KEDA scaler task: {e}"),
+        }
+    }
+    match server.await {
+        Ok(r) => r.context("controller endpoint")?,
+        Err(e) => anyhow::bail!("controller endpoint task: {e}"),
+    }
+    Ok(())
+}
+
+/// `strata model keygen --out FILE`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelKeygenArgs {
+    /// Private key file to write; the public key goes to FILE.pub.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// `strata model sign PATH --key FILE`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelSignArgs {
+    /// The model: a file or a directory.
+    pub path: PathBuf,
+    /// The private key (from `strata model keygen`).
+    #[arg(long)]
+    pub key: PathBuf,
+}
+
+/// `strata model verify PATH --key FILE.pub`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelVerifyArgs {
+    /// The model: a file or a directory.
+    pub path: PathBuf,
+    /// The public key.
+    #[arg(long)]
+    pub key: PathBuf,
+}
+
+/// Writes a key pair; prints where.
+pub fn run_keygen(args: &ModelKeygenArgs) -> anyhow::Result<()> {
+    let vk = registry::keygen(&args.out)?;
+    println!(
+        "wrote {} and {} (key id {})",
+        args.out.display(),
+        registry::public_key_path(&args.out).display(),
+        registry::key_id(&vk)
+    );
+    Ok(())
+}
+
+/// Signs a model; prints its digest and the signature's path.
+pub fn run_sign(args: &ModelSignArgs) -> anyhow::Result<()> {
+    let key = registry::read_signing_key(&args.key)?;
+    let (digest, sig) = registry::sign(&args.path, &key)?;
+    println!("{digest}\nsigned: {}", sig.display());
+    Ok(())
+}
+
+/// Verifies a model; an error (non-zero exit) says what differs.
+pub fn run_verify(args: &ModelVerifyArgs) -> anyhow::Result<()> {
+    let digest = registry::verify_model_with_key_file(&args.path, &args.key)
+        .with_context(|| format!("{} does not verify", args.path.display()))?;
+    println!("{digest}\nverified: {}", args.path.display());
+    Ok(())
+}
+
+/// `strata rollout ...` (argument shapes; the lead wires them to a running controller).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RolloutArgs {
+    /// The controller's address.
+    #[arg(long, default_value = "http://127.0.0.1:9400", global = true)]
+    pub controller: String,
+    #[command(subcommand)]
+    pub command: RolloutCommand,
+}
+
+/// The rollout subcommands.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum RolloutCommand {
+    /// Start moving traffic from BASELINE to MODEL in steps.
+    Start {
+        /// The new version (a name pinned in `models:` or `name@sha256:...`).
+        #[arg(long)]
+        model: String,
+        /// The version serving now.
+        #[arg(long)]
+        baseline: String,
+        /// Canary shares in percent, rising, ending at 100.
+        #[arg(long, default_value = "5,25,50,100", value_parser = crate::rollout::parse_steps)]
+        steps: std::vec::Vec<u8>,
+    },
+    /// Show the rollout's step, weights and last decision with its evidence.
+    Status,
+    /// Send all traffic to the new version now.
+    Promote,
+    /// Send all traffic back to the baseline now.
+    Rollback,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Top {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Cmd {
+        Controller(ControllerArgs),
+        Keygen(ModelKeygenArgs),
+        Sign(ModelSignArgs),
+        Verify(ModelVerifyArgs),
+        Rollout(RolloutArgs),
+    }
+
+    #[test]
+    fn args_parse() {
+        let t = Top::try_parse_from([
+            "s",
+            "controller",
+            "--config",
+            "c.yaml",
+            "--max-replicas",
+            "4",
+        ])
+        .unwrap();
+        let Cmd::Controller(a) = t.cmd else { panic!() };
+        assert_eq!(a.config, Some(PathBuf::from("c.yaml")));
+        assert_eq!(a.max_replicas, Some(4));
+        let t = Top::try_parse_from([
+            "s",
+            "rollout",
+            "start",
+            "--model",
+            "b",
+            "--baseline",
+            "a",
+            "--steps",
+            "10,100",
+        ])
+        .unwrap();
+        let Cmd::Rollout(RolloutArgs {
+            command: RolloutCommand::Start { steps, .. },
+            ..
+        }) = t.cmd
+        else {
+            panic!()
+        };
+        assert_eq!(steps, vec![10, 100]);
+        assert!(Top::try_parse_from([
+            "s",
+            "rollout",
+            "start",
+            "--model",
+            "b",
+            "--baseline",
+            "a",
+            "--steps",
+            "10,50"
+        ])
+        .is_err());
+        assert!(Top::try_parse_from(["s", "sign", "m.gguf", "--key", "k"]).is_ok());
+    }
+
+    #[test]
+    fn overrides_apply_and_are_validated() {
+        let a = ControllerArgs {
+            min_replicas: Some(2),
+            max_replicas: Some(5),
+            model: Some("m.gguf".into()),
+            ..ControllerArgs::default()
+        };
+        let c = a.load().unwrap();
+        assert_eq!((c.autoscale.min_replicas, c.autoscale.max_replicas), (2, 5));
+        let DriverConfig::Local(l) = &c.driver else {
+            panic!()
+        };
+        assert_eq!(l.model, "m.gguf");
+        let bad = ControllerArgs {
+            min_replicas: Some(9),
+            ..ControllerArgs::default()
+        };
+        assert!(bad.load().unwrap_err().to_string().contains("minReplicas"));
+        let missing = ControllerArgs {
+            config: Some("/nonexistent/controller.yaml".into()),
+            ..ControllerArgs::default()
+        };
+        assert!(missing
+            .load()
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent/controller.yaml"));
+    }
+
+    #[test]
+    fn keygen_sign_verify_commands() {
+        let d = tempfile::tempdir().unwrap();
+        let key = d.path().join("k");
+        run_keygen(&ModelKeygenArgs { out: key.clone() }).unwrap();
+        let model = d.path().join("m.gguf");
+        std::fs::write(&model, b"GGUF....").unwrap();
+        run_sign(&ModelSignArgs {
+            path: model.clone(),
+            key: key.clone(),
+        })
+        .unwrap();
+        let verify = ModelVerifyArgs {
+            path: model.clone(),
+            key: registry::public_key_path(&key),
+        };
+        run_verify(&verify).unwrap();
+        std::fs::write(&model, b"GGUF...!").unwrap();
+        let e = format!("{:#}", run_verify(&verify).unwrap_err());
+        assert!(e.contains("m.gguf: changed"), "{e}");
+    }
+}

@@ -1,0 +1,739 @@
+//! `gateway.yaml`: parsed with serde, then validated into a [`Config`] whose references all
+//! resolve (every target names a declared upstream, every fallback a declared model).
+//!
+//! Invariant: a [`Config`] that exists has passed [`Config::validate`]. Reload builds a new
+//! one and swaps it in only when validation succeeds ([`ConfigHandle::reload`]), so a bad
+//! edit leaves the gateway serving with the previous file.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+
+/// Why a configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub guardrails: GuardrailsConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+}
+
+/// Where requests can go.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// `openai` (any OpenAI-compatible server, including a Strata engine) or
+    /// `strata_router` (a Strata router URL; spoken to the same way).
+    #[serde(default)]
+    pub kind: UpstreamKind,
+    /// Base URL without the `/v1` suffix, e.g. `http://127.0.0.1:8000`.
+    pub base_url: String,
+    /// Name of an environment variable holding the upstream's API key, sent as
+    /// `Authorization: Bearer`. Read at load time; never written to logs.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamKind {
+    #[default]
+    Openai,
+    StrataRouter,
+}
+
+/// A public model name and where it goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients send in `model`.
+    pub name: String,
+    /// Weighted targets; one is picked per request, the others are tried next on failure.
+    pub targets: Vec<TargetConfig>,
+    /// Public model names tried, in order, when every target of this one failed.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    /// Other public names for this model.
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Time allowed for one try to answer with response headers.
+    #[serde(default = "default_try_timeout_ms")]
+    pub try_timeout_ms: u64,
+    /// Time allowed for the whole request across tries and fallbacks (until headers).
+    #[serde(default = "default_total_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Extra tries of the same target on a retryable failure.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Base of the exponential backoff between retries, in ms (jittered).
+    #[serde(default = "default_backoff_ms")]
+    pub backoff_ms: u64,
+    #[serde(default)]
+    pub price: Price,
+    /// Context window in tokens; requests estimated larger skip to a fallback.
+    #[serde(default)]
+    pub context_length: Option<u64>,
+}
+
+fn default_try_timeout_ms() -> u64 {
+    30_000
+}
+fn default_total_timeout_ms() -> u64 {
+    60_000
+}
+fn default_retries() -> u32 {
+    1
+}
+fn default_backoff_ms() -> u64 {
+    50
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub upstream: String,
+    /// Model name sent upstream; the public name when absent.
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// US dollars per one million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    #[serde(default)]
+    pub input_per_1m: f64,
+    #[serde(default)]
+    pub output_per_1m: f64,
+}
+
+impl Price {
+    /// Cost in micro-dollars (1e-6 USD): a price per 1M tokens is exactly micro-dollars per
+    /// token.
+    pub fn cost_micros(&self, input_tokens: u64, output_tokens: u64) -> i64 {
+        let micros =
+            input_tokens as f64 * self.input_per_1m + output_tokens as f64 * self.output_per_1m;
+        micros.round() as i64
+    }
+}
+
+/// Requests and tokens per minute; `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimits {
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    #[serde(default)]
+    pub tpm: Option<u64>,
+}
+
+impl RateLimits {
+    /// Field-wise override: `other`'s set fields win.
+    pub fn overlay(self, other: RateLimits) -> RateLimits {
+        RateLimits {
+            rpm: other.rpm.or(self.rpm),
+            tpm: other.tpm.or(self.tpm),
+        }
+    }
+}
+
+/// Defaults for a tenant; the admin API may override limits and budget in the store.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    #[serde(default)]
+    pub limits: RateLimits,
+    /// Spend ceiling in USD over the tenant's lifetime (reset through the admin API).
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
+    /// Public model names the tenant may use; empty means all.
+    #[serde(default)]
+    pub allowed_models: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+/// What to do when the shared backend (Redis) cannot be reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Admit the request unlimited (and count it in `strata_gateway_backend_errors_total`).
+    #[default]
+    Open,
+    /// Refuse it with 503.
+    Closed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    #[serde(default)]
+    pub on_backend_error: FailureMode,
+    /// Time allowed for one Redis call before it counts as a backend error.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub redis_timeout_ms: u64,
+    /// Limits of every key without its own.
+    #[serde(default)]
+    pub default_key: RateLimits,
+    /// Limits of every tenant without its own.
+    #[serde(default)]
+    pub default_tenant: RateLimits,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            backend: Backend::Memory,
+            redis_url: None,
+            on_backend_error: FailureMode::Open,
+            redis_timeout_ms: default_redis_timeout_ms(),
+            default_key: RateLimits::default(),
+            default_tenant: RateLimits::default(),
+        }
+    }
+}
+
+fn default_redis_timeout_ms() -> u64 {
+    200
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    #[serde(default = "default_cache_ttl")]
+    pub ttl_secs: u64,
+    /// Entries held by the in-memory cache (least recently used evicted first).
+    #[serde(default = "default_cache_entries")]
+    pub max_entries: usize,
+    /// Responses larger than this are not cached.
+    #[serde(default = "default_cache_entry_bytes")]
+    pub max_entry_bytes: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: false,
+            backend: Backend::Memory,
+            redis_url: None,
+            ttl_secs: default_cache_ttl(),
+            max_entries: default_cache_entries(),
+            max_entry_bytes: default_cache_entry_bytes(),
+        }
+    }
+}
+
+fn default_cache_ttl() -> u64 {
+    300
+}
+fn default_cache_entries() -> usize {
+    10_000
+}
+fn default_cache_entry_bytes() -> usize {
+    1 << 20
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardAction {
+    #[default]
+    Redact,
+    Block,
+}
+
+/// One built-in detector and what to do when it fires.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternRule {
+    /// `api_key`, `private_key`, `card_number`, `email`, or `custom` with `regex`.
+    pub kind: String,
+    #[serde(default)]
+    pub action: GuardAction,
+    /// Required for `custom`.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Apply to prompts (default true).
+    #[serde(default = "yes")]
+    pub input: bool,
+    /// Apply to non-streamed responses (default true).
+    #[serde(default = "yes")]
+    pub output: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailsConfig {
+    /// Largest prompt accepted, in characters (all message contents together).
+    #[serde(default)]
+    pub max_prompt_chars: Option<usize>,
+    #[serde(default)]
+    pub patterns: Vec<PatternRule>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Largest request body accepted, in bytes (413 above).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Largest non-streamed upstream response read, in bytes.
+    #[serde(default = "default_max_response")]
+    pub max_response_bytes: usize,
+    /// Seconds between re-reads of keys from the store (changes made by another process).
+    #[serde(default = "default_key_refresh")]
+    pub key_refresh_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_body_bytes: default_max_body(),
+            max_response_bytes: default_max_response(),
+            key_refresh_secs: default_key_refresh(),
+        }
+    }
+}
+
+fn default_max_body() -> usize {
+    4 << 20
+}
+fn default_max_response() -> usize {
+    32 << 20
+}
+fn default_key_refresh() -> u64 {
+    5
+}
+
+impl Config {
+    /// Parses and validates YAML text.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_yaml::from_str(text)?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_yaml(&text)
+    }
+
+    /// Checks every cross-reference and range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut upstreams = HashSet::new();
+        for u in &self.upstreams {
+            if u.name.is_empty() {
+                return Err(invalid("an upstream has an empty name"));
+            }
+            if !upstreams.insert(u.name.as_str()) {
+                return Err(invalid(format!("upstream `{}` declared twice", u.name)));
+            }
+            let url = u.base_url.trim_end_matches('/');
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(format!(
+                    "upstream `{}`: base_url must start with http:// or https://",
+                    u.name
+                )));
+            }
+            if url.starts_with("https://") && !cfg!(feature = "tls") {
+                return Err(invalid(format!(
+                    "upstream `{}`: https needs a build with the `tls` feature of strata-gateway",
+                    u.name
+                )));
+            }
+        }
+        let mut names = HashSet::new();
+        for m in &self.models {
+            for name in std::iter::once(&m.name).chain(&m.aliases) {
+                if name.is_empty() {
+                    return Err(invalid("a model has an empty name or alias"));
+                }
+                if !names.insert(name.as_str()) {
+                    return Err(invalid(format!("model name `{name}` declared twice")));
+                }
+            }
+        }
+        for m in &self.models {
+            if m.targets.is_empty() {
+                return Err(invalid(format!("model `{}` has no targets", m.name)));
+            }
+            if m.targets.iter().all(|t| t.weight == 0) {
+                return Err(invalid(format!(
+                    "model `{}`: at least one target needs a weight above 0",
+                    m.name
+                )));
+            }
+            for t in &m.targets {
+                if !upstreams.contains(t.upstream.as_str()) {
+                    return Err(invalid(format!(
+                        "model `{}`: unknown upstream `{}`",
+                        m.name, t.upstream
+                    )));
+                }
+            }
+            for f in &m.fallbacks {
+                if !names.contains(f.as_str()) {
+                    return Err(invalid(format!(
+                        "model `{}`: unknown fallback `{f}`",
+                        m.name
+                    )));
+                }
+            }
+            if m.try_timeout_ms == 0 || m.timeout_ms == 0 {
+                return Err(invalid(format!("model `{}`: timeouts must be > 0", m.name)));
+            }
+            let price_ok = |p: f64| p.is_finite() && p >= 0.0;
+            if !(price_ok(m.price.input_per_1m) && price_ok(m.price.output_per_1m)) {
+                return Err(invalid(format!(
+                    "model `{}`: prices must be finite and >= 0",
+                    m.name
+                )));
+            }
+            if m.retries > 10 {
+                return Err(invalid(format!("model `{}`: retries above 10", m.name)));
+            }
+        }
+        let mut tenants = HashSet::new();
+        for t in &self.tenants {
+            if t.name.is_empty() || !tenants.insert(t.name.as_str()) {
+                return Err(invalid(format!(
+                    "tenant `{}` empty or declared twice",
+                    t.name
+                )));
+            }
+            if let Some(b) = t.budget_usd {
+                if !(b.is_finite() && b >= 0.0) {
+                    return Err(invalid(format!("tenant `{}`: budget must be >= 0", t.name)));
+                }
+            }
+            for m in &t.allowed_models {
+                if !names.contains(m.as_str()) {
+                    return Err(invalid(format!("tenant `{}`: unknown model `{m}`", t.name)));
+                }
+            }
+        }
+        if self.limits.backend == Backend::Redis && self.limits.redis_url.is_none() {
+            return Err(invalid(
+                "limits.backend is redis but limits.redis_url is unset",
+            ));
+        }
+        if self.cache.backend == Backend::Redis && self.cache.redis_url.is_none() {
+            return Err(invalid(
+                "cache.backend is redis but cache.redis_url is unset",
+            ));
+        }
+        if self.cache.enabled && self.cache.max_entries == 0 {
+            return Err(invalid("cache.max_entries must be > 0"));
+        }
+        for p in &self.guardrails.patterns {
+            crate::guardrails::validate_rule(p).map_err(invalid)?;
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// A validated config with its lookup tables built.
+#[derive(Debug)]
+pub struct Resolved {
+    pub config: Config,
+    /// Public name or alias -> index into `config.models`.
+    pub model_index: HashMap<String, usize>,
+    pub upstreams: HashMap<String, ResolvedUpstream>,
+    pub tenants: HashMap<String, TenantConfig>,
+    pub guardrails: crate::guardrails::Guardrails,
+}
+
+/// An upstream with its key read from the environment.
+#[derive(Debug, Clone)]
+pub struct ResolvedUpstream {
+    pub name: String,
+    pub base_url: String,
+    pub api_key: Option<String>,
+}
+
+impl Resolved {
+    pub fn new(config: Config) -> Result<Resolved, ConfigError> {
+        config.validate()?;
+        let mut model_index = HashMap::new();
+        for (i, m) in config.models.iter().enumerate() {
+            model_index.insert(m.name.clone(), i);
+            for a in &m.aliases {
+                model_index.insert(a.clone(), i);
+            }
+        }
+        let mut upstreams = HashMap::new();
+        for u in &config.upstreams {
+            let api_key = match &u.api_key_env {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    invalid(format!(
+                        "upstream `{}`: environment variable `{var}` is not set",
+                        u.name
+                    ))
+                })?),
+                None => None,
+            };
+            upstreams.insert(
+                u.name.clone(),
+                ResolvedUpstream {
+                    name: u.name.clone(),
+                    base_url: u.base_url.trim_end_matches('/').to_string(),
+                    api_key,
+                },
+            );
+        }
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.clone()))
+            .collect();
+        let guardrails = crate::guardrails::Guardrails::new(&config.guardrails).map_err(invalid)?;
+        Ok(Resolved {
+            config,
+            model_index,
+            upstreams,
+            tenants,
+            guardrails,
+        })
+    }
+
+    /// The model a public name or alias refers to.
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.model_index.get(name).map(|&i| &self.config.models[i])
+    }
+
+    /// Public model names, sorted.
+    pub fn model_names(&self) -> Vec<String> {
+        let set: BTreeMap<&str, ()> = self.model_index.keys().map(|k| (k.as_str(), ())).collect();
+        set.into_keys().map(str::to_string).collect()
+    }
+}
+
+/// The live config, swapped atomically on reload.
+pub struct ConfigHandle {
+    path: Option<PathBuf>,
+    current: RwLock<Arc<Resolved>>,
+    mtime: RwLock<Option<SystemTime>>,
+}
+
+impl ConfigHandle {
+    /// Loads `path` (or an empty config when `None`).
+    pub fn open(path: Option<&Path>) -> Result<ConfigHandle, ConfigError> {
+        let (config, mtime) = match path {
+            Some(p) => (Config::load(p)?, file_mtime(p)),
+            None => (Config::default(), None),
+        };
+        Ok(ConfigHandle {
+            path: path.map(Path::to_path_buf),
+            current: RwLock::new(Arc::new(Resolved::new(config)?)),
+            mtime: RwLock::new(mtime),
+        })
+    }
+
+    /// A fixed config (tests, embedding).
+    pub fn fixed(config: Config) -> Result<ConfigHandle, ConfigError> {
+        Ok(ConfigHandle {
+            path: None,
+            current: RwLock::new(Arc::new(Resolved::new(config)?)),
+            mtime: RwLock::new(None),
+        })
+    }
+
+    pub fn get(&self) -> Arc<Resolved> {
+        self.current.read().clone()
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Re-reads the file. On error the old config stays and the error is returned.
+    pub fn reload(&self) -> Result<(), ConfigError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mtime = file_mtime(path);
+        let resolved = Resolved::new(Config::load(path)?);
+        // Remember the mtime even on failure so an invalid file is reported once, not on
+        // every poll.
+        *self.mtime.write() = mtime;
+        *self.current.write() = Arc::new(resolved?);
+        Ok(())
+    }
+
+    /// Reloads when the file's modification time changed since the last (attempted) load.
+    pub fn reload_if_changed(&self) -> Option<Result<(), ConfigError>> {
+        let path = self.path.as_ref()?;
+        let now = file_mtime(path);
+        if now == *self.mtime.read() {
+            return None;
+        }
+        Some(self.reload())
+    }
+
+    /// Replaces the config with an already-validated one (tests).
+    pub fn replace(&self, config: Config) -> Result<(), ConfigError> {
+        *self.current.write() = Arc::new(Resolved::new(config)?);
+        Ok(())
+    }
+}
+
+fn file_mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Per-try and total timeouts of a model.
+pub fn timeouts(m: &ModelConfig) -> (Duration, Duration) {
+    (
+        Duration::from_millis(m.try_timeout_ms),
+        Duration::from_millis(m.timeout_ms),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+upstreams:
+  - name: local
+    base_url: http://127.0.0.1:8000
+models:
+  - name: small
+    aliases: [gpt-4o-mini]
+    targets:
+      - {upstream: local, model: smollm2, weight: 3}
+    fallbacks: []
+    price: {input_per_1m: 0.5, output_per_1m: 1.5}
+    context_length: 8192
+tenants:
+  - name: team-a
+    limits: {rpm: 60, tpm: 1000}
+    budget_usd: 10
+"#;
+
+    #[test]
+    fn parses_and_resolves_aliases() {
+        let r = Resolved::new(Config::from_yaml(GOOD).unwrap()).unwrap();
+        assert_eq!(r.model("gpt-4o-mini").unwrap().name, "small");
+        assert_eq!(r.model_names(), vec!["gpt-4o-mini", "small"]);
+        assert_eq!(r.tenants["team-a"].limits.rpm, Some(60));
+    }
+
+    #[test]
+    fn empty_file_is_an_empty_config() {
+        let c = Config::from_yaml("").unwrap();
+        assert!(c.models.is_empty());
+    }
+
+    #[test]
+    fn rejects_dangling_references_and_unknown_fields() {
+        let bad_upstream = GOOD.replace("upstream: local", "upstream: nowhere");
+        assert!(Config::from_yaml(&bad_upstream).is_err());
+        let bad_fallback = GOOD.replace("fallbacks: []", "fallbacks: [nope]");
+        assert!(Config::from_yaml(&bad_fallback).is_err());
+        let typo = GOOD.replace("context_length", "context_lenght");
+        assert!(Config::from_yaml(&typo).is_err());
+        let dup = GOOD.replace("aliases: [gpt-4o-mini]", "aliases: [small]");
+        assert!(Config::from_yaml(&dup).is_err());
+        let neg = GOOD.replace("input_per_1m: 0.5", "input_per_1m: -1");
+        assert!(Config::from_yaml(&neg).is_err());
+    }
+
+    #[test]
+    fn cost_is_micro_dollars() {
+        let p = Price {
+            input_per_1m: 0.5,
+            output_per_1m: 1.5,
+        };
+        assert_eq!(p.cost_micros(1_000_000, 0), 500_000);
+        assert_eq!(p.cost_micros(10, 10), 20);
+    }
+
+    #[test]
+    fn reload_keeps_old_config_when_new_is_invalid() {
+        let dir = std::env::temp_dir().join(format!("strata-gw-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gateway.yaml");
+        std::fs::write(&path, GOOD).unwrap();
+        let handle = ConfigHandle::open(Some(&path)).unwrap();
+        assert!(handle.get().model("small").is_some());
+        std::fs::write(&path, "models: [ {name: x} ]").unwrap();
+        assert!(handle.reload().is_err());
+        assert!(handle.get().model("small").is_some(), "old config kept");
+        std::fs::write(&path, GOOD.replace("name: small", "name: big")).unwrap();
+        handle.reload().unwrap();
+        assert!(handle.get().model("big").is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

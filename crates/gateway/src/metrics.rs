@@ -1,0 +1,122 @@
+//! The gateway's Prometheus metrics. Names are defined here once.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// `strata_gateway_requests_total{model, status}`
+    pub requests: Family<Labels, Counter>,
+    /// `strata_gateway_tokens_total{tenant, model, kind=input|output}`
+    pub tokens: Family<Labels, Counter>,
+    /// `strata_gateway_cost_usd_total{tenant, model}`
+    pub cost: Family<Labels, Counter<f64, AtomicU64>>,
+    /// `strata_gateway_rejected_total{reason}`: auth, rate_limit, budget, guardrail, invalid
+    pub rejected: Family<Labels, Counter>,
+    /// `strata_gateway_cache_total{result=hit|miss}`
+    pub cache: Family<Labels, Counter>,
+    /// `strata_gateway_upstream_failures_total{upstream, kind}`
+    pub upstream_failures: Family<Labels, Counter>,
+    /// `strata_gateway_fallbacks_total`: requests answered by other than the first try.
+    pub fallbacks: Counter,
+    /// `strata_gateway_backend_errors_total{backend}`: Redis failures.
+    pub backend_errors: Family<Labels, Counter>,
+    /// `strata_gateway_request_duration_seconds`: until response headers.
+    pub duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            tokens: Family::default(),
+            cost: Family::default(),
+            rejected: Family::default(),
+            cache: Family::default(),
+            upstream_failures: Family::default(),
+            fallbacks: Counter::default(),
+            backend_errors: Family::default(),
+            duration: Histogram::new(LATENCY_BUCKETS.iter().copied()),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "strata_gateway_requests",
+            "Requests by public model and status",
+            m.requests.clone(),
+        );
+        r.register(
+            "strata_gateway_tokens",
+            "Tokens by tenant, model and kind",
+            m.tokens.clone(),
+        );
+        r.register(
+            "strata_gateway_cost_usd",
+            "Spend in US dollars",
+            m.cost.clone(),
+        );
+        r.register(
+            "strata_gateway_rejected",
+            "Requests refused by the gateway",
+            m.rejected.clone(),
+        );
+        r.register(
+            "strata_gateway_cache",
+            "Response cache lookups",
+            m.cache.clone(),
+        );
+        r.register(
+            "strata_gateway_upstream_failures",
+            "Failed upstream tries",
+            m.upstream_failures.clone(),
+        );
+        r.register(
+            "strata_gateway_fallbacks",
+            "Requests served after a failed try",
+            m.fallbacks.clone(),
+        );
+        r.register(
+            "strata_gateway_backend_errors",
+            "Shared backend (Redis) failures",
+            m.backend_errors.clone(),
+        );
+        r.register(
+            "strata_gateway_request_duration_seconds",
+            "Time until response headers",
+            m.duration.clone(),
+        );
+        m
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,900 @@
+//! The request path for `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings`.
+//!
+//! One direction, each step able to answer early without touching an upstream:
+//! auth → body size → JSON shape → model → permission → guardrails → budget → rate limits
+//! (estimate) → cache → tries (targets, retries, fallbacks) → usage, cost and reconcile.
+//!
+//! Streaming responses are passed through chunk by chunk as they arrive; an SSE decoder
+//! watches them for the `usage` chunk (requested with `stream_options.include_usage`) and
+//! the accounting runs when the stream ends or the client goes away.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use futures_util::{Stream, StreamExt};
+use serde_json::Value;
+use strata_api::types::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest};
+use strata_api::{parse_json, ApiError, SseDecoder};
+
+use crate::cache;
+use crate::config::{Price, Resolved};
+use crate::keys;
+use crate::ratelimit::{Decision, LimitCheck, LimitKind};
+use crate::routing::{self, Failure, Next};
+use crate::state::{unix_now, Gateway, KeyEntry};
+use crate::store::UsageEvent;
+
+/// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
+/// Bytes of an upstream error body kept for classification and relay.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+pub const CACHE_HEADER: &str = "x-strata-cache";
+pub const UPSTREAM_HEADER: &str = "x-strata-upstream";
+pub const MODEL_HEADER: &str = "x-strata-model";
+/// Taken from the client when present, generated otherwise; sent upstream and back.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The OpenAI routes the gateway forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Route {
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+            Route::Embeddings => "embeddings",
+        }
+    }
+}
+
+/// An OpenAI-shaped error response.
+pub fn error_response(err: &ApiError) -> Response {
+    let mut resp = Response::new(Body::from(err.to_json_string()));
+    *resp.status_mut() =
+        StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn hv(v: impl ToString) -> HeaderValue {
+    HeaderValue::from_str(&v.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Formats a reset time as OpenAI does (`1s`, `6m0s`, `20ms`).
+fn reset_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        let s = d.as_secs();
+        if s >= 60 {
+            format!("{}m{}s", s / 60, s % 60)
+        } else {
+            let text = format!("{:.3}", d.as_secs_f64());
+            format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+        }
+    }
+}
+
+/// `x-ratelimit-*` headers: the tightest limit of each kind.
+fn ratelimit_headers(headers: &mut HeaderMap, checks: &[LimitCheck], d: &Decision) {
+    for (kind, suffix) in [
+        (LimitKind::Requests, "requests"),
+        (LimitKind::Tokens, "tokens"),
+    ] {
+        let tightest = checks
+            .iter()
+            .zip(&d.states)
+            .filter(|(c, _)| c.kind == kind)
+            .min_by_key(|(_, (remaining, _))| *remaining);
+        if let Some((c, (remaining, reset))) = tightest {
+            let pairs = [
+                (format!("x-ratelimit-limit-{suffix}"), c.limit.to_string()),
+                (
+                    format!("x-ratelimit-remaining-{suffix}"),
+                    remaining.to_string(),
+                ),
+                (format!("x-ratelimit-reset-{suffix}"), reset_text(*reset)),
+            ];
+            for (name, value) in pairs {
+                if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+                    headers.insert(name, hv(value));
+                }
+            }
+        }
+    }
+}
+
+/// Everything the accounting at the end of a request needs.
+struct Settle {
+    gw: Arc<Gateway>,
+    token_checks: Vec<LimitCheck>,
+    estimate: u64,
+    prompt_estimate: u64,
+    key_id: String,
+    tenant: String,
+    model: String,
+    upstream: String,
+    price: Price,
+}
+
+impl Settle {
+    /// Reconciles the token limits with real usage, records cost and the ledger row.
+    async fn finish(self, usage: Option<(u64, u64)>, status: u16, cached: bool) {
+        let (input, output) = match (usage, cached) {
+            (_, true) => (0, 0),
+            (Some(u), false) => u,
+            // No usage reported: charge the estimate rather than nothing.
+            (None, false) if status < 300 => {
+                (self.prompt_estimate, self.estimate - self.prompt_estimate)
+            }
+            (None, false) => (0, 0),
+        };
+        let delta = (input + output) as i64 - self.estimate as i64;
+        self.gw.limiter.adjust(&self.token_checks, delta).await;
+        let cost = if cached {
+            0
+        } else {
+            self.price.cost_micros(input, output)
+        };
+        let m = &self.gw.metrics;
+        if input + output > 0 {
+            m.tokens
+                .get_or_create(&vec![
+                    ("tenant", self.tenant.clone()),
+                    ("model", self.model.clone()),
+                    ("kind", "input".into()),
+                ])
+                .inc_by(input);
+            m.tokens
+                .get_or_create(&vec![
+                    ("tenant", self.tenant.clone()),
+                    ("model", self.model.clone()),
+                    ("kind", "output".into()),
+                ])
+                .inc_by(output);
+        }
+        if cost > 0 {
+            m.cost
+                .get_or_create(&vec![
+                    ("tenant", self.tenant.clone()),
+                    ("model", self.model.clone()),
+                ])
+                .inc_by(cost as f64 / 1e6);
+        }
+        self.gw.record_usage(UsageEvent {
+            ts: unix_now(),
+            key_id: self.key_id,
+            tenant: self.tenant,
+            model: self.model,
+            upstream: self.upstream,
+            input_tokens: input,
+            output_tokens: output,
+            cost_micros: cost,
+            cached,
+            status,
+        });
+    }
+}
+
+fn count_request(gw: &Gateway, model: &str, status: u16) {
+    gw.metrics
+        .requests
+        .get_or_create(&vec![
+            ("model", model.to_string()),
+            ("status", status.to_string()),
+        ])
+        .inc();
+}
+
+/// Rejects before any model work: counts the reason and builds the error.
+fn reject(gw: &Gateway, reason: &str, err: ApiError) -> Response {
+    gw.metrics.reject(reason);
+    error_response(&err)
+}
+
+/// Total characters of prompt text (messages' contents, `prompt`, `input`).
+fn prompt_chars(body: &Value) -> usize {
+    fn text_len(v: &Value) -> usize {
+        match v {
+            Value::String(s) => s.chars().count(),
+            Value::Array(items) => items.iter().map(text_len).sum(),
+            Value::Object(o) => o.get("text").map_or(0, text_len),
+            _ => 0,
+        }
+    }
+    let mut n = 0;
+    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
+        n += msgs
+            .iter()
+            .map(|m| m.get("content").map_or(0, text_len))
+            .sum::<usize>();
+    }
+    n += body.get("prompt").map_or(0, text_len);
+    n += body.get("input").map_or(0, text_len);
+    n
+}
+
+/// The authenticated key of a request, or the 401 to send (counted as a rejection).
+pub fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<KeyEntry>, ApiError> {
+    let found = match keys::from_headers(headers) {
+        None => Err(ApiError::unauthorized(
+            "Missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.",
+        )),
+        Some(presented) => gw
+            .authenticate(presented)
+            .ok_or_else(|| ApiError::unauthorized("Invalid, unknown or revoked API key.")),
+    };
+    found.map_err(|e| {
+        gw.metrics.reject("auth");
+        e.with_code("invalid_api_key")
+    })
+}
+
+fn may_use(resolved: &Resolved, key: &KeyEntry, requested: &str, canonical: &str) -> bool {
+    let allowed =
+        |list: &[String]| list.is_empty() || list.iter().any(|m| m == requested || m == canonical);
+    let tenant_ok = resolved
+        .tenants
+        .get(&key.record.tenant)
+        .is_none_or(|t| allowed(&t.allowed_models));
+    tenant_ok && allowed(&key.record.allowed_models)
+}
+
+/// Handles one proxied request end to end.
+pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    let key = match authenticate(&gw, &parts.headers) {
+        Ok(k) => k,
+        Err(e) => return error_response(&e),
+    };
+    let resolved = gw.config.get();
+    let server = &resolved.config.server;
+
+    // Body: refuse by Content-Length before reading when possible.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        reject(
+            &gw,
+            "invalid",
+            ApiError::too_large(format!(
+                "Request body exceeds {} bytes.",
+                server.max_body_bytes
+            )),
+        )
+    };
+    if declared.is_some_and(|n| n > server.max_body_bytes as u64) {
+        return too_large();
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, server.max_body_bytes).await else {
+        return too_large();
+    };
+
+    // Shape: the typed parse names the faulty field; the forwarded body stays as sent.
+    let shape = match route {
+        Route::Chat => parse_json::<ChatCompletionRequest>(&bytes).and_then(|r| {
+            if r.messages.is_empty() {
+                Err(ApiError::invalid(
+                    "messages",
+                    "`messages` must not be empty.",
+                ))
+            } else {
+                Ok(())
+            }
+        }),
+        Route::Completions => parse_json::<CompletionRequest>(&bytes).map(|_| ()),
+        Route::Embeddings => parse_json::<EmbeddingRequest>(&bytes).map(|_| ()),
+    };
+    if let Err(e) = shape {
+        return reject(&gw, "invalid", e);
+    }
+    let mut body: Value = match serde_json::from_slice(&bytes) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return reject(
+                &gw,
+                "invalid",
+                ApiError::invalid_no_param("Request body must be a JSON object."),
+            )
+        }
+    };
+    let Some(requested) = body
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return reject(
+            &gw,
+            "invalid",
+            ApiError::invalid("model", "You must provide a `model` parameter."),
+        );
+    };
+    let max_tokens = body
+        .get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .filter(|v| !v.is_null());
+    let max_tokens = match max_tokens.map(Value::as_i64) {
+        None => None,
+        Some(Some(n)) if n >= 1 => Some(n as u64),
+        Some(_) => {
+            return reject(
+                &gw,
+                "invalid",
+                ApiError::invalid(
+                    "max_tokens",
+                    "`max_tokens` must be an integer of at least 1.",
+                ),
+            );
+        }
+    };
+    let n_choices = body
+        .get("n")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .clamp(1, 128);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+
+    // Model and permission.
+    let Some(model) = resolved.model(&requested) else {
+        return reject(&gw, "invalid", ApiError::model_not_found(&requested));
+    };
+    if !may_use(&resolved, &key, &requested, &model.name) {
+        return reject(
+            &gw,
+            "forbidden",
+            ApiError::forbidden(format!("This API key may not use model `{requested}`."))
+                .with_param("model")
+                .with_code("model_not_allowed"),
+        );
+    }
+
+    // Guardrails before the model.
+    let chars = prompt_chars(&body);
+    if let Some(max) = resolved.guardrails.max_prompt_chars {
+        if chars > max {
+            return reject(
+                &gw,
+                "guardrail",
+                ApiError::invalid_no_param(format!(
+                    "The prompt has {chars} characters; the limit is {max}."
+                ))
+                .with_code("prompt_too_large"),
+            );
+        }
+    }
+    if let Err(reason) = resolved.guardrails.apply_request(&mut body) {
+        return reject(
+            &gw,
+            "guardrail",
+            ApiError::invalid_no_param(reason).with_code("guardrail_blocked"),
+        );
+    }
+
+    // Budget.
+    if let Some(msg) = gw.budget_exhausted(&key) {
+        let mut resp = reject(
+            &gw,
+            "budget",
+            ApiError::new(strata_api::ErrorKind::RateLimit, msg).with_code("budget_exceeded"),
+        );
+        resp.headers_mut()
+            .insert("x-strata-budget", HeaderValue::from_static("exceeded"));
+        return resp;
+    }
+
+    // Rate limits on the estimate.
+    let prompt_estimate = (chars as u64).div_ceil(4).max(1);
+    let output_estimate = if route == Route::Embeddings {
+        0
+    } else {
+        max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE) * n_choices
+    };
+    let estimate = prompt_estimate + output_estimate;
+    let (request_checks, token_checks) = gw.limit_checks(&key, estimate);
+    let all_checks: Vec<LimitCheck> = request_checks
+        .iter()
+        .chain(&token_checks)
+        .cloned()
+        .collect();
+    let decision = match gw.limiter.check(&all_checks).await {
+        Ok(d) => d,
+        Err(e) => {
+            gw.metrics
+                .backend_errors
+                .get_or_create(&vec![("backend", "ratelimit".into())])
+                .inc();
+            return reject(
+                &gw,
+                "backend",
+                ApiError::unavailable(format!("Rate limiting is unavailable: {e}.")),
+            );
+        }
+    };
+    if decision.degraded {
+        gw.metrics
+            .backend_errors
+            .get_or_create(&vec![("backend", "ratelimit".into())])
+            .inc();
+    }
+    let mut extra = HeaderMap::new();
+    let request_id = parts
+        .headers
+        .get(REQUEST_ID_HEADER)
+        .cloned()
+        .unwrap_or_else(|| hv(gw.next_request_id()));
+    extra.insert(REQUEST_ID_HEADER, request_id.clone());
+    ratelimit_headers(&mut extra, &all_checks, &decision);
+    if !decision.allowed {
+        let err = match decision.too_large {
+            Some(i) => ApiError::rate_limited(format!(
+                "Request too large: it needs about {} tokens but the limit is {} tokens per minute.",
+                all_checks[i].cost, all_checks[i].limit
+            )),
+            None => ApiError::rate_limited(format!(
+                "Rate limit reached for API key {}; retry after {:.1} s.",
+                key.record.id,
+                decision.retry_after.as_secs_f64()
+            )),
+        };
+        let mut resp = reject(&gw, "rate_limit", err);
+        resp.headers_mut().extend(extra);
+        if decision.too_large.is_none() {
+            let secs = decision.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            resp.headers_mut().insert(header::RETRY_AFTER, hv(secs));
+        }
+        return resp;
+    }
+
+    let mut settle = Settle {
+        gw: gw.clone(),
+        token_checks,
+        estimate,
+        prompt_estimate,
+        key_id: key.record.id.clone(),
+        tenant: key.record.tenant.clone(),
+        model: model.name.clone(),
+        upstream: String::new(),
+        price: model.price,
+    };
+
+    // Exact-match cache.
+    body["model"] = Value::String(model.name.clone());
+    let no_cache = parts
+        .headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("no-cache") || v.contains("no-store"));
+    let cache_key = match &gw.cache {
+        Some(_) if !stream && cache::is_deterministic(&body) => {
+            Some(cache::cache_key(&key.record.tenant, route.name(), &body))
+        }
+        _ => None,
+    };
+    if let (Some(c), Some(ck)) = (&gw.cache, &cache_key) {
+        if !no_cache {
+            if let Some(hit) = c.get(ck).await {
+                gw.metrics
+                    .cache
+                    .get_or_create(&vec![("result", "hit".into())])
+                    .inc();
+                settle.upstream = "cache".into();
+                settle.finish(None, 200, true).await;
+                count_request(&gw, &model.name, 200);
+                let mut resp = Response::new(Body::from(hit));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                resp.headers_mut()
+                    .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
+                resp.headers_mut().extend(extra);
+                return resp;
+            }
+        }
+        gw.metrics
+            .cache
+            .get_or_create(&vec![("result", "miss".into())])
+            .inc();
+        extra.insert(CACHE_HEADER, HeaderValue::from_static("miss"));
+    }
+
+    if stream {
+        // Ask for the usage chunk so streamed requests are accounted exactly.
+        if let Some(obj) = body.as_object_mut() {
+            let opts = obj
+                .entry("stream_options")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(o) = opts.as_object_mut() {
+                o.insert("include_usage".into(), Value::Bool(true));
+            }
+        }
+    }
+
+    // Tries.
+    let plan = {
+        let mut rng = gw.rng.lock();
+        routing::plan(&resolved, model, estimate, &mut *rng)
+    };
+    if plan.is_empty() {
+        settle.finish(None, 400, false).await;
+        return reject(
+            &gw,
+            "invalid",
+            ApiError::invalid_no_param(format!(
+                "This model's maximum context length is {} tokens; the request needs about {estimate}.",
+                model.context_length.unwrap_or(0)
+            ))
+            .with_code("context_length_exceeded"),
+        );
+    }
+    let deadline = started + Duration::from_millis(model.timeout_ms);
+    let mut last: Option<Failure> = None;
+    let mut tries = 0u32;
+    'targets: for att in &plan {
+        let Some(up) = resolved.upstreams.get(&att.upstream) else {
+            continue;
+        };
+        body["model"] = Value::String(att.upstream_model.clone());
+        let payload = match serde_json::to_vec(&body) {
+            Ok(p) => Bytes::from(p),
+            Err(_) => continue,
+        };
+        let url = format!("{}{}", up.base_url, route.path());
+        for n in 0..=att.retries {
+            if n > 0 {
+                let wait = {
+                    let mut rng = gw.rng.lock();
+                    routing::backoff(att.backoff_ms, n - 1, &mut *rng)
+                };
+                if Instant::now() + wait >= deadline {
+                    break 'targets;
+                }
+                tokio::time::sleep(wait).await;
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break 'targets;
+            }
+            let per_try = att.try_timeout.min(remaining);
+            let try_deadline = Instant::now() + per_try;
+            tries += 1;
+            let mut rb = gw
+                .client
+                .post(&url)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(payload.clone());
+            if let Some(k) = &up.api_key {
+                rb = rb.bearer_auth(k);
+            }
+            rb = rb.header(REQUEST_ID_HEADER, request_id.clone());
+            let failure = match tokio::time::timeout(per_try, rb.send()).await {
+                Err(_) => Failure::Timeout,
+                Ok(Err(e)) if e.is_timeout() => Failure::Timeout,
+                Ok(Err(_)) => Failure::Connect,
+                Ok(Ok(resp)) if resp.status().is_success() => {
+                    tracing::debug!(
+                        request_id = request_id.to_str().unwrap_or(""),
+                        key = %key.record.id,
+                        model = %att.model,
+                        upstream = %att.upstream,
+                        tries,
+                        stream,
+                        "upstream answered"
+                    );
+                    settle.upstream = att.upstream.clone();
+                    if tries > 1 {
+                        gw.metrics.fallbacks.inc();
+                    }
+                    gw.metrics.duration.observe(started.elapsed().as_secs_f64());
+                    extra.insert(UPSTREAM_HEADER, hv(&att.upstream));
+                    extra.insert(MODEL_HEADER, hv(&att.model));
+                    settle.model = att.model.clone();
+                    settle.price = att.price;
+                    if stream {
+                        count_request(&gw, &model.name, 200);
+                        return stream_response(resp, settle, extra);
+                    }
+                    match read_limited(resp, server.max_response_bytes, try_deadline).await {
+                        Ok((status, ct, bytes)) => {
+                            return finish_json(
+                                &gw,
+                                &resolved,
+                                settle,
+                                status,
+                                ct,
+                                bytes,
+                                extra,
+                                cache_key,
+                                model.name.clone(),
+                            )
+                            .await;
+                        }
+                        Err(f) => f,
+                    }
+                }
+                Ok(Ok(resp)) => {
+                    let status = resp.status().as_u16();
+                    let text = match read_limited(resp, ERROR_BODY_LIMIT, try_deadline).await {
+                        Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
+                        Err(_) => String::new(),
+                    };
+                    Failure::Status(status, text)
+                }
+            };
+            let kind = match &failure {
+                Failure::Connect => "connect".to_string(),
+                Failure::Timeout => "timeout".to_string(),
+                Failure::Status(s, _) => s.to_string(),
+            };
+            gw.metrics
+                .upstream_failures
+                .get_or_create(&vec![("upstream", att.upstream.clone()), ("kind", kind)])
+                .inc();
+            tracing::debug!(
+                request_id = request_id.to_str().unwrap_or(""),
+                upstream = %att.upstream,
+                ?failure,
+                "upstream try failed"
+            );
+            let next = routing::classify(&failure);
+            last = Some(failure);
+            match next {
+                Next::Retry => continue,
+                Next::NextTarget => continue 'targets,
+                Next::Relay => break 'targets,
+            }
+        }
+    }
+
+    // Nothing succeeded: relay a client error as the upstream worded it, else 503.
+    let mut resp = match last {
+        Some(Failure::Status(status, text))
+            if routing::classify(&Failure::Status(status, text.clone())) == Next::Relay =>
+        {
+            let err = serde_json::from_str::<strata_api::ErrorResponse>(&text)
+                .map(|e| e.into_api_error(status))
+                .unwrap_or_else(|_| {
+                    ApiError::new(
+                        strata_api::ErrorKind::from_status(status),
+                        format!("Upstream answered {status}."),
+                    )
+                });
+            error_response(&err)
+        }
+        other => {
+            let why = match other {
+                Some(Failure::Timeout) => "timed out".to_string(),
+                Some(Failure::Connect) => "could not be reached".to_string(),
+                Some(Failure::Status(s, _)) => format!("answered {s}"),
+                None => "were not tried (deadline)".to_string(),
+            };
+            error_response(&ApiError::unavailable(format!(
+                "All upstreams for model `{}` failed: the last {why}.",
+                model.name
+            )))
+        }
+    };
+    let status = resp.status().as_u16();
+    count_request(&gw, &model.name, status);
+    settle.finish(None, status, false).await;
+    resp.headers_mut().extend(extra);
+    resp
+}
+
+/// Reads a whole upstream body, bounded in size and time.
+async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: usize,
+    deadline: Instant,
+) -> Result<(u16, Option<HeaderValue>, Bytes), Failure> {
+    let status = resp.status().as_u16();
+    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let mut buf = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Err(_) => return Err(Failure::Timeout),
+            Ok(Err(_)) => return Err(Failure::Connect),
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(chunk))) => {
+                if buf.len() + chunk.len() > limit {
+                    return Err(Failure::Status(502, "upstream response too large".into()));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
+    }
+    Ok((status, ct, Bytes::from(buf)))
+}
+
+fn usage_of(v: &Value) -> Option<(u64, u64)> {
+    let u = v.get("usage")?;
+    let input = u.get("prompt_tokens")?.as_u64()?;
+    let output = u
+        .get("completion_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some((input, output))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn finish_json(
+    gw: &Arc<Gateway>,
+    resolved: &Resolved,
+    settle: Settle,
+    status: u16,
+    content_type: Option<HeaderValue>,
+    mut bytes: Bytes,
+    extra: HeaderMap,
+    cache_key: Option<[u8; 32]>,
+    public_model: String,
+) -> Response {
+    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let usage = parsed.as_ref().and_then(usage_of);
+    if !resolved.guardrails.is_empty() {
+        if let Some(mut v) = parsed {
+            match resolved.guardrails.apply_response(&mut v) {
+                Ok(true) => {
+                    if let Ok(b) = serde_json::to_vec(&v) {
+                        bytes = Bytes::from(b);
+                    }
+                }
+                Ok(false) => {}
+                Err(reason) => {
+                    settle.finish(usage, status, false).await;
+                    count_request(gw, &public_model, 400);
+                    gw.metrics.reject("guardrail");
+                    let mut resp = error_response(
+                        &ApiError::invalid_no_param(format!("The response was withheld: {reason}"))
+                            .with_code("guardrail_blocked"),
+                    );
+                    resp.headers_mut().extend(extra);
+                    return resp;
+                }
+            }
+        }
+    }
+    if let (Some(c), Some(k), 200) = (&gw.cache, cache_key, status) {
+        c.put(k, bytes.clone()).await;
+    }
+    settle.finish(usage, status, false).await;
+    count_request(gw, &public_model, status);
+    let mut resp = Response::new(Body::from(bytes));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or_else(|| HeaderValue::from_static("application/json")),
+    );
+    resp.headers_mut().extend(extra);
+    resp
+}
+
+/// Wraps an upstream byte stream: passes every chunk through untouched and watches the
+/// SSE events for `usage`; settles when finished or dropped.
+struct UsageWatch {
+    inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    decoder: Option<SseDecoder>,
+    usage: Option<(u64, u64)>,
+    settle: Option<Settle>,
+    failed: bool,
+}
+
+impl UsageWatch {
+    fn observe(&mut self, chunk: &[u8]) {
+        let Some(dec) = &mut self.decoder else { return };
+        match dec.feed(chunk) {
+            Ok(events) => {
+                for ev in events {
+                    if ev.data.contains("\"usage\"") && !ev.is_done() {
+                        if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
+                            if let Some(u) = usage_of(&v) {
+                                self.usage = Some(u);
+                            }
+                        }
+                    }
+                }
+            }
+            Err(_) => self.decoder = None,
+        }
+    }
+}
+
+impl Stream for UsageWatch {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                self.observe(&chunk);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.failed = true;
+                Poll::Ready(Some(Err(std::io::Error::other(e))))
+            }
+            other => other.map(|o| o.map(|r| r.map_err(std::io::Error::other))),
+        }
+    }
+}
+
+impl Drop for UsageWatch {
+    fn drop(&mut self) {
+        if let Some(s) = self.settle.take() {
+            let usage = self.usage;
+            let status = if self.failed { 502 } else { 200 };
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(s.finish(usage, status, false));
+            }
+        }
+    }
+}
+
+fn stream_response(resp: reqwest::Response, settle: Settle, extra: HeaderMap) -> Response {
+    let status = resp.status();
+    let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let watch = UsageWatch {
+        inner: Box::pin(resp.bytes_stream()),
+        decoder: Some(SseDecoder::new()),
+        usage: None,
+        settle: Some(settle),
+        failed: false,
+    };
+    let mut out = Response::new(Body::from_stream(watch.fuse()));
+    *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::OK);
+    out.headers_mut().insert(
+        header::CONTENT_TYPE,
+        ct.unwrap_or_else(|| HeaderValue::from_static("text/event-stream")),
+    );
+    out.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out.headers_mut().extend(extra);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_text_formats() {
+        assert_eq!(reset_text(Duration::from_millis(20)), "20ms");
+        assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
+    }
+
+    #[test]
+    fn prompt_chars_counts_text_fields() {
+        let v = serde_json::json!({"messages": [{"role": "user", "content": "abc"}, {"role": "user", "content": [{"type": "text", "text": "de"}]}]});
+        assert_eq!(prompt_chars(&v), 5);
+        assert_eq!(prompt_chars(&serde_json::json!({"prompt": ["ab", "c"]})), 3);
+    }
+}

@@ -1,0 +1,233 @@
+//! Where a request goes: the ordered list of tries for a public model name.
+//!
+//! Pure: the plan is a function of the config, the request's estimated size and a seeded
+//! RNG. The order is the model's targets (weighted random order: the first is a weighted
+//! pick, the rest follow by weighted sampling without replacement; weight-0 targets only as
+//! a last resort), then each fallback model's targets the same way. Fallbacks are followed
+//! one level deep, in the order written. A model whose `context_length` is smaller than the
+//! estimated prompt + output is skipped before any call is made.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::config::{ModelConfig, Price, Resolved};
+
+/// One upstream call in the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    /// The public model (group) this target belongs to.
+    pub model: String,
+    pub upstream: String,
+    /// The `model` value sent upstream.
+    pub upstream_model: String,
+    pub price: Price,
+    pub retries: u32,
+    pub backoff_ms: u64,
+    pub try_timeout: Duration,
+}
+
+/// Orders `model`'s targets and its fallbacks'. Empty when every model is too small.
+pub fn plan(
+    resolved: &Resolved,
+    model: &ModelConfig,
+    needed_tokens: u64,
+    rng: &mut impl Rng,
+) -> Vec<Attempt> {
+    let mut out = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    let groups =
+        std::iter::once(model).chain(model.fallbacks.iter().filter_map(|f| resolved.model(f)));
+    for m in groups {
+        if seen.contains(&m.name.as_str()) {
+            continue;
+        }
+        seen.push(&m.name);
+        if m.context_length.is_some_and(|c| c < needed_tokens) {
+            continue;
+        }
+        for i in weighted_order(&m.targets.iter().map(|t| t.weight).collect::<Vec<_>>(), rng) {
+            let t = &m.targets[i];
+            out.push(Attempt {
+                model: m.name.clone(),
+                upstream: t.upstream.clone(),
+                upstream_model: t.model.clone().unwrap_or_else(|| m.name.clone()),
+                price: m.price,
+                retries: m.retries,
+                backoff_ms: m.backoff_ms,
+                try_timeout: Duration::from_millis(m.try_timeout_ms),
+            });
+        }
+    }
+    out
+}
+
+/// Indices ordered by weighted sampling without replacement; zero weights go last in
+/// their written order.
+pub fn weighted_order(weights: &[u32], rng: &mut impl Rng) -> Vec<usize> {
+    let mut left: Vec<usize> = (0..weights.len()).filter(|&i| weights[i] > 0).collect();
+    let mut out = Vec::with_capacity(weights.len());
+    while !left.is_empty() {
+        let total: u64 = left.iter().map(|&i| u64::from(weights[i])).sum();
+        let mut pick = rng.random_range(0..total);
+        let mut chosen = 0;
+        for (pos, &i) in left.iter().enumerate() {
+            let w = u64::from(weights[i]);
+            if pick < w {
+                chosen = pos;
+                break;
+            }
+            pick -= w;
+        }
+        out.push(left.remove(chosen));
+    }
+    out.extend((0..weights.len()).filter(|&i| weights[i] == 0));
+    out
+}
+
+/// Delay before retry number `n` (0-based): `base·2ⁿ`, capped at 5 s, with equal jitter
+/// (half fixed, half uniform) so that replicas retrying together spread out.
+pub fn backoff(base_ms: u64, n: u32, rng: &mut impl Rng) -> Duration {
+    let exp = base_ms.saturating_mul(1u64 << n.min(16)).min(5_000);
+    let half = exp / 2;
+    let jitter = if half == 0 {
+        0
+    } else {
+        rng.random_range(0..=half)
+    };
+    Duration::from_millis(exp - half + jitter)
+}
+
+/// Why one try failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    Connect,
+    Timeout,
+    /// An HTTP status from the upstream with its (possibly truncated) body.
+    Status(u16, String),
+}
+
+/// What to do after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Try the same target again (if retries remain), else move on.
+    Retry,
+    /// Move to the next target without retrying this one.
+    NextTarget,
+    /// Give the upstream's answer to the client: falling back would not help.
+    Relay,
+}
+
+/// The policy for a failure (pure).
+pub fn classify(f: &Failure) -> Next {
+    match f {
+        Failure::Connect | Failure::Timeout => Next::Retry,
+        Failure::Status(status, body) => match *status {
+            429 | 500..=599 => Next::Retry,
+            400 | 413 | 422 if is_context_length_error(body) => Next::NextTarget,
+            404 => Next::NextTarget,
+            _ => Next::Relay,
+        },
+    }
+}
+
+/// Recognises the context-window errors of OpenAI, vLLM and llama.cpp-style servers.
+pub fn is_context_length_error(body: &str) -> bool {
+    let b = body.to_ascii_lowercase();
+    b.contains("context_length_exceeded")
+        || b.contains("context length")
+        || b.contains("maximum context")
+        || b.contains("context window")
+        || b.contains("exceeds the available context")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use rand::SeedableRng;
+
+    fn resolved() -> Resolved {
+        Resolved::new(
+            Config::from_yaml(
+                r#"
+upstreams:
+  - {name: a, base_url: "http://127.0.0.1:1"}
+  - {name: b, base_url: "http://127.0.0.1:2"}
+models:
+  - name: big
+    targets: [{upstream: a, weight: 3}, {upstream: b, weight: 1}]
+    fallbacks: [small, big]
+    context_length: 100
+  - name: small
+    targets: [{upstream: b, model: tiny}]
+    context_length: 50
+"#,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn plan_orders_targets_then_fallbacks() {
+        let r = resolved();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let p = plan(&r, r.model("big").unwrap(), 10, &mut rng);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!(p[2].model, "small");
+        assert_eq!(p[2].upstream_model, "tiny");
+        let mut ups: Vec<_> = p[..2].iter().map(|a| a.upstream.as_str()).collect();
+        ups.sort();
+        assert_eq!(ups, ["a", "b"]);
+    }
+
+    #[test]
+    fn plan_skips_models_too_small() {
+        let r = resolved();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let p = plan(&r, r.model("big").unwrap(), 80, &mut rng);
+        assert!(p.iter().all(|a| a.model == "big"));
+        assert!(plan(&r, r.model("big").unwrap(), 500, &mut rng).is_empty());
+    }
+
+    #[test]
+    fn weighted_split_follows_weights() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        let mut first = [0u32; 3];
+        for _ in 0..4000 {
+            first[weighted_order(&[3, 1, 0], &mut rng)[0]] += 1;
+        }
+        assert_eq!(first[2], 0, "weight 0 is never first");
+        let share = f64::from(first[0]) / 4000.0;
+        assert!((0.70..0.80).contains(&share), "{share}");
+        assert_eq!(weighted_order(&[0, 0], &mut rng), vec![0, 1]);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for n in 0..5 {
+            let d = backoff(100, n, &mut rng).as_millis() as u64;
+            let exp = 100u64 << n;
+            assert!(d >= exp / 2 && d <= exp, "{n}: {d}");
+        }
+        assert!(backoff(100, 30, &mut rng) <= Duration::from_secs(5));
+    }
+
+    #[test]
+    fn failure_classes() {
+        assert_eq!(classify(&Failure::Connect), Next::Retry);
+        assert_eq!(classify(&Failure::Status(503, String::new())), Next::Retry);
+        assert_eq!(
+            classify(&Failure::Status(
+                400,
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens"}}"#
+                    .into()
+            )),
+            Next::NextTarget
+        );
+        assert_eq!(classify(&Failure::Status(400, "bad".into())), Next::Relay);
+        assert_eq!(classify(&Failure::Status(401, String::new())), Next::Relay);
+    }
+}

@@ -1,0 +1,128 @@
+//! Persistent state: tenants, keys, budgets, the usage ledger and the admin audit log.
+//!
+//! [`Store`] is a synchronous trait so that a Postgres implementation can follow the
+//! embedded SQLite one ([`sqlite::SqliteStore`]). Callers on async paths use it from
+//! `spawn_blocking` or from the usage writer thread; the request path never waits on it
+//! (keys and spend are mirrored in memory by [`crate::state`]).
+//!
+//! Money is integer micro-dollars (1e-6 USD) everywhere, so sums never drift.
+
+pub mod sqlite;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::RateLimits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("stored value is corrupt: {0}")]
+    Corrupt(String),
+    #[error("database schema version {found} is newer than this build knows ({known})")]
+    TooNew { found: i64, known: i64 },
+}
+
+/// One API key as stored (never the secret itself).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub id: String,
+    pub tenant: String,
+    pub name: String,
+    #[serde(skip_serializing)]
+    pub salt_hex: String,
+    #[serde(skip_serializing)]
+    pub hash_hex: String,
+    /// Public model names this key may use; empty means all the tenant may use.
+    pub allowed_models: Vec<String>,
+    pub limits: RateLimits,
+    pub budget_micros: Option<i64>,
+    pub spend_micros: i64,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+/// A tenant's stored overrides and spend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub name: String,
+    pub limits: RateLimits,
+    pub budget_micros: Option<i64>,
+    pub spend_micros: i64,
+}
+
+/// One served (or cached) request, for the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageEvent {
+    pub ts: i64,
+    pub key_id: String,
+    pub tenant: String,
+    pub model: String,
+    pub upstream: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_micros: i64,
+    pub cached: bool,
+    pub status: u16,
+}
+
+/// Usage summed per tenant, key and model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRow {
+    pub tenant: String,
+    pub key_id: String,
+    pub model: String,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_micros: i64,
+    pub cost_usd: f64,
+}
+
+/// One admin action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub ts: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub detail: String,
+}
+
+/// Filter for [`Store::usage`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UsageFilter {
+    pub tenant: Option<String>,
+    pub key_id: Option<String>,
+    /// Unix seconds; rows at or after.
+    pub since: Option<i64>,
+}
+
+/// Persistence for everything the gateway must remember across restarts.
+pub trait Store: Send + Sync {
+    fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError>;
+    fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError>;
+    fn get_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// Marks a key revoked; false when no such key (or already revoked).
+    fn revoke_key(&self, id: &str, now: i64) -> Result<bool, StoreError>;
+    /// Sets a key's limits, budget and model list; false when no such key.
+    fn update_key(
+        &self,
+        id: &str,
+        limits: RateLimits,
+        budget_micros: Option<i64>,
+        allowed_models: &[String],
+    ) -> Result<bool, StoreError>;
+    fn upsert_tenant(
+        &self,
+        name: &str,
+        limits: RateLimits,
+        budget_micros: Option<i64>,
+    ) -> Result<(), StoreError>;
+    fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError>;
+    /// Appends ledger rows and adds their cost to key and tenant spend, atomically.
+    fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError>;
+    fn usage(&self, filter: &UsageFilter) -> Result<Vec<UsageRow>, StoreError>;
+    fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+    fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError>;
+}

@@ -1,0 +1,129 @@
+//! Helpers shared by the gateway's end-to-end tests: mock engines, a gateway on an
+//! ephemeral loopback port, keys and a plain HTTP client.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use strata_gateway::store::sqlite::SqliteStore;
+use strata_gateway::{Config, ConfigHandle, CreateKey, Gateway, GatewayOptions, RunningGateway};
+use strata_mock::{MockConfig, MockEngine};
+
+pub const ADMIN: &str = "admin-secret-for-tests";
+
+pub async fn mock(model: &str) -> MockEngine {
+    MockEngine::spawn(MockConfig {
+        model: model.into(),
+        output_tokens: 8,
+        ttft: Duration::ZERO,
+        itl: Duration::ZERO,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+pub async fn gateway_with(yaml: &str, store: Option<Arc<SqliteStore>>) -> RunningGateway {
+    let config = Config::from_yaml(yaml).unwrap();
+    let store = match store {
+        Some(s) => s,
+        None => Arc::new(SqliteStore::in_memory().unwrap()),
+    };
+    let gw = Gateway::new(
+        Arc::new(ConfigHandle::fixed(config).unwrap()),
+        store,
+        GatewayOptions {
+            admin_key: Some(ADMIN.into()),
+            seed: Some(7),
+        },
+    )
+    .unwrap();
+    strata_gateway::spawn(gw, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+pub async fn gateway(yaml: &str) -> RunningGateway {
+    gateway_with(yaml, None).await
+}
+
+pub fn key(gw: &RunningGateway, tenant: &str) -> String {
+    key_with(
+        gw,
+        CreateKey {
+            tenant: tenant.into(),
+            ..Default::default()
+        },
+    )
+}
+
+pub fn key_with(gw: &RunningGateway, req: CreateKey) -> String {
+    gw.gateway.create_key(req).unwrap().0
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+pub fn chat_body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8})
+}
+
+/// POSTs JSON with a bearer key; returns status, headers and parsed body (Null if not JSON).
+pub async fn post(
+    url: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut rb = client().post(url).json(body);
+    if let Some(k) = key {
+        rb = rb.bearer_auth(k);
+    }
+    let resp = rb.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+pub async fn admin_get(gw: &RunningGateway, path: &str) -> (u16, Value) {
+    let resp = client()
+        .get(format!("{}{path}", gw.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Asserts the OpenAI error shape and returns the error object.
+pub fn assert_openai_error(body: &Value) -> &Value {
+    let e = &body["error"];
+    assert!(e["message"].is_string(), "{body}");
+    assert!(e["type"].is_string(), "{body}");
+    assert!(
+        e.get("param").is_some() && e.get("code").is_some(),
+        "{body}"
+    );
+    e
+}
+
+pub fn yaml_one(url: &str, model: &str, extra_model: &str, extra: &str) -> String {
+    format!(
+        r#"
+upstreams:
+  - {{name: up, base_url: "{url}"}}
+models:
+  - name: {model}
+    targets: [{{upstream: up}}]
+{extra_model}
+{extra}
+"#
+    )
+}

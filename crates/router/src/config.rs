@@ -1,0 +1,281 @@
+//! `router.yaml`: every knob, each with a default that serves on one machine.
+//!
+//! ```yaml
+//! scrape_interval_ms: 50        # /metrics per endpoint
+//! scrape_timeout_ms: 500
+//! health_interval_ms: 500       # /health per endpoint (readiness gating)
+//! stale_after_ms: 200           # older metrics are not trusted and count as saturated
+//! max_retries: 2                # other endpoints tried before the first byte
+//! connect_timeout_ms: 1000
+//! max_body_bytes: 8388608
+//! session_header: x-session-id
+//! saturation: {queue_threshold: 5, kv_threshold: 0.8}
+//! admission: {max_queue: 1024, queue_timeout_ms: 10000, objectives: {batch: -1, chat: 10}}
+//! circuit: {failures: 5, open_ms: 5000}
+//! precise: {block_size: 16, hash_seed: vllm-none-hash, tokenize_timeout_ms: 200, tokenize_cache: 4096}
+//! approx: {block_size_tokens: 16, capacity_per_endpoint: 65536, max_blocks: 512}
+//! scheduling: { ...EndpointPickerConfig... }   # default: PROTOCOLS §6
+//! endpoints: [ ...same as an endpoints file... ]
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::circuit::CircuitConfig;
+use crate::endpoint::{EndpointError, EndpointSpec, EngineKind};
+use crate::prefix::approx::ApproxConfig;
+use crate::prefix::hashing::DEFAULT_HASH_SEED;
+use crate::scheduling::saturation::SaturationConfig;
+use crate::scheduling::EndpointPickerConfig;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    pub health_interval_ms: u64,
+    pub stale_after_ms: u64,
+    pub max_retries: usize,
+    pub connect_timeout_ms: u64,
+    pub max_body_bytes: usize,
+    pub session_header: String,
+    pub saturation: SaturationSection,
+    pub admission: AdmissionSection,
+    pub circuit: CircuitSection,
+    pub precise: PreciseSection,
+    pub approx: Option<ApproxSection>,
+    pub scheduling: Option<EndpointPickerConfig>,
+    pub endpoints: Vec<EndpointSpec>,
+    /// Engine kind for endpoints given without one.
+    pub default_kind: EngineKind,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SaturationSection {
+    pub queue_threshold: f64,
+    pub kv_threshold: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    /// Requests allowed to wait for capacity at once; more get 503.
+    pub max_queue: usize,
+    /// How long one waits before it is sent anyway.
+    pub queue_timeout_ms: u64,
+    /// `x-gateway-inference-objective` names → priority.
+    pub objectives: BTreeMap<String, i32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CircuitSection {
+    pub failures: u32,
+    pub open_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PreciseSection {
+    pub block_size: usize,
+    pub hash_seed: String,
+    pub tokenize_timeout_ms: u64,
+    pub tokenize_cache: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApproxSection {
+    pub block_size_tokens: Option<usize>,
+    pub capacity_per_endpoint: Option<usize>,
+    pub max_blocks: Option<usize>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            scrape_interval_ms: 50,
+            scrape_timeout_ms: 500,
+            health_interval_ms: 500,
+            stale_after_ms: 200,
+            max_retries: 2,
+            connect_timeout_ms: 1000,
+            max_body_bytes: 8 << 20,
+            session_header: "x-session-id".into(),
+            saturation: SaturationSection::default(),
+            admission: AdmissionSection::default(),
+            circuit: CircuitSection::default(),
+            precise: PreciseSection::default(),
+            approx: None,
+            scheduling: None,
+            endpoints: Vec::new(),
+            default_kind: EngineKind::Vllm,
+        }
+    }
+}
+
+impl Default for SaturationSection {
+    fn default() -> Self {
+        let d = SaturationConfig::default();
+        SaturationSection {
+            queue_threshold: d.queue_threshold,
+            kv_threshold: d.kv_threshold,
+        }
+    }
+}
+
+impl Default for AdmissionSection {
+    fn default() -> Self {
+        AdmissionSection {
+            max_queue: 1024,
+            queue_timeout_ms: 10_000,
+            objectives: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for CircuitSection {
+    fn default() -> Self {
+        let d = CircuitConfig::default();
+        CircuitSection {
+            failures: d.failures,
+            open_ms: d.open_for.as_millis() as u64,
+        }
+    }
+}
+
+impl Default for PreciseSection {
+    fn default() -> Self {
+        PreciseSection {
+            block_size: 16,
+            hash_seed: DEFAULT_HASH_SEED.into(),
+            tokenize_timeout_ms: 200,
+            tokenize_cache: 4096,
+        }
+    }
+}
+
+/// Problems with `router.yaml`.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterConfigError {
+    #[error("router config does not parse: {0}")]
+    Parse(String),
+    #[error("router config: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Scheduling(#[from] crate::scheduling::ConfigError),
+}
+
+impl RouterConfig {
+    pub fn from_yaml(text: &str) -> Result<Self, RouterConfigError> {
+        let mut cfg: RouterConfig =
+            serde_yaml::from_str(text).map_err(|e| RouterConfigError::Parse(e.to_string()))?;
+        cfg.endpoints = std::mem::take(&mut cfg.endpoints)
+            .into_iter()
+            .map(EndpointSpec::normalized)
+            .collect::<Result<_, _>>()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges and that the scheduling config builds.
+    pub fn validate(&self) -> Result<(), RouterConfigError> {
+        if self.scrape_interval_ms == 0
+            || self.health_interval_ms == 0
+            || self.scrape_timeout_ms == 0
+        {
+            return Err(RouterConfigError::Invalid(
+                "intervals and timeouts must be at least 1 ms".into(),
+            ));
+        }
+        if self.precise.block_size == 0 {
+            return Err(RouterConfigError::Invalid(
+                "precise.block_size must be at least 1".into(),
+            ));
+        }
+        if self.circuit.failures == 0 {
+            return Err(RouterConfigError::Invalid(
+                "circuit.failures must be at least 1".into(),
+            ));
+        }
+        self.picker_config().build()?;
+        Ok(())
+    }
+
+    pub fn picker_config(&self) -> EndpointPickerConfig {
+        self.scheduling
+            .clone()
+            .unwrap_or_else(EndpointPickerConfig::default_config)
+    }
+
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_millis(self.stale_after_ms)
+    }
+
+    pub fn saturation_config(&self) -> SaturationConfig {
+        SaturationConfig {
+            queue_threshold: self.saturation.queue_threshold,
+            kv_threshold: self.saturation.kv_threshold,
+            stale_after: self.stale_after(),
+        }
+    }
+
+    pub fn circuit_config(&self) -> CircuitConfig {
+        CircuitConfig {
+            failures: self.circuit.failures,
+            open_for: Duration::from_millis(self.circuit.open_ms),
+        }
+    }
+
+    /// Approximate-index settings: this file's `approx` section over the scheduling
+    /// config's prefix-plugin parameters.
+    pub fn approx_config(&self) -> ApproxConfig {
+        let mut c = self.picker_config().approx_config();
+        if let Some(a) = &self.approx {
+            c.block_size_tokens = a.block_size_tokens.unwrap_or(c.block_size_tokens).max(1);
+            c.capacity_per_endpoint = a
+                .capacity_per_endpoint
+                .unwrap_or(c.capacity_per_endpoint)
+                .max(1);
+            c.max_blocks = a.max_blocks.unwrap_or(c.max_blocks);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = RouterConfig::from_yaml("{}").unwrap();
+        assert_eq!(c.scrape_interval_ms, 50);
+        assert_eq!(c.picker_config(), EndpointPickerConfig::default_config());
+        let y = "scrape_interval_ms: 10\nadmission: {objectives: {batch: -1}}\nendpoints: [{url: 'a:1', kind: sglang}]\nscheduling:\n  plugins: [{type: random-scorer}]\n  schedulingProfiles: [{name: r, plugins: [{pluginRef: random-scorer}]}]\napprox: {max_blocks: 3}\n";
+        let c = RouterConfig::from_yaml(y).unwrap();
+        assert_eq!(c.scrape_interval_ms, 10);
+        assert_eq!(c.admission.objectives["batch"], -1);
+        assert_eq!(c.endpoints[0].url, "http://a:1");
+        assert_eq!(c.approx_config().max_blocks, 3);
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        for y in [
+            "bogus: 1",
+            "scrape_interval_ms: 0",
+            "endpoints: [{url: 'https://x:1'}]",
+            "scheduling: {plugins: [{type: nope}], schedulingProfiles: []}",
+            "circuit: {failures: 0}",
+            "- 1",
+        ] {
+            assert!(RouterConfig::from_yaml(y).is_err(), "{y}");
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! The HTTP front (PROTOCOLS §1): validates each request at the edge, admits it, asks the
+//! [`Router`] where to send it, and forwards it.
+//!
+//! Request flow, one way: read the body (bounded) → parse and validate with `strata-api`
+//! (a malformed request is answered here, no replica touched) → priority and admission
+//! (shed with 429, or wait for capacity) → prefix keys (prompt-text chunks; token blocks
+//! when a precise scorer is configured) → [`Router::pick`] → attempts in ranked order.
+//!
+//! Attempts: a connect error or a 5xx before the first byte moves on to the next-ranked
+//! endpoint, at most `max_retries` times, each outcome feeding that endpoint's circuit
+//! breaker. Streams (`text/event-stream`) are passed through chunk by chunk as they
+//! arrive; if the upstream breaks mid-stream the client gets a final
+//! `data: {"error": ...}` event. Non-streamed answers are read whole before anything is
+//! sent, so an upstream dying mid-body is still retried elsewhere. A client that goes
+//! away drops the response body, which drops the upstream connection: the engine sees the
+//! disconnect and aborts the request.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full, Limited};
+use rand::Rng;
+use strata_api::types::{ChatCompletionRequest, CompletionRequest};
+use strata_api::validate::{parse_json, validate_chat, validate_completion, PromptInput};
+use strata_api::{sse, ApiError};
+use xxhash_rust::xxh64::xxh64;
+
+use crate::router::{RouteError, Router};
+use crate::scheduling::{SchedRequest, ScheduleError};
+
+/// Request id header, propagated upstream and echoed back.
+pub const REQUEST_ID: &str = "x-request-id";
+/// GIE objective header: an objective name (mapped by `admission.objectives`) or an
+/// integer priority.
+pub const OBJECTIVE: &str = "x-gateway-inference-objective";
+/// Chooses a scheduling profile by name.
+pub const PROFILE: &str = "x-strata-scheduling-profile";
+/// Names the endpoint that served (as in GIE's `x-gateway-destination-endpoint-served`).
+pub const SERVED_BY: &str = "x-gateway-destination-endpoint-served";
+
+/// Largest non-streamed upstream body relayed.
+const MAX_UPSTREAM_BODY: usize = 256 << 20;
+
+/// The router's axum app.
+pub fn app(router: Router) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(generic_post))
+        .route("/tokenize", post(generic_post))
+        .route("/detokenize", post(generic_post))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/debug/endpoints", get(debug_endpoints))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(router)
+}
+
+fn error_response(err: &ApiError, request_id: Option<&HeaderValue>) -> Response {
+    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        err.to_json_string(),
+    )
+        .into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if let Some(id) = request_id {
+        resp.headers_mut().insert(REQUEST_ID, id.clone());
+    }
+    resp
+}
+
+fn route_error(e: &RouteError) -> ApiError {
+    match e {
+        RouteError::Shed => ApiError::rate_limited(
+            "The service is saturated; this request is sheddable. Retry later.",
+        ),
+        RouteError::QueueFull => {
+            ApiError::unavailable("Too many requests are waiting for capacity.")
+        }
+        RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
+        RouteError::Schedule(ScheduleError::UnknownProfile(p)) => {
+            ApiError::invalid(PROFILE, format!("Unknown scheduling profile `{p}`."))
+        }
+        RouteError::Schedule(ScheduleError::NoReadyEndpoint) => {
+            ApiError::unavailable("No replica is ready.")
+        }
+        RouteError::Schedule(ScheduleError::Filtered(_)) => {
+            ApiError::unavailable("No replica can take this request.")
+        }
+    }
+}
+
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .cloned()
+        .unwrap_or_else(|| {
+            let n: u128 = rand::rng().random();
+            HeaderValue::from_str(&format!("{n:032x}")).unwrap_or(HeaderValue::from_static("0"))
+        })
+}
+
+async fn read_body(router: &Router, body: Body) -> Result<Bytes, ApiError> {
+    let max = router.config().max_body_bytes;
+    axum::body::to_bytes(body, max).await.map_err(|_| {
+        ApiError::too_large(format!(
+            "The request body exceeds the limit of {max} bytes."
+        ))
+    })
+}
+
+/// What the proxy extracted from a generation request.
+struct Parsed {
+    model: Option<String>,
+    priority: i32,
+    /// Text used for the approximate prefix index.
+    prefix_text: String,
+    /// Token ids when the prompt came as ids.
+    tokens: Option<Vec<u32>>,
+    salt: Option<String>,
+    /// Body for `/tokenize`, when the precise index needs one.
+    tokenize_body: Option<serde_json::Value>,
+}
+
+fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
+    let req: ChatCompletionRequest = parse_json(body)?;
+    let tokenize_body = want_tokenize.then(|| {
+        serde_json::json!({"model": req.model, "messages": req.messages, "add_generation_prompt": req.add_generation_prompt.unwrap_or(true)})
+    });
+    let v = validate_chat(req)?;
+    let mut prefix_text = String::new();
+    for m in &v.messages {
+        prefix_text.push_str(m.role.as_str());
+        prefix_text.push('\n');
+        prefix_text.push_str(&m.content);
+        prefix_text.push('\n');
+    }
+    Ok(Parsed {
+        model: v.model,
+        priority: v.sampling.priority,
+        prefix_text,
+        tokens: None,
+        salt: v.sampling.cache_salt,
+        tokenize_body,
+    })
+}
+
+fn parse_completion(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
+    let req: CompletionRequest = parse_json(body)?;
+    let v = validate_completion(req)?;
+    let (prefix_text, tokens, tokenize_body) = match &v.prompt {
+        PromptInput::Text(t) => (
+            t.clone(),
+            None,
+            want_tokenize.then(|| serde_json::json!({"model": v.model, "prompt": t, "add_special_tokens": v.add_special_tokens})),
+        ),
+        PromptInput::Tokens(ids) => {
+            let mut s = String::with_capacity(ids.len() * 6);
+            for id in ids {
+                s.push_str(&id.to_string());
+                s.push(' ');
+            }
+            (s, Some(ids.clone()), None)
+        }
+    };
+    Ok(Parsed {
+        model: v.model,
+        priority: v.sampling.priority,
+        prefix_text,
+        tokens,
+        salt: v.sampling.cache_salt,
+        tokenize_body,
+    })
+}
+
+fn priority_of(router: &Router, headers: &HeaderMap, body_priority: i32) -> i32 {
+    match headers
+        .get(OBJECTIVE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    {
+        Some(name) if !name.is_empty() => router
+            .config()
+            .admission
+            .objectives
+            .get(name)
+            .copied()
+            .or_else(|| name.parse().ok())
+            .unwrap_or(body_priority),
+        _ => body_priority,
+    }
+}
+
+async fn chat(State(router): State<Router>, req: Request) -> Response {
+    generate(router, req, true).await
+}
+
+async fn completions(State(router): State<Router>, req: Request) -> Response {
+    generate(router, req, false).await
+}
+
+async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
+    let (parts, body) = req.into_parts();
+    let rid = request_id(&parts.headers);
+    router.metrics().requests.inc();
+    let body = match read_body(&router, body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e, Some(&rid)),
+    };
+    let precise = router.uses_precise();
+    let parsed = if is_chat {
+        parse_chat(&body, precise)
+    } else {
+        parse_completion(&body, precise)
+    };
+    let parsed = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            router.metrics().fail("invalid_request");
+            return error_response(&e, Some(&rid));
+        }
+    };
+    let priority = priority_of(&router, &parts.headers, parsed.priority);
+    if let Err(e) = router.admit(priority).await {
+        return error_response(&route_error(&e), Some(&rid));
+    }
+    let model = parsed.model.clone().unwrap_or_default();
+    let mut sreq = SchedRequest {
+        approx_blocks: router.approx_blocks(&model, &parsed.prefix_text),
+        model,
+        priority,
+        session: parts
+            .headers
+            .get(router.config().session_header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        profile: parts
+            .headers
+            .get(PROFILE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        ..Default::default()
+    };
+    if precise {
+        let tokens = match (&parsed.tokens, &parsed.tokenize_body) {
+            (Some(t), _) => Some(Arc::new(t.clone())),
+            (None, Some(tb)) => {
+                let tb = Bytes::from(tb.to_string());
+                router.tokenize(xxh64(&tb, 0), tb).await
+            }
+            _ => None,
+        };
+        sreq.precise_blocks =
+            tokens.map(|t| router.precise_blocks(&t, None, parsed.salt.as_deref()));
+    }
+    forward(&router, &parts, body, sreq, rid).await
+}
+
+async fn generic_post(State(router): State<Router>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let rid = request_id(&parts.headers);
+    router.metrics().requests.inc();
+    let body = match read_body(&router, body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e, Some(&rid)),
+    };
+    let value: serde_json::Value = match parse_json(&body) {
+        Ok(v) => v,
+        Err(e) => return error_response(&e, Some(&rid)),
+    };
+    let Some(obj) = value.as_object() else {
+        return error_response(
+            &ApiError::invalid_no_param("The request body must be a JSON object."),
+            Some(&rid),
+        );
+    };
+    let model = match obj.get("model") {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(m)) => m.clone(),
+        Some(_) => {
+            return error_response(
+                &ApiError::invalid("model", "`model` must be a string."),
+                Some(&rid),
+            )
+        }
+    };
+    let sreq = SchedRequest {
+        model,
+        ..Default::default()
+    };
+    forward(&router, &parts, body, sreq, rid).await
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+async fn forward(
+    router: &Router,
+    parts: &axum::http::request::Parts,
+    body: Bytes,
+    mut sreq: SchedRequest,
+    rid: HeaderValue,
+) -> Response {
+    let picked = match router.pick(&mut sreq) {
+        Ok(p) => p,
+        Err(e) => return error_response(&route_error(&e), Some(&rid)),
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let max_attempts = router.config().max_retries + 1;
+    let mut last_5xx: Option<(StatusCode, HeaderMap, Bytes)> = None;
+    let mut attempts = 0;
+    for (id, url) in &picked.ranked {
+        if attempts >= max_attempts {
+            break;
+        }
+        let Some(mut lease) = router.lease(*id, url) else {
+            continue;
+        };
+        if attempts > 0 {
+            router.metrics().retried.inc();
+        }
+        attempts += 1;
+        let mut builder = hyper::Request::builder()
+            .method(parts.method.clone())
+            .uri(format!("{url}{path}"));
+        for (name, value) in &parts.headers {
+            if !is_hop_by_hop(name) && name != REQUEST_ID {
+                builder = builder.header(name, value);
+            }
+        }
+        builder = builder.header(REQUEST_ID, rid.clone());
+        let upstream_req = match builder.body(Full::new(body.clone())) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_response(
+                    &ApiError::internal(format!("building the upstream request: {e}")),
+                    Some(&rid),
+                )
+            }
+        };
+        let resp = match router.inner.client.request(upstream_req).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(endpoint = %url, request_id = ?rid, error = %e, "upstream failed before responding");
+                lease.failure();
+                continue;
+            }
+        };
+        let status = resp.status();
+        let (resp_parts, incoming) = resp.into_parts();
+        if status.is_server_error() {
+            lease.failure();
+            let bytes = collect_limited(incoming).await.unwrap_or_default();
+            last_5xx = Some((status, resp_parts.headers, bytes));
+            continue;
+        }
+        lease.success();
+        let is_sse = resp_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut headers = HeaderMap::with_capacity(resp_parts.headers.len() + 2);
+        for (name, value) in &resp_parts.headers {
+            if !is_hop_by_hop(name) {
+                headers.append(name, value.clone());
+            }
+        }
+        headers.insert(REQUEST_ID, rid.clone());
+        if let Ok(v) = HeaderValue::from_str(url.trim_start_matches("http://")) {
+            headers.insert(SERVED_BY, v);
+        }
+        if is_sse {
+            let body = stream_through(incoming, lease);
+            let mut out = Response::new(body);
+            *out.status_mut() = status;
+            *out.headers_mut() = headers;
+            return out;
+        }
+        match collect_limited(incoming).await {
+            Some(bytes) => {
+                drop(lease);
+                let mut out = Response::new(Body::from(bytes));
+                *out.status_mut() = status;
+                *out.headers_mut() = headers;
+                return out;
+            }
+            None => {
+                tracing::warn!(endpoint = %url, request_id = ?rid, "upstream body broke before anything was sent; retrying");
+                lease.failure();
+                continue;
+            }
+        }
+    }
+    router.metrics().fail("upstream");
+    match last_5xx {
+        Some((status, headers, bytes)) => {
+            let mut out = Response::new(Body::from(bytes));
+            *out.status_mut() = status;
+            if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+                out.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+            }
+            out.headers_mut().insert(REQUEST_ID, rid);
+            out
+        }
+        None => error_response(
+            &ApiError::unavailable("No replica could serve the request."),
+            Some(&rid),
+        ),
+    }
+}
+
+async fn collect_limited(body: hyper::body::Incoming) -> Option<Bytes> {
+    Limited::new(body, MAX_UPSTREAM_BODY)
+        .collect()
+        .await
+        .ok()
+        .map(|c| c.to_bytes())
+}
+
+/// Passes an upstream SSE body through chunk by chunk. A broken upstream (or one that
+/// ends without `[DONE]`) ends the client's stream with an error event.
+fn stream_through(incoming: hyper::body::Incoming, lease: crate::router::Lease) -> Body {
+    struct St {
+        data: http_body_util::BodyDataStream<hyper::body::Incoming>,
+        lease: crate::router::Lease,
+        saw_done: bool,
+    }
+    let st = St {
+        data: incoming.into_data_stream(),
+        lease,
+        saw_done: false,
+    };
+    let s = futures_util::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        match st.data.next().await {
+            Some(Ok(chunk)) => {
+                if !st.saw_done && memmem(&chunk, b"[DONE]") {
+                    st.saw_done = true;
+                }
+                Some((Ok::<Bytes, Infallible>(chunk), Some(st)))
+            }
+            Some(Err(e)) => {
+                tracing::warn!(endpoint = %st.lease.url(), error = %e, "upstream stream broke");
+                st.lease.failure();
+                Some((Ok(stream_error_event()), None))
+            }
+            None if !st.saw_done => {
+                st.lease.failure();
+                Some((Ok(stream_error_event()), None))
+            }
+            None => None,
+        }
+    });
+    Body::from_stream(s)
+}
+
+fn stream_error_event() -> Bytes {
+    let err = ApiError::unavailable("The replica serving this stream failed before it finished.");
+    Bytes::from(sse::encode_data(&err.to_json_string()))
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+async fn models(State(router): State<Router>, headers: HeaderMap) -> Response {
+    let rid = request_id(&headers);
+    let mut sreq = SchedRequest::default();
+    let picked = match router.pick(&mut sreq) {
+        Ok(p) => p,
+        Err(e) => return error_response(&route_error(&e), Some(&rid)),
+    };
+    for (_, url) in &picked.ranked {
+        let r = crate::client::fetch(
+            &router.inner.client,
+            hyper::Method::GET,
+            &format!("{url}/v1/models"),
+            None,
+            Duration::from_secs(5),
+            16 << 20,
+        )
+        .await;
+        if let Ok((status, bytes)) = r {
+            if !status.is_server_error() {
+                let mut out = Response::new(Body::from(bytes));
+                *out.status_mut() = status;
+                out.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                out.headers_mut().insert(REQUEST_ID, rid);
+                return out;
+            }
+        }
+    }
+    error_response(&ApiError::unavailable("No replica answered."), Some(&rid))
+}
+
+async fn health(State(router): State<Router>) -> Response {
+    if router.any_ready() {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"status":"ok"}"#,
+        )
+            .into_response()
+    } else {
+        error_response(&ApiError::unavailable("No replica is ready."), None)
+    }
+}
+
+async fn metrics(State(router): State<Router>) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        router.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn debug_endpoints(State(router): State<Router>) -> Response {
+    axum::Json(router.debug_json()).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    error_response(
+        &ApiError::not_found(format!(
+            "No route for {} {}.",
+            req.method(),
+            req.uri().path()
+        )),
+        None,
+    )
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut e = ApiError::invalid_no_param(format!(
+        "Method {} is not allowed on {}.",
+        req.method(),
+        req.uri().path()
+    ));
+    e.status = 405;
+    error_response(&e, None)
+}

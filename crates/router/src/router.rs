@@ -1,0 +1,744 @@
+//! [`Router`]: the live handle around the pure scheduler. It owns the endpoint pool
+//! (specs, scraped metrics, readiness, circuit breakers, in-flight counts), the prefix
+//! indexes, the traffic split and the background tasks that keep them current, and it
+//! answers "where should this request go" ([`Router::pick`]).
+//!
+//! The gateway embeds it (in-process routing over engine URLs); the controller drives it
+//! at run time ([`Router::add_endpoint`], [`Router::remove_endpoint`],
+//! [`Router::set_draining`], [`Router::set_split`]); the proxy ([`crate::proxy`]) serves
+//! it over HTTP.
+//!
+//! Locking: one mutex over the pool (candidates, runtime state, approximate index, split,
+//! RNG) held only for a decision or an update, never across an `.await`; the precise
+//! index has its own read-write lock because KV events write it at their own pace.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::circuit::Circuit;
+use crate::client::{http_client, HttpClient};
+use crate::config::{RouterConfig, RouterConfigError};
+use crate::datalayer::{kv_events, scrape};
+use crate::endpoint::{EndpointId, EndpointSpec};
+use crate::prefix::approx::ApproxIndex;
+use crate::prefix::hashing::BlockHasher;
+use crate::prefix::precise::PreciseIndex;
+use crate::scheduling::saturation::{admit, pool_saturated, Admission};
+use crate::scheduling::{
+    Candidate, Context, Decision, EndpointMetrics, SchedRequest, ScheduleError, Scheduler,
+    TrafficSplit,
+};
+use crate::telemetry::RouterMetrics;
+
+/// Why a request could not be placed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouteError {
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    #[error("the pool is saturated and the request is sheddable")]
+    Shed,
+    #[error("too many requests are waiting for capacity")]
+    QueueFull,
+}
+
+/// Errors from run-time pool changes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("endpoint `{0}` is already registered")]
+    Exists(String),
+    #[error("no endpoint `{0}`")]
+    Unknown(String),
+}
+
+/// Per-endpoint state that the scheduler does not read directly.
+#[derive(Debug)]
+struct Runtime {
+    circuit: Circuit,
+    health_ok: bool,
+    last_error: Option<String>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Pool {
+    cands: Vec<Candidate>,
+    runtime: Vec<Runtime>,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+    approx: ApproxIndex,
+    split: TrafficSplit,
+    rng: StdRng,
+}
+
+impl Pool {
+    fn index_of(&self, url: &str) -> Option<usize> {
+        self.cands.iter().position(|c| c.spec.url == url)
+    }
+    fn index_of_id(&self, id: EndpointId, url: &str) -> Option<usize> {
+        self.cands
+            .iter()
+            .position(|c| c.id == id && c.spec.url == url)
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: RouterConfig,
+    scheduler: Scheduler,
+    uses_precise: bool,
+    hasher: BlockHasher,
+    approx_config: crate::prefix::approx::ApproxConfig,
+    epoch: Instant,
+    pool: Mutex<Pool>,
+    pub(crate) precise: RwLock<PreciseIndex>,
+    seq: AtomicU64,
+    pub(crate) metrics: RouterMetrics,
+    pub(crate) client: HttpClient,
+    capacity: Notify,
+    queued: AtomicUsize,
+    tokens: Mutex<HashMap<u64, Arc<Vec<u32>>>>,
+}
+
+/// A cheap, cloneable handle to one router.
+#[derive(Clone)]
+pub struct Router {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// One endpoint chosen for a request: try `ranked` in order.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    pub decision: Decision,
+    /// `(slot, base URL)` best first.
+    pub ranked: Vec<(EndpointId, Arc<str>)>,
+}
+
+/// Permission to send one attempt to an endpoint; counts it in flight until dropped and
+/// feeds the circuit breaker.
+pub struct Lease {
+    inner: Arc<Inner>,
+    id: EndpointId,
+    url: Arc<str>,
+}
+
+impl Lease {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The endpoint answered (any status below 500).
+    pub fn success(&mut self) {
+        self.settle(true);
+    }
+
+    /// The endpoint failed (connect error, 5xx, broken body).
+    pub fn failure(&mut self) {
+        self.settle(false);
+    }
+
+    fn settle(&mut self, ok: bool) {
+        let now = self.inner.now();
+        let cfg = self.inner.config.circuit_config();
+        let mut pool = self.inner.lock_pool();
+        if let Some(i) = pool.index_of_id(self.id, &self.url) {
+            let c = &mut pool.runtime[i].circuit;
+            if ok {
+                c.on_success();
+            } else {
+                c.on_failure(now, &cfg);
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut pool = self.inner.lock_pool();
+        if let Some(i) = pool.index_of_id(self.id, &self.url) {
+            let c = &mut pool.cands[i];
+            c.in_flight = c.in_flight.saturating_sub(1);
+            let n = c.in_flight;
+            drop(pool);
+            self.inner
+                .metrics
+                .ep_in_flight
+                .get_or_create(&RouterMetrics::endpoint(&self.url))
+                .set(i64::from(n));
+        }
+        self.inner.capacity.notify_waiters();
+    }
+}
+
+/// Live state of one endpoint, for `/debug/endpoints`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointStatus {
+    pub id: EndpointId,
+    #[serde(flatten)]
+    pub spec: EndpointSpec,
+    pub ready: bool,
+    pub health_ok: bool,
+    pub draining: bool,
+    pub stale: bool,
+    pub saturated: bool,
+    pub in_flight: u32,
+    pub circuit: Circuit,
+    pub metrics: Option<EndpointMetrics>,
+    pub metrics_age_ms: Option<u64>,
+    pub last_error: Option<String>,
+}
+
+impl Router {
+    /// A router with the endpoints of `config.endpoints`. Background tasks (scrapers, KV
+    /// subscribers) start on the current tokio runtime.
+    pub fn new(config: RouterConfig) -> Result<Router, RouterConfigError> {
+        config.validate()?;
+        let picker = config.picker_config();
+        let scheduler = picker.build()?;
+        let inner = Arc::new(Inner {
+            uses_precise: picker.uses_precise(),
+            hasher: BlockHasher::new(&config.precise.hash_seed, config.precise.block_size),
+            scheduler,
+            approx_config: config.approx_config(),
+            epoch: Instant::now(),
+            pool: Mutex::new(Pool {
+                cands: Vec::new(),
+                runtime: Vec::new(),
+                free_slots: Vec::new(),
+                next_slot: 0,
+                approx: ApproxIndex::new(config.approx_config()),
+                split: TrafficSplit::default(),
+                rng: StdRng::from_os_rng(),
+            }),
+            precise: RwLock::new(PreciseIndex::new()),
+            seq: AtomicU64::new(0),
+            metrics: RouterMetrics::new(),
+            client: http_client(Duration::from_millis(config.connect_timeout_ms)),
+            capacity: Notify::new(),
+            queued: AtomicUsize::new(0),
+            tokens: Mutex::new(HashMap::new()),
+            config,
+        });
+        let router = Router { inner };
+        for spec in router.inner.config.endpoints.clone() {
+            router
+                .add_endpoint(spec)
+                .map_err(|e| RouterConfigError::Invalid(e.to_string()))?;
+        }
+        Ok(router)
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.inner.config
+    }
+
+    pub fn metrics(&self) -> &RouterMetrics {
+        &self.inner.metrics
+    }
+
+    /// Time since this router started: the `now` its pure policies see.
+    pub fn now(&self) -> Duration {
+        self.inner.now()
+    }
+
+    /// Registers an endpoint and starts its scraper (and KV-event subscriber). It gets
+    /// traffic once its first readiness check passes.
+    pub fn add_endpoint(&self, spec: EndpointSpec) -> Result<EndpointId, PoolError> {
+        let spec = spec
+            .normalized()
+            .map_err(|e| PoolError::Unknown(e.to_string()))?;
+        let mut pool = self.inner.lock_pool();
+        if pool.index_of(&spec.url).is_some() {
+            return Err(PoolError::Exists(spec.url));
+        }
+        let id = match pool.free_slots.pop() {
+            Some(s) => EndpointId(s),
+            None => {
+                pool.next_slot += 1;
+                EndpointId(pool.next_slot - 1)
+            }
+        };
+        let mut cand = Candidate::new(id, spec.clone());
+        cand.ready = false;
+        let weak = Arc::downgrade(&self.inner);
+        let mut tasks = Vec::new();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tasks.push(tokio::spawn(scrape::run(weak.clone(), id, spec.clone())));
+            if let Some(addr) = spec.kv_events.clone() {
+                tasks.push(tokio::spawn(kv_events::run(
+                    weak,
+                    id,
+                    spec.url.clone(),
+                    addr,
+                )));
+            }
+        }
+        pool.cands.push(cand);
+        pool.runtime.push(Runtime {
+            circuit: Circuit::default(),
+            health_ok: false,
+            last_error: None,
+            tasks,
+        });
+        drop(pool);
+        tracing::info!(endpoint = %spec.url, kind = spec.kind.as_str(), "endpoint added");
+        Ok(id)
+    }
+
+    /// Unregisters an endpoint: it gets nothing new, its background tasks stop and the
+    /// indexes forget it. Requests already streaming from it continue.
+    pub fn remove_endpoint(&self, url: &str) -> Result<(), PoolError> {
+        let url =
+            crate::endpoint::normalize_url(url).map_err(|e| PoolError::Unknown(e.to_string()))?;
+        let mut pool = self.inner.lock_pool();
+        let i = pool
+            .index_of(&url)
+            .ok_or_else(|| PoolError::Unknown(url.clone()))?;
+        let cand = pool.cands.remove(i);
+        let rt = pool.runtime.remove(i);
+        for t in rt.tasks {
+            t.abort();
+        }
+        pool.approx.remove_endpoint(cand.id);
+        {
+            // Same order as everywhere else: pool, then precise.
+            let mut precise = self
+                .inner
+                .precise
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            precise.remove_endpoint(cand.id);
+        }
+        pool.free_slots.push(cand.id.0);
+        drop(pool);
+        self.inner.metrics.remove_endpoint(&url);
+        tracing::info!(endpoint = %url, "endpoint removed");
+        Ok(())
+    }
+
+    /// Marks an endpoint as draining (no new requests) or back in service.
+    pub fn set_draining(&self, url: &str, draining: bool) -> Result<(), PoolError> {
+        let url =
+            crate::endpoint::normalize_url(url).map_err(|e| PoolError::Unknown(e.to_string()))?;
+        let mut pool = self.inner.lock_pool();
+        let i = pool
+            .index_of(&url)
+            .ok_or_else(|| PoolError::Unknown(url.clone()))?;
+        pool.cands[i].draining = draining;
+        Ok(())
+    }
+
+    /// Replaces the traffic split between endpoint groups (empty: no split).
+    pub fn set_split(&self, split: TrafficSplit) {
+        self.inner.lock_pool().split = split;
+    }
+
+    pub fn split(&self) -> TrafficSplit {
+        self.inner.lock_pool().split.clone()
+    }
+
+    /// Replaces the endpoint set with `specs`: adds the new, removes the missing and
+    /// re-adds those whose spec changed. In-flight requests are not touched.
+    pub fn sync_endpoints(&self, specs: &[EndpointSpec]) {
+        let current: Vec<EndpointSpec> = {
+            let pool = self.inner.lock_pool();
+            pool.cands.iter().map(|c| (*c.spec).clone()).collect()
+        };
+        for old in &current {
+            match specs.iter().find(|s| s.url == old.url) {
+                Some(new) if new == old => {}
+                _ => {
+                    let _ = self.remove_endpoint(&old.url);
+                }
+            }
+        }
+        for new in specs {
+            if !current.iter().any(|o| o == new) {
+                if let Err(e) = self.add_endpoint(new.clone()) {
+                    tracing::warn!(error = %e, "endpoint not added");
+                }
+            }
+        }
+    }
+
+    /// URLs of the registered endpoints.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner
+            .lock_pool()
+            .cands
+            .iter()
+            .map(|c| c.spec.url.clone())
+            .collect()
+    }
+
+    /// Whether any endpoint may take a request now.
+    pub fn any_ready(&self) -> bool {
+        let now = self.now();
+        let mut pool = self.inner.lock_pool();
+        refresh_ready(&mut pool, now);
+        pool.cands.iter().any(|c| c.ready && !c.draining)
+    }
+
+    /// Whether every ready endpoint is saturated.
+    pub fn saturated(&self) -> bool {
+        let now = self.now();
+        let mut pool = self.inner.lock_pool();
+        refresh_ready(&mut pool, now);
+        pool_saturated(&pool.cands, now, &self.inner.config.saturation_config())
+    }
+
+    /// Admission control: returns when the request may be scheduled. Sheddable requests
+    /// fail at once while the pool is saturated; others wait (bounded in number and
+    /// time) for capacity, and are let through when the wait times out, since the
+    /// engines queue too.
+    pub async fn admit(&self, priority: i32) -> Result<(), RouteError> {
+        // With no ready endpoint at all there is nothing to wait for: let scheduling
+        // answer 503 at once.
+        if !self.any_ready() {
+            return Ok(());
+        }
+        match admit(priority, self.saturated()) {
+            Admission::Dispatch => Ok(()),
+            Admission::Shed => {
+                self.inner.metrics.shed.inc();
+                Err(RouteError::Shed)
+            }
+            Admission::Queue => {
+                let cfg = &self.inner.config.admission;
+                if self.inner.queued.fetch_add(1, Ordering::AcqRel) >= cfg.max_queue {
+                    self.inner.queued.fetch_sub(1, Ordering::AcqRel);
+                    return Err(RouteError::QueueFull);
+                }
+                self.inner.metrics.queued.inc();
+                let deadline =
+                    tokio::time::Instant::now() + Duration::from_millis(cfg.queue_timeout_ms);
+                // Re-check at every capacity change (a scrape, a finished request), and at
+                // least every scrape interval.
+                let tick = Duration::from_millis(self.inner.config.scrape_interval_ms.max(1));
+                while self.saturated() && tokio::time::Instant::now() < deadline {
+                    let wake = self.inner.capacity.notified();
+                    let _ = tokio::time::timeout(tick, wake).await;
+                }
+                self.inner.queued.fetch_sub(1, Ordering::AcqRel);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether scheduling uses token-level block hashes (a precise-prefix scorer is
+    /// configured).
+    pub fn uses_precise(&self) -> bool {
+        self.inner.uses_precise
+    }
+
+    /// The approximate-index chunk hashes of a prompt.
+    pub fn approx_blocks(&self, model: &str, text: &str) -> Vec<u64> {
+        let c = &self.inner.approx_config;
+        crate::prefix::approx::hash_text(model, text, c.block_size_tokens.max(1) * 4, c.max_blocks)
+    }
+
+    /// The precise-index block hashes of token ids.
+    pub fn precise_blocks(
+        &self,
+        tokens: &[u32],
+        lora: Option<&str>,
+        salt: Option<&str>,
+    ) -> Vec<u64> {
+        self.inner.hasher.hash_tokens(tokens, lora, salt)
+    }
+
+    /// One scheduling decision. Counts the pick, records the request's prefix on the
+    /// chosen endpoint in the approximate index, and returns the ranked endpoints.
+    pub fn pick(&self, req: &mut SchedRequest) -> Result<Picked, RouteError> {
+        req.seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let now = self.now();
+        let started = Instant::now();
+        let mut pool = self.inner.lock_pool();
+        refresh_ready(&mut pool, now);
+        let precise = self.inner.precise.read().unwrap_or_else(|e| e.into_inner());
+        if req.lora.is_none() && !req.model.is_empty() {
+            let m = req.model.as_str();
+            let adapter = pool.cands.iter().any(|c| {
+                c.spec.model.as_deref() != Some(m)
+                    && (c.spec.lora.iter().any(|a| a == m)
+                        || c.metrics.as_ref().is_some_and(|x| {
+                            x.lora_running.iter().chain(&x.lora_waiting).any(|a| a == m)
+                        }))
+            });
+            if adapter {
+                req.lora = Some(req.model.clone());
+            }
+        }
+        let Pool {
+            cands,
+            split,
+            rng,
+            approx,
+            ..
+        } = &mut *pool;
+        let ctx = Context {
+            now,
+            stale_after: self.inner.config.stale_after(),
+            approx: Some(&*approx),
+            precise: Some(&precise),
+        };
+        let split = (!split.is_empty()).then_some(&*split);
+        let decision = self.inner.scheduler.schedule(&ctx, req, cands, split, rng);
+        let decision = match decision {
+            Ok(d) => d,
+            Err(e) => {
+                self.inner.metrics.fail(match e {
+                    ScheduleError::NoReadyEndpoint => "no_ready_endpoint",
+                    ScheduleError::UnknownModel(_) => "unknown_model",
+                    _ => "filtered",
+                });
+                return Err(e.into());
+            }
+        };
+        let first = decision.pick();
+        // Hit-ratio bookkeeping for whichever index the request used.
+        let (index, requested, matched) = match &req.precise_blocks {
+            Some(b) if self.inner.uses_precise => (
+                "precise",
+                b.len(),
+                precise
+                    .match_prefix(b, &[first])
+                    .first()
+                    .map_or(0, |m| m.blocks as usize),
+            ),
+            _ => (
+                "approx",
+                req.approx_blocks.len(),
+                pool.approx
+                    .match_prefix(&req.approx_blocks, &[first])
+                    .first()
+                    .map_or(0, |m| m.blocks as usize),
+            ),
+        };
+        drop(precise);
+        pool.approx.record(first, &req.approx_blocks);
+        let approx_len = pool.approx.len();
+        let ranked: Vec<(EndpointId, Arc<str>)> = decision
+            .ranked
+            .iter()
+            .filter_map(|s| {
+                pool.cands
+                    .iter()
+                    .find(|c| c.id == s.id)
+                    .map(|c| (c.id, Arc::<str>::from(c.spec.url.as_str())))
+            })
+            .collect();
+        drop(pool);
+        let m = &self.inner.metrics;
+        m.schedule_seconds.observe(started.elapsed().as_secs_f64());
+        m.prefix_lookup(index, requested as u64, matched as u64);
+        m.index_blocks
+            .get_or_create(&RouterMetrics::index("approx"))
+            .set(approx_len as i64);
+        if let Some((_, url)) = ranked.first() {
+            m.picks.get_or_create(&RouterMetrics::endpoint(url)).inc();
+        }
+        Ok(Picked { decision, ranked })
+    }
+
+    /// Takes a lease for one attempt on `id`, or `None` when its circuit refuses or it
+    /// has gone.
+    pub fn lease(&self, id: EndpointId, url: &Arc<str>) -> Option<Lease> {
+        let now = self.now();
+        let mut pool = self.inner.lock_pool();
+        let i = pool.index_of_id(id, url)?;
+        if !pool.runtime[i].circuit.try_acquire(now) {
+            return None;
+        }
+        pool.cands[i].in_flight += 1;
+        let n = pool.cands[i].in_flight;
+        drop(pool);
+        self.inner
+            .metrics
+            .ep_in_flight
+            .get_or_create(&RouterMetrics::endpoint(url))
+            .set(i64::from(n));
+        Some(Lease {
+            inner: self.inner.clone(),
+            id,
+            url: url.clone(),
+        })
+    }
+
+    /// Token ids of a prompt from the engine's `/tokenize` (cached by `key`), or `None`
+    /// when no endpoint answers in time.
+    pub async fn tokenize(&self, key: u64, body: bytes::Bytes) -> Option<Arc<Vec<u32>>> {
+        if let Some(t) = self.inner.lock_tokens().get(&key) {
+            return Some(t.clone());
+        }
+        let url = {
+            let now = self.now();
+            let mut pool = self.inner.lock_pool();
+            refresh_ready(&mut pool, now);
+            pool.cands
+                .iter()
+                .find(|c| c.ready)
+                .map(|c| c.spec.url.clone())?
+        };
+        let timeout = Duration::from_millis(self.inner.config.precise.tokenize_timeout_ms);
+        let (status, bytes) = crate::client::fetch(
+            &self.inner.client,
+            hyper::Method::POST,
+            &format!("{url}/tokenize"),
+            Some(body),
+            timeout,
+            64 << 20,
+        )
+        .await
+        .ok()?;
+        if !status.is_success() {
+            return None;
+        }
+        let resp: strata_api::TokenizeResponse = serde_json::from_slice(&bytes).ok()?;
+        let tokens = Arc::new(resp.tokens);
+        let mut cache = self.inner.lock_tokens();
+        if cache.len() >= self.inner.config.precise.tokenize_cache {
+            cache.clear();
+        }
+        cache.insert(key, tokens.clone());
+        Some(tokens)
+    }
+
+    /// The live state of every endpoint.
+    pub fn status(&self) -> Vec<EndpointStatus> {
+        let now = self.now();
+        let sat = self.inner.config.saturation_config();
+        let mut pool = self.inner.lock_pool();
+        refresh_ready(&mut pool, now);
+        pool.cands
+            .iter()
+            .zip(&pool.runtime)
+            .map(|(c, rt)| EndpointStatus {
+                id: c.id,
+                spec: (*c.spec).clone(),
+                ready: c.ready,
+                health_ok: rt.health_ok,
+                draining: c.draining,
+                stale: c.fresh_metrics(now, sat.stale_after).is_none(),
+                saturated: crate::scheduling::saturation::endpoint_saturated(c, now, &sat),
+                in_flight: c.in_flight,
+                circuit: rt.circuit,
+                metrics_age_ms: c
+                    .metrics
+                    .as_ref()
+                    .map(|m| now.saturating_sub(m.updated).as_millis() as u64),
+                metrics: c.metrics.clone(),
+                last_error: rt.last_error.clone(),
+            })
+            .collect()
+    }
+
+    /// Debug view: endpoints, split and index sizes.
+    pub fn debug_json(&self) -> serde_json::Value {
+        let endpoints = self.status();
+        let (approx, split) = {
+            let pool = self.inner.lock_pool();
+            (pool.approx.len(), pool.split.clone())
+        };
+        let precise = self.inner.precise.read().map(|p| p.len()).unwrap_or(0);
+        serde_json::json!({
+            "endpoints": endpoints,
+            "split": split,
+            "approx_index_blocks": approx,
+            "precise_index_blocks": precise,
+            "queued": self.inner.queued.load(Ordering::Relaxed),
+            "saturated": self.saturated(),
+        })
+    }
+}
+
+fn refresh_ready(pool: &mut Pool, now: Duration) {
+    let Pool { cands, runtime, .. } = pool;
+    for (c, rt) in cands.iter_mut().zip(runtime.iter()) {
+        c.ready = rt.health_ok && rt.circuit.admits(now);
+    }
+}
+
+impl Inner {
+    pub(crate) fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn lock_pool(&self) -> MutexGuard<'_, Pool> {
+        // A panic while holding the lock cannot leave the pool inconsistent in a way that
+        // matters more than stopping routing would; keep going.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_tokens(&self) -> MutexGuard<'_, HashMap<u64, Arc<Vec<u32>>>> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores a scrape result for slot `id` (if it is still `url`).
+    pub(crate) fn update_metrics(
+        &self,
+        id: EndpointId,
+        url: &str,
+        result: Result<EndpointMetrics, String>,
+    ) {
+        let mut pool = self.lock_pool();
+        let Some(i) = pool.index_of_id(id, url) else {
+            return;
+        };
+        let label = RouterMetrics::endpoint(url);
+        match result {
+            Ok(m) => {
+                self.metrics.ep_waiting.get_or_create(&label).set(m.waiting);
+                self.metrics.ep_running.get_or_create(&label).set(m.running);
+                self.metrics
+                    .ep_kv_usage
+                    .get_or_create(&label)
+                    .set(m.kv_use.unwrap_or(0.0));
+                pool.cands[i].metrics = Some(m);
+                pool.runtime[i].last_error = None;
+            }
+            Err(e) => {
+                self.metrics.scrape_errors.get_or_create(&label).inc();
+                pool.runtime[i].last_error = Some(e);
+            }
+        }
+        drop(pool);
+        self.capacity.notify_waiters();
+    }
+
+    /// Stores a readiness result.
+    pub(crate) fn update_health(&self, id: EndpointId, url: &str, ok: bool, error: Option<String>) {
+        let mut pool = self.lock_pool();
+        let Some(i) = pool.index_of_id(id, url) else {
+            return;
+        };
+        if pool.runtime[i].health_ok != ok {
+            tracing::info!(endpoint = %url, ready = ok, "readiness changed");
+        }
+        pool.runtime[i].health_ok = ok;
+        if let Some(e) = error {
+            pool.runtime[i].last_error = Some(e);
+        }
+        drop(pool);
+        self.metrics
+            .ep_ready
+            .get_or_create(&RouterMetrics::endpoint(url))
+            .set(i64::from(ok));
+        self.capacity.notify_waiters();
+    }
+
+    /// Whether slot `id` still belongs to `url`.
+    pub(crate) fn has(&self, id: EndpointId, url: &str) -> bool {
+        self.lock_pool().index_of_id(id, url).is_some()
+    }
+}
+
+/// Upgrades a task's weak handle; `None` once the router is gone.
+pub(crate) fn upgrade(weak: &Weak<Inner>) -> Option<Arc<Inner>> {
+    weak.upgrade()
+}

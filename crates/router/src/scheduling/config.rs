@@ -1,0 +1,420 @@
+//! Scheduling configuration in the shape of llm-d's `EndpointPickerConfig`:
+//!
+//! ```yaml
+//! apiVersion: inference.networking.x-k8s.io/v1alpha1
+//! kind: EndpointPickerConfig
+//! plugins:
+//!   - type: queue-scorer
+//!   - type: kv-cache-utilization-scorer
+//!   - type: prefix-cache-scorer
+//!     parameters: {blockSize: 16, lruCapacityPerServer: 65536}
+//!   - type: max-score-picker
+//! schedulingProfiles:
+//!   - name: default
+//!     plugins:
+//!       - pluginRef: queue-scorer
+//!         weight: 2
+//!       - pluginRef: kv-cache-utilization-scorer
+//!         weight: 2
+//!       - pluginRef: prefix-cache-scorer
+//!         weight: 3
+//!       - pluginRef: max-score-picker
+//! ```
+//!
+//! A plugin's `name` defaults to its `type`. In a profile, filters run in the order
+//! listed, scorers are summed with their `weight` (default 1), and the last picker listed
+//! picks (default `max-score-picker`). Unknown types, unknown references and bad
+//! parameters are errors at load time, never at request time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::filters::{LoraAffinityFilter, LowQueueFilter, RoleFilter};
+use super::pickers::{MaxScore, RandomPicker, WeightedRandom};
+use super::scorers::*;
+use super::{Filter, Picker, Profile, Scheduler, Scorer};
+use crate::prefix::approx::ApproxConfig;
+
+/// The YAML document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointPickerConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub plugins: Vec<PluginSpec>,
+    pub scheduling_profiles: Vec<ProfileSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileSpec {
+    pub name: String,
+    pub plugins: Vec<PluginRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PluginRef {
+    pub plugin_ref: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+}
+
+/// Problems in a scheduling configuration.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("scheduling config does not parse: {0}")]
+    Parse(String),
+    #[error("unknown plugin type `{0}`")]
+    UnknownType(String),
+    #[error("plugin `{0}` is defined twice")]
+    DuplicatePlugin(String),
+    #[error("profile `{profile}` refers to unknown plugin `{name}`")]
+    UnknownRef { profile: String, name: String },
+    #[error("plugin `{name}`: bad parameters: {message}")]
+    Parameters { name: String, message: String },
+    #[error("profile `{0}`: weights must be finite and non-negative")]
+    Weight(String),
+    #[error("at least one scheduling profile is needed")]
+    NoProfile,
+}
+
+/// A built plugin.
+#[derive(Debug, Clone)]
+pub enum Plugin {
+    Filter(Arc<dyn Filter>),
+    Scorer(Arc<dyn Scorer>),
+    Picker(Arc<dyn Picker>),
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PrefixParams {
+    block_size: Option<usize>,
+    lru_capacity_per_server: Option<usize>,
+    max_prefix_blocks_to_match: Option<usize>,
+    lower_tier_weight: Option<f64>,
+    /// Accepted for llm-d compatibility; the router's index needs no hash seed here.
+    #[serde(default)]
+    hash_seed: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ThresholdParams {
+    threshold: Option<f64>,
+    #[serde(alias = "queueDepthThreshold")]
+    queue_threshold: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoleParams {
+    role: String,
+}
+
+fn params<T: for<'de> Deserialize<'de> + Default>(
+    spec: &PluginSpec,
+    name: &str,
+) -> Result<T, ConfigError> {
+    match &spec.parameters {
+        None => Ok(T::default()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| ConfigError::Parameters {
+            name: name.to_string(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Builds one plugin from its spec: the registry of plugin types.
+pub fn build_plugin(spec: &PluginSpec) -> Result<Plugin, ConfigError> {
+    let name = spec.name.as_deref().unwrap_or(&spec.kind);
+    Ok(match spec.kind.as_str() {
+        "queue-scorer" => Plugin::Scorer(Arc::new(QueueScorer)),
+        "kv-cache-utilization-scorer" => Plugin::Scorer(Arc::new(KvCacheUtilizationScorer)),
+        "prefix-cache-scorer" => {
+            let _: PrefixParams = params(spec, name)?;
+            Plugin::Scorer(Arc::new(PrefixCacheScorer))
+        }
+        "precise-prefix-cache-scorer" => {
+            let p: PrefixParams = params(spec, name)?;
+            let w = p.lower_tier_weight.unwrap_or(0.8);
+            if !(0.0..=1.0).contains(&w) {
+                return Err(ConfigError::Parameters {
+                    name: name.into(),
+                    message: "lowerTierWeight must be in 0..1".into(),
+                });
+            }
+            Plugin::Scorer(Arc::new(PrecisePrefixCacheScorer {
+                lower_tier_weight: w,
+            }))
+        }
+        "lora-affinity-scorer" => Plugin::Scorer(Arc::new(LoraAffinityScorer)),
+        "session-affinity-scorer" => Plugin::Scorer(Arc::new(SessionAffinityScorer)),
+        "load-aware-scorer" => {
+            let p: ThresholdParams = params(spec, name)?;
+            let threshold = p.threshold.or(p.queue_threshold).unwrap_or(128.0);
+            Plugin::Scorer(Arc::new(LoadAwareScorer { threshold }))
+        }
+        "least-request-scorer" => Plugin::Scorer(Arc::new(LeastRequestScorer)),
+        "round-robin-scorer" => Plugin::Scorer(Arc::new(RoundRobinScorer)),
+        "random-scorer" => Plugin::Scorer(Arc::new(RandomScorer)),
+        "low-queue-filter" => {
+            let p: ThresholdParams = params(spec, name)?;
+            let threshold = p.threshold.or(p.queue_threshold).unwrap_or(128.0);
+            Plugin::Filter(Arc::new(LowQueueFilter { threshold }))
+        }
+        "lora-affinity-filter" => Plugin::Filter(Arc::new(LoraAffinityFilter)),
+        "role-filter" => {
+            let p: RoleParams = match &spec.parameters {
+                Some(v) => {
+                    serde_json::from_value(v.clone()).map_err(|e| ConfigError::Parameters {
+                        name: name.into(),
+                        message: e.to_string(),
+                    })?
+                }
+                None => {
+                    return Err(ConfigError::Parameters {
+                        name: name.into(),
+                        message: "`role` is required".into(),
+                    })
+                }
+            };
+            Plugin::Filter(Arc::new(RoleFilter { role: p.role }))
+        }
+        "max-score-picker" => Plugin::Picker(Arc::new(MaxScore)),
+        "weighted-random-picker" => Plugin::Picker(Arc::new(WeightedRandom)),
+        "random-picker" => Plugin::Picker(Arc::new(RandomPicker)),
+        other => return Err(ConfigError::UnknownType(other.to_string())),
+    })
+}
+
+impl EndpointPickerConfig {
+    /// Parses YAML (or JSON).
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// PROTOCOLS §6: queue ×2, KV use ×2, approximate prefix ×3, max-score picker.
+    pub fn default_config() -> Self {
+        Self::weighted(&[
+            ("queue-scorer", 2.0),
+            ("kv-cache-utilization-scorer", 2.0),
+            ("prefix-cache-scorer", 3.0),
+        ])
+    }
+
+    /// One profile named `default` of the given scorers and a max-score picker.
+    pub fn weighted(scorers: &[(&str, f64)]) -> Self {
+        let mut plugins: Vec<PluginSpec> = scorers
+            .iter()
+            .map(|(t, _)| PluginSpec {
+                name: None,
+                kind: (*t).to_string(),
+                parameters: None,
+            })
+            .collect();
+        plugins.push(PluginSpec {
+            name: None,
+            kind: "max-score-picker".into(),
+            parameters: None,
+        });
+        let mut refs: Vec<PluginRef> = scorers
+            .iter()
+            .map(|(t, w)| PluginRef {
+                plugin_ref: (*t).to_string(),
+                weight: Some(*w),
+            })
+            .collect();
+        refs.push(PluginRef {
+            plugin_ref: "max-score-picker".into(),
+            weight: None,
+        });
+        EndpointPickerConfig {
+            api_version: Some("inference.networking.x-k8s.io/v1alpha1".into()),
+            kind: Some("EndpointPickerConfig".into()),
+            plugins,
+            scheduling_profiles: vec![ProfileSpec {
+                name: "default".into(),
+                plugins: refs,
+            }],
+        }
+    }
+
+    /// The approximate-index settings from the first prefix plugin's parameters.
+    pub fn approx_config(&self) -> ApproxConfig {
+        let mut cfg = ApproxConfig::default();
+        for p in &self.plugins {
+            if p.kind == "prefix-cache-scorer" || p.kind == "precise-prefix-cache-scorer" {
+                let name = p.name.as_deref().unwrap_or(&p.kind);
+                if let Ok(pp) = params::<PrefixParams>(p, name) {
+                    let _ = pp.hash_seed;
+                    cfg.block_size_tokens = pp.block_size.unwrap_or(cfg.block_size_tokens).max(1);
+                    cfg.capacity_per_endpoint = pp
+                        .lru_capacity_per_server
+                        .unwrap_or(cfg.capacity_per_endpoint)
+                        .max(1);
+                    cfg.max_blocks = pp.max_prefix_blocks_to_match.unwrap_or(cfg.max_blocks);
+                }
+                break;
+            }
+        }
+        cfg
+    }
+
+    /// Whether any plugin needs the precise (KV-event) index and token-level hashes.
+    pub fn uses_precise(&self) -> bool {
+        self.plugins
+            .iter()
+            .any(|p| p.kind == "precise-prefix-cache-scorer")
+    }
+
+    /// Builds the scheduler.
+    pub fn build(&self) -> Result<Scheduler, ConfigError> {
+        let mut built: HashMap<String, Plugin> = HashMap::new();
+        for spec in &self.plugins {
+            let name = spec.name.clone().unwrap_or_else(|| spec.kind.clone());
+            let plugin = build_plugin(spec)?;
+            if built.insert(name.clone(), plugin).is_some() {
+                return Err(ConfigError::DuplicatePlugin(name));
+            }
+        }
+        let mut profiles = Vec::new();
+        for p in &self.scheduling_profiles {
+            let mut profile = Profile {
+                name: p.name.clone(),
+                filters: Vec::new(),
+                scorers: Vec::new(),
+                picker: Arc::new(MaxScore),
+            };
+            for r in &p.plugins {
+                let plugin = built
+                    .get(&r.plugin_ref)
+                    .ok_or_else(|| ConfigError::UnknownRef {
+                        profile: p.name.clone(),
+                        name: r.plugin_ref.clone(),
+                    })?;
+                match plugin {
+                    Plugin::Filter(f) => profile.filters.push((r.plugin_ref.clone(), f.clone())),
+                    Plugin::Scorer(s) => {
+                        let w = r.weight.unwrap_or(1.0);
+                        if !w.is_finite() || w < 0.0 {
+                            return Err(ConfigError::Weight(p.name.clone()));
+                        }
+                        profile.scorers.push((r.plugin_ref.clone(), s.clone(), w));
+                    }
+                    Plugin::Picker(k) => profile.picker = k.clone(),
+                }
+            }
+            profiles.push(profile);
+        }
+        Scheduler::new(profiles)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = r#"
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: low-queue-filter
+    parameters: {threshold: 64}
+  - type: queue-scorer
+  - type: kv-cache-utilization-scorer
+  - name: prefix
+    type: prefix-cache-scorer
+    parameters: {blockSize: 32, lruCapacityPerServer: 1000, maxPrefixBlocksToMatch: 64}
+  - type: weighted-random-picker
+  - type: round-robin-scorer
+schedulingProfiles:
+  - name: cache-aware
+    plugins:
+      - pluginRef: low-queue-filter
+      - pluginRef: queue-scorer
+        weight: 1
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 1
+      - pluginRef: prefix
+        weight: 5
+      - pluginRef: weighted-random-picker
+  - name: rr
+    plugins:
+      - pluginRef: round-robin-scorer
+"#;
+
+    #[test]
+    fn parses_llm_d_shape_and_builds_profiles() {
+        let cfg = EndpointPickerConfig::from_yaml(YAML).unwrap();
+        let s = cfg.build().unwrap();
+        assert_eq!(s.profiles().len(), 2);
+        let p = &s.profiles()[0];
+        assert_eq!(p.name, "cache-aware");
+        assert_eq!(p.filters.len(), 1);
+        let weights: Vec<(&str, f64)> =
+            p.scorers.iter().map(|(n, _, w)| (n.as_str(), *w)).collect();
+        assert_eq!(
+            weights,
+            vec![
+                ("queue-scorer", 1.0),
+                ("kv-cache-utilization-scorer", 1.0),
+                ("prefix", 5.0)
+            ]
+        );
+        assert!(format!("{:?}", p.picker).contains("WeightedRandom"));
+        assert!(
+            format!("{:?}", s.profiles()[1].picker).contains("MaxScore"),
+            "default picker"
+        );
+        let a = cfg.approx_config();
+        assert_eq!(
+            (a.block_size_tokens, a.capacity_per_endpoint, a.max_blocks),
+            (32, 1000, 64)
+        );
+        assert!(!cfg.uses_precise());
+    }
+
+    #[test]
+    fn default_is_protocols_6() {
+        let s = EndpointPickerConfig::default_config().build().unwrap();
+        let w: Vec<f64> = s.profiles()[0].scorers.iter().map(|(_, _, w)| *w).collect();
+        assert_eq!(w, vec![2.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn errors_at_load_time() {
+        let bad = [
+            ("plugins: [{type: nope}]\nschedulingProfiles: [{name: a, plugins: []}]", "unknown plugin type"),
+            ("plugins: [{type: queue-scorer}]\nschedulingProfiles: [{name: a, plugins: [{pluginRef: x}]}]", "unknown plugin `x`"),
+            ("plugins: [{type: queue-scorer}, {type: queue-scorer}]\nschedulingProfiles: []", "defined twice"),
+            ("plugins: []\nschedulingProfiles: []", "at least one"),
+            ("plugins: [{type: queue-scorer}]\nschedulingProfiles: [{name: a, plugins: [{pluginRef: queue-scorer, weight: -1}]}]", "weights"),
+            ("plugins: [{type: role-filter}]\nschedulingProfiles: [{name: a, plugins: []}]", "role"),
+            ("plugins: [{type: low-queue-filter, parameters: {threshold: x}}]\nschedulingProfiles: [{name: a, plugins: []}]", "bad parameters"),
+            ("plugins: 7", "parse"),
+            ("plugins: []\nschedulingProfiles: []\nextra: 1", "parse"),
+        ];
+        for (yaml, want) in bad {
+            let err = EndpointPickerConfig::from_yaml(yaml).and_then(|c| c.build().map(|_| ()));
+            let msg = err.expect_err(yaml).to_string();
+            assert!(msg.contains(want), "{yaml}: {msg}");
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The scheduling framework: filters → weighted scorers → picker, grouped in named
+//! profiles (the shape of the GIE / llm-d endpoint picker).
+//!
+//! Pure by construction: a decision is a function of the candidates (their last scraped
+//! metrics and labels), the request, the prefix indexes, `now` and a seeded RNG. Nothing
+//! here reads a clock, touches the network or needs tokio, so the simulator runs the very
+//! same code in virtual time. Time is a [`Duration`] since an epoch the caller chooses (the
+//! live router uses its start instant).
+//!
+//! One decision, step by step ([`Scheduler::schedule`]):
+//! 1. eligibility: ready, not draining, serves the model;
+//! 2. the traffic split ([`split`]) narrows to one endpoint group, if a split is set;
+//! 3. the profile's filters, in order;
+//! 4. each scorer gives every remaining candidate a score, clamped to 0..1; the total is
+//!    the weighted sum (PROTOCOLS §6: queue 2, KV use 2, prefix 3 by default);
+//! 5. the picker orders candidates; the first is the pick and the rest are the fallbacks
+//!    the proxy retries in order.
+//!
+//! Adding a plugin: one type implementing [`Filter`], [`Scorer`] or [`Picker`] and one line
+//! in [`config::build_plugin`].
+
+pub mod config;
+pub mod filters;
+pub mod pickers;
+pub mod saturation;
+pub mod scorers;
+pub mod split;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use serde::Serialize;
+
+use crate::endpoint::{EndpointId, EndpointSpec};
+use crate::prefix::approx::ApproxIndex;
+use crate::prefix::precise::PreciseIndex;
+
+pub use config::{ConfigError, EndpointPickerConfig};
+pub use split::TrafficSplit;
+
+/// An endpoint's state as read from its `/metrics` (PROTOCOLS §2), whatever its kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EndpointMetrics {
+    /// Requests queued, not yet scheduled.
+    pub waiting: f64,
+    /// Requests in the running batch.
+    pub running: f64,
+    /// Fraction of KV blocks in use, 0..1 (`None`: the engine does not say).
+    pub kv_use: Option<f64>,
+    /// Tokens per KV block.
+    pub block_size: Option<u32>,
+    /// KV blocks in the engine's cache.
+    pub num_blocks: Option<u64>,
+    /// LoRA slots.
+    pub max_lora: Option<u32>,
+    pub lora_running: Vec<String>,
+    pub lora_waiting: Vec<String>,
+    /// When these values were read (time since the caller's epoch).
+    pub updated: Duration,
+}
+
+/// One endpoint as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub id: EndpointId,
+    pub spec: Arc<EndpointSpec>,
+    /// The last good scrape (possibly stale; see [`Candidate::fresh_metrics`]).
+    pub metrics: Option<EndpointMetrics>,
+    /// Requests this router has sent there that have not finished.
+    pub in_flight: u32,
+    /// Passed its readiness check and its circuit is not open.
+    pub ready: bool,
+    /// Being drained: finishes what it has, gets nothing new.
+    pub draining: bool,
+}
+
+impl Candidate {
+    /// A ready candidate with no metrics yet.
+    pub fn new(id: EndpointId, spec: EndpointSpec) -> Self {
+        Candidate {
+            id,
+            spec: Arc::new(spec),
+            metrics: None,
+            in_flight: 0,
+            ready: true,
+            draining: false,
+        }
+    }
+
+    /// The metrics, when read no longer than `stale_after` before `now`.
+    pub fn fresh_metrics(&self, now: Duration, stale_after: Duration) -> Option<&EndpointMetrics> {
+        self.metrics
+            .as_ref()
+            .filter(|m| now.saturating_sub(m.updated) <= stale_after)
+    }
+
+    /// Whether it may serve `model` (and adapter `lora`).
+    pub fn serves(&self, model: &str) -> bool {
+        match &self.spec.model {
+            None => true,
+            Some(m) if m == model => true,
+            Some(_) => {
+                self.spec.lora.iter().any(|a| a == model)
+                    || self.metrics.as_ref().is_some_and(|m| {
+                        m.lora_running
+                            .iter()
+                            .chain(&m.lora_waiting)
+                            .any(|a| a == model)
+                    })
+            }
+        }
+    }
+}
+
+/// What the scheduler knows about a request.
+#[derive(Debug, Clone, Default)]
+pub struct SchedRequest {
+    /// The `model` asked for (a base model or a LoRA adapter's name).
+    pub model: String,
+    /// The LoRA adapter asked for, when `model` names one.
+    pub lora: Option<String>,
+    /// Session key (from the session header), for session affinity.
+    pub session: Option<String>,
+    /// Priority (higher is more important; below 0 is sheddable).
+    pub priority: i32,
+    /// Chained prompt-text chunk hashes for the approximate index.
+    pub approx_blocks: Vec<u64>,
+    /// Wire block hashes of the prompt's tokens for the precise index, when known.
+    pub precise_blocks: Option<Vec<u64>>,
+    /// Running request number, for round-robin.
+    pub seq: u64,
+    /// Scheduling profile to run (default: the first).
+    pub profile: Option<String>,
+}
+
+/// Everything besides the request and candidates that a decision may read.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub now: Duration,
+    /// Metrics older than this are not trusted by scorers.
+    pub stale_after: Duration,
+    pub approx: Option<&'a ApproxIndex>,
+    pub precise: Option<&'a PreciseIndex>,
+}
+
+impl Context<'_> {
+    /// A context with no indexes, metrics stale after 200 ms.
+    pub fn at(now: Duration) -> Self {
+        Context {
+            now,
+            stale_after: Duration::from_millis(200),
+            approx: None,
+            precise: None,
+        }
+    }
+}
+
+/// Narrows the candidate list.
+pub trait Filter: Debug + Send + Sync {
+    fn filter<'c>(
+        &self,
+        ctx: &Context,
+        req: &SchedRequest,
+        cands: Vec<&'c Candidate>,
+    ) -> Vec<&'c Candidate>;
+}
+
+/// Scores each candidate; `out[i]` belongs to `cands[i]`, and should be in 0..1 (it is
+/// clamped).
+pub trait Scorer: Debug + Send + Sync {
+    fn score(
+        &self,
+        ctx: &Context,
+        req: &SchedRequest,
+        cands: &[&Candidate],
+        out: &mut [f64],
+        rng: &mut dyn RngCore,
+    );
+}
+
+/// Orders scored candidates: the first is the pick, the rest are fallbacks.
+pub trait Picker: Debug + Send + Sync {
+    fn pick(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore);
+}
+
+/// A candidate and its total score.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Scored {
+    pub id: EndpointId,
+    pub score: f64,
+}
+
+/// A named pipeline.
+#[derive(Debug)]
+pub struct Profile {
+    pub name: String,
+    pub filters: Vec<(String, Arc<dyn Filter>)>,
+    pub scorers: Vec<(String, Arc<dyn Scorer>, f64)>,
+    pub picker: Arc<dyn Picker>,
+}
+
+/// The outcome of one decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub profile: String,
+    /// Best first; the proxy tries them in this order.
+    pub ranked: Vec<Scored>,
+}
+
+impl Decision {
+    pub fn pick(&self) -> EndpointId {
+        // `schedule` never returns an empty ranking.
+        self.ranked
+            .first()
+            .map(|s| s.id)
+            .unwrap_or(EndpointId(u32::MAX))
+    }
+}
+
+/// Why no endpoint could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("no ready endpoint")]
+    NoReadyEndpoint,
+    #[error("no endpoint serves model `{0}`")]
+    UnknownModel(String),
+    #[error("no endpoint passed the filters of profile `{0}`")]
+    Filtered(String),
+    #[error("unknown scheduling profile `{0}`")]
+    UnknownProfile(String),
+}
+
+/// Profiles, the first being the default.
+#[derive(Debug)]
+pub struct Scheduler {
+    profiles: Vec<Profile>,
+}
+
+impl Scheduler {
+    /// A scheduler over `profiles` (at least one; the first is the default).
+    pub fn new(profiles: Vec<Profile>) -> Result<Self, ConfigError> {
+        if profiles.is_empty() {
+            return Err(ConfigError::NoProfile);
+        }
+        Ok(Scheduler { profiles })
+    }
+
+    /// The PROTOCOLS §6 defaults: queue ×2, KV use ×2, approximate prefix ×3, max-score.
+    pub fn default_profile() -> Self {
+        EndpointPickerConfig::default_config()
+            .build()
+            .unwrap_or_else(|_| Scheduler {
+                profiles: vec![Profile {
+                    name: "default".into(),
+                    filters: vec![],
+                    scorers: vec![],
+                    picker: Arc::new(pickers::MaxScore),
+                }],
+            })
+    }
+
+    pub fn profiles(&self) -> &[Profile] {
+        &self.profiles
+    }
+
+    /// Runs one decision.
+    pub fn schedule(
+        &self,
+        ctx: &Context,
+        req: &SchedRequest,
+        candidates: &[Candidate],
+        split: Option<&TrafficSplit>,
+        rng: &mut dyn RngCore,
+    ) -> Result<Decision, ScheduleError> {
+        let profile = match &req.profile {
+            None => &self.profiles[0],
+            Some(name) => self
+                .profiles
+                .iter()
+                .find(|p| &p.name == name)
+                .ok_or_else(|| ScheduleError::UnknownProfile(name.clone()))?,
+        };
+        let ready: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| c.ready && !c.draining)
+            .collect();
+        if ready.is_empty() {
+            return Err(ScheduleError::NoReadyEndpoint);
+        }
+        let mut cands: Vec<&Candidate> =
+            ready.into_iter().filter(|c| c.serves(&req.model)).collect();
+        if cands.is_empty() {
+            return Err(ScheduleError::UnknownModel(req.model.clone()));
+        }
+        if let Some(split) = split {
+            cands = split.apply(cands, rng);
+        }
+        for (_, f) in &profile.filters {
+            cands = f.filter(ctx, req, cands);
+            if cands.is_empty() {
+                return Err(ScheduleError::Filtered(profile.name.clone()));
+            }
+        }
+        let mut total = vec![0.0; cands.len()];
+        let mut one = vec![0.0; cands.len()];
+        for (_, scorer, weight) in &profile.scorers {
+            one.iter_mut().for_each(|s| *s = 0.0);
+            scorer.score(ctx, req, &cands, &mut one, rng);
+            for (t, s) in total.iter_mut().zip(&one) {
+                let s = if s.is_finite() {
+                    s.clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
+                *t += s * weight;
+            }
+        }
+        let mut scored: Vec<Scored> = cands
+            .iter()
+            .zip(total)
+            .map(|(c, score)| Scored { id: c.id, score })
+            .collect();
+        profile.picker.pick(&mut scored, rng);
+        Ok(Decision {
+            profile: profile.name.clone(),
+            ranked: scored,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use super::*;
+    use crate::endpoint::EngineKind;
+
+    pub fn cand(id: u32, waiting: f64, kv: f64) -> Candidate {
+        let mut c = Candidate::new(
+            EndpointId(id),
+            EndpointSpec::new(format!("http://127.0.0.1:{}", 9000 + id), EngineKind::Vllm),
+        );
+        c.metrics = Some(EndpointMetrics {
+            waiting,
+            kv_use: Some(kv),
+            updated: Duration::from_secs(10),
+            ..Default::default()
+        });
+        c
+    }
+
+    pub fn now() -> Duration {
+        Duration::from_secs(10)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn default_weights_follow_protocols_6_exactly() {
+        // queue: waiting 0, 5, 10 → 1, 0.5, 0; KV: 0.2, 0.5, 0.9 → 0.8, 0.5, 0.1;
+        // prefix: request of 4 blocks, endpoint 2 holds 3, endpoint 1 holds 1.
+        let cands = vec![cand(0, 0.0, 0.2), cand(1, 5.0, 0.5), cand(2, 10.0, 0.9)];
+        let mut approx = ApproxIndex::new(Default::default());
+        approx.record(EndpointId(2), &[11, 12, 13]);
+        approx.record(EndpointId(1), &[11]);
+        let ctx = Context {
+            approx: Some(&approx),
+            ..Context::at(now())
+        };
+        let req = SchedRequest {
+            model: "m".into(),
+            approx_blocks: vec![11, 12, 13, 14],
+            ..Default::default()
+        };
+        let s = Scheduler::default_profile();
+        let mut rng = StdRng::seed_from_u64(1);
+        let d = s.schedule(&ctx, &req, &cands, None, &mut rng).unwrap();
+        let score = |id: u32| d.ranked.iter().find(|x| x.id.0 == id).unwrap().score;
+        assert!((score(0) - (2.0 * 1.0 + 2.0 * 0.8 + 3.0 * 0.0)).abs() < 1e-12);
+        assert!((score(1) - (2.0 * 0.5 + 2.0 * 0.5 + 3.0 * 0.25)).abs() < 1e-12);
+        assert!((score(2) - (2.0 * 0.0 + 2.0 * 0.1 + 3.0 * 0.75)).abs() < 1e-12);
+        assert_eq!(d.pick(), EndpointId(0));
+        assert_eq!(
+            d.ranked.iter().map(|x| x.id.0).collect::<Vec<_>>(),
+            vec![0, 1, 2],
+            "fallbacks by score"
+        );
+    }
+
+    #[test]
+    fn unready_draining_and_other_models_get_nothing() {
+        let mut cands = vec![cand(0, 0.0, 0.0), cand(1, 9.0, 0.9), cand(2, 9.0, 0.9)];
+        cands[0].ready = false;
+        cands[2].draining = true;
+        let s = Scheduler::default_profile();
+        let req = SchedRequest {
+            model: "m".into(),
+            ..Default::default()
+        };
+        let mut rng = StdRng::seed_from_u64(0);
+        for _ in 0..20 {
+            let d = s
+                .schedule(&Context::at(now()), &req, &cands, None, &mut rng)
+                .unwrap();
+            assert_eq!(d.ranked.len(), 1);
+            assert_eq!(d.pick(), EndpointId(1));
+        }
+        cands[1].ready = false;
+        assert_eq!(
+            s.schedule(&Context::at(now()), &req, &cands, None, &mut rng),
+            Err(ScheduleError::NoReadyEndpoint)
+        );
+        let mut only = vec![cand(0, 0.0, 0.0)];
+        Arc::make_mut(&mut only[0].spec).model = Some("a".into());
+        assert_eq!(
+            s.schedule(&Context::at(now()), &req, &only, None, &mut rng),
+            Err(ScheduleError::UnknownModel("m".into()))
+        );
+        let req = SchedRequest {
+            profile: Some("nope".into()),
+            ..req
+        };
+        assert!(matches!(
+            s.schedule(&Context::at(now()), &req, &only, None, &mut rng),
+            Err(ScheduleError::UnknownProfile(_))
+        ));
+    }
+
+    #[test]
+    fn same_seed_same_decision() {
+        let cands: Vec<Candidate> = (0..8).map(|i| cand(i, 1.0, 0.5)).collect();
+        let s = Scheduler::default_profile();
+        let req = SchedRequest {
+            model: "m".into(),
+            ..Default::default()
+        };
+        let run = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..10)
+                .map(|_| {
+                    s.schedule(&Context::at(now()), &req, &cands, None, &mut rng)
+                        .unwrap()
+                        .pick()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        // Ties are broken at random: over many draws, more than one endpoint is picked.
+        let mut rng = StdRng::seed_from_u64(3);
+        let picks: std::collections::HashSet<_> = (0..64)
+            .map(|_| {
+                s.schedule(&Context::at(now()), &req, &cands, None, &mut rng)
+                    .unwrap()
+                    .pick()
+            })
+            .collect();
+        assert!(picks.len() > 1);
+    }
+}

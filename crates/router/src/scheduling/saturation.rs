@@ -1,0 +1,115 @@
+//! Saturation detection and admission (PROTOCOLS §6): pure functions of the candidates'
+//! metrics, `now` and the request's priority.
+
+use std::time::Duration;
+
+use super::Candidate;
+
+/// When an endpoint counts as saturated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SaturationConfig {
+    /// Waiting requests at or above which an endpoint is saturated.
+    pub queue_threshold: f64,
+    /// KV use at or above which an endpoint is saturated.
+    pub kv_threshold: f64,
+    /// Metrics older than this count as saturated.
+    pub stale_after: Duration,
+}
+
+impl Default for SaturationConfig {
+    fn default() -> Self {
+        SaturationConfig {
+            queue_threshold: 5.0,
+            kv_threshold: 0.8,
+            stale_after: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Whether one endpoint is saturated at `now`.
+pub fn endpoint_saturated(c: &Candidate, now: Duration, cfg: &SaturationConfig) -> bool {
+    match c.fresh_metrics(now, cfg.stale_after) {
+        None => true,
+        Some(m) => {
+            m.waiting >= cfg.queue_threshold || m.kv_use.is_some_and(|kv| kv >= cfg.kv_threshold)
+        }
+    }
+}
+
+/// Whether the whole pool is saturated: every ready, non-draining endpoint is (or there
+/// is none).
+pub fn pool_saturated(cands: &[Candidate], now: Duration, cfg: &SaturationConfig) -> bool {
+    cands
+        .iter()
+        .filter(|c| c.ready && !c.draining)
+        .all(|c| endpoint_saturated(c, now, cfg))
+}
+
+/// What to do with a request on arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Schedule it now.
+    Dispatch,
+    /// Wait (bounded) for capacity.
+    Queue,
+    /// Refuse with 429: sheddable while the pool is saturated.
+    Shed,
+}
+
+/// Sheddable (priority < 0) requests are shed while the pool is saturated; others wait.
+pub fn admit(priority: i32, saturated: bool) -> Admission {
+    match (saturated, priority < 0) {
+        (false, _) => Admission::Dispatch,
+        (true, true) => Admission::Shed,
+        (true, false) => Admission::Queue,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+
+    #[test]
+    fn thresholds_and_staleness() {
+        let cfg = SaturationConfig::default();
+        let n = now();
+        assert!(!endpoint_saturated(&cand(0, 4.0, 0.79), n, &cfg));
+        assert!(endpoint_saturated(&cand(0, 5.0, 0.0), n, &cfg));
+        assert!(endpoint_saturated(&cand(0, 0.0, 0.8), n, &cfg));
+        let c = cand(0, 0.0, 0.0);
+        assert!(!endpoint_saturated(
+            &c,
+            n + Duration::from_millis(200),
+            &cfg
+        ));
+        assert!(
+            endpoint_saturated(&c, n + Duration::from_millis(201), &cfg),
+            "stale"
+        );
+        let mut no_metrics = cand(0, 0.0, 0.0);
+        no_metrics.metrics = None;
+        assert!(endpoint_saturated(&no_metrics, n, &cfg));
+    }
+
+    #[test]
+    fn pool_is_saturated_only_when_every_ready_endpoint_is() {
+        let cfg = SaturationConfig::default();
+        let mut cs = vec![cand(0, 9.0, 0.0), cand(1, 0.0, 0.1)];
+        assert!(!pool_saturated(&cs, now(), &cfg));
+        cs[1].draining = true;
+        assert!(pool_saturated(&cs, now(), &cfg));
+        cs[1].draining = false;
+        cs[1].ready = false;
+        assert!(pool_saturated(&cs, now(), &cfg));
+        assert!(pool_saturated(&[], now(), &cfg));
+    }
+
+    #[test]
+    fn admission_table() {
+        assert_eq!(admit(-1, false), Admission::Dispatch);
+        assert_eq!(admit(-1, true), Admission::Shed);
+        assert_eq!(admit(0, true), Admission::Queue);
+        assert_eq!(admit(5, false), Admission::Dispatch);
+    }
+}

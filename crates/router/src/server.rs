@@ -1,0 +1,184 @@
+//! `strata router`: flags, the endpoints-file watcher, and serving with a graceful drain.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+
+use crate::config::RouterConfig;
+use crate::endpoint::{parse_endpoint_list, parse_endpoints_file, EndpointSpec, EngineKind};
+use crate::router::Router;
+
+/// Flags of `strata router`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "STRATA_ROUTER_HOST")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080, env = "STRATA_ROUTER_PORT")]
+    pub port: u16,
+    /// Replicas: comma-separated `[kind=]URL`, e.g.
+    /// `http://127.0.0.1:8001,sglang=http://127.0.0.1:8002`.
+    #[arg(long, value_name = "URL[,URL...]")]
+    pub endpoints: Option<String>,
+    /// A file of replicas (YAML `endpoints:` list, or one `[kind=]URL` per line). Watched:
+    /// edits add and remove endpoints without dropping in-flight streams.
+    #[arg(long, value_name = "FILE")]
+    pub endpoints_file: Option<PathBuf>,
+    /// Router configuration (YAML; see docs/ROUTER.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Engine kind of endpoints listed without one: strata, vllm, sglang, trtllm, llamacpp.
+    #[arg(long, value_name = "KIND")]
+    pub engine_kind: Option<String>,
+    /// How often each endpoint's /metrics is read (overrides the config file).
+    #[arg(long, value_name = "MS")]
+    pub scrape_interval_ms: Option<u64>,
+    /// How long in-flight requests may take to finish after Ctrl-C.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub shutdown_grace_s: u64,
+}
+
+/// Builds the configuration from flags and files.
+pub fn load_config(args: &RouterArgs) -> anyhow::Result<RouterConfig> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            RouterConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => RouterConfig::default(),
+    };
+    if let Some(kind) = &args.engine_kind {
+        config.default_kind = kind.parse::<EngineKind>()?;
+    }
+    if let Some(ms) = args.scrape_interval_ms {
+        config.scrape_interval_ms = ms;
+    }
+    if let Some(list) = &args.endpoints {
+        let extra = parse_endpoint_list(list, config.default_kind)?;
+        config.endpoints.extend(extra);
+    }
+    if let Some(path) = &args.endpoints_file {
+        config
+            .endpoints
+            .extend(read_endpoints_file(path, config.default_kind)?);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn read_endpoints_file(path: &Path, kind: EngineKind) -> anyhow::Result<Vec<EndpointSpec>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_endpoints_file(&text, kind).with_context(|| format!("in {}", path.display()))
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Polls `path`'s modification time and applies the file's endpoint set when it changes
+/// (the endpoints from flags and the config file stay). A file that fails to parse is
+/// logged and ignored until it is fixed.
+pub async fn watch_endpoints_file(
+    router: Router,
+    path: PathBuf,
+    fixed: Vec<EndpointSpec>,
+    every: Duration,
+) {
+    let kind = router.config().default_kind;
+    let mut seen = mtime(&path);
+    loop {
+        tokio::time::sleep(every).await;
+        let now = mtime(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match read_endpoints_file(&path, kind) {
+            Ok(specs) => {
+                let mut all = fixed.clone();
+                all.extend(
+                    specs
+                        .into_iter()
+                        .filter(|s| !fixed.iter().any(|f| f.url == s.url)),
+                );
+                tracing::info!(file = %path.display(), endpoints = all.len(), "endpoints file changed");
+                router.sync_endpoints(&all);
+            }
+            Err(e) => tracing::warn!(file = %path.display(), error = %e, "endpoints file ignored"),
+        }
+    }
+}
+
+/// Serves until Ctrl-C or SIGTERM, then stops accepting and lets in-flight requests
+/// finish (bounded by `--shutdown-grace-s`).
+pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
+    let config = load_config(&args)?;
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
+    let fixed: Vec<EndpointSpec> = {
+        let mut c = config.clone();
+        if let Some(path) = &args.endpoints_file {
+            let from_file = read_endpoints_file(path, c.default_kind)?;
+            c.endpoints
+                .retain(|s| !from_file.iter().any(|f| f.url == s.url));
+        }
+        c.endpoints
+    };
+    let router = Router::new(config)?;
+    if let Some(path) = args.endpoints_file.clone() {
+        tokio::spawn(watch_endpoints_file(
+            router.clone(),
+            path,
+            fixed,
+            Duration::from_millis(500),
+        ));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(addr = %listener.local_addr()?, endpoints = router.endpoints().len(), "router serving");
+    let grace = Duration::from_secs(args.shutdown_grace_s);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let app = crate::proxy::app(router.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = tx.send(());
+    });
+    let server = tokio::spawn(async move { server.await });
+    // After the signal, give in-flight requests `grace` to finish, then stop regardless.
+    let _ = rx.await;
+    match tokio::time::timeout(grace, server).await {
+        Ok(joined) => joined??,
+        Err(_) => tracing::warn!("grace period over; closing remaining connections"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

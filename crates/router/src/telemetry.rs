@@ -1,0 +1,228 @@
+//! The router's own Prometheus metrics. Names are defined once, here.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IndexLabel {
+    pub index: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Scheduling-latency buckets, seconds (1 µs .. 100 ms).
+pub const SCHEDULE_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2, 1e-1,
+];
+
+/// Every metric the router exports (prefix `strata_router_`).
+pub struct RouterMetrics {
+    registry: Registry,
+    pub picks: Family<EndpointLabel, Counter>,
+    pub schedule_seconds: Histogram,
+    pub index_blocks: Family<IndexLabel, Gauge>,
+    pub prefix_blocks_requested: Family<IndexLabel, Counter>,
+    pub prefix_blocks_matched: Family<IndexLabel, Counter>,
+    pub prefix_hit_ratio: Family<IndexLabel, Gauge<f64, AtomicU64>>,
+    pub shed: Counter,
+    pub queued: Counter,
+    pub retried: Counter,
+    pub failed: Family<ReasonLabel, Counter>,
+    pub requests: Counter,
+    pub scrape_errors: Family<EndpointLabel, Counter>,
+    pub kv_events: Family<EndpointLabel, Counter>,
+    pub ep_waiting: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
+    pub ep_running: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
+    pub ep_kv_usage: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
+    pub ep_ready: Family<EndpointLabel, Gauge>,
+    pub ep_in_flight: Family<EndpointLabel, Gauge>,
+}
+
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RouterMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("strata_router");
+        let m = RouterMetrics {
+            picks: Family::default(),
+            schedule_seconds: Histogram::new(SCHEDULE_BUCKETS.iter().copied()),
+            index_blocks: Family::default(),
+            prefix_blocks_requested: Family::default(),
+            prefix_blocks_matched: Family::default(),
+            prefix_hit_ratio: Family::default(),
+            shed: Counter::default(),
+            queued: Counter::default(),
+            retried: Counter::default(),
+            failed: Family::default(),
+            requests: Counter::default(),
+            scrape_errors: Family::default(),
+            kv_events: Family::default(),
+            ep_waiting: Family::default(),
+            ep_running: Family::default(),
+            ep_kv_usage: Family::default(),
+            ep_ready: Family::default(),
+            ep_in_flight: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "picks",
+            "Requests sent to each endpoint (first pick)",
+            m.picks.clone(),
+        );
+        registry.register(
+            "schedule_duration_seconds",
+            "Time to make one scheduling decision",
+            m.schedule_seconds.clone(),
+        );
+        registry.register(
+            "prefix_index_blocks",
+            "Distinct block hashes in a prefix index",
+            m.index_blocks.clone(),
+        );
+        registry.register(
+            "prefix_blocks_requested",
+            "Prompt blocks looked up in a prefix index",
+            m.prefix_blocks_requested.clone(),
+        );
+        registry.register(
+            "prefix_blocks_matched",
+            "Prompt blocks the picked endpoint already held",
+            m.prefix_blocks_matched.clone(),
+        );
+        registry.register(
+            "prefix_hit_ratio",
+            "prefix_blocks_matched / prefix_blocks_requested since start",
+            m.prefix_hit_ratio.clone(),
+        );
+        registry.register(
+            "shed",
+            "Requests refused with 429 while saturated",
+            m.shed.clone(),
+        );
+        registry.register(
+            "queued",
+            "Requests that waited for capacity",
+            m.queued.clone(),
+        );
+        registry.register(
+            "retried",
+            "Attempts retried on another endpoint",
+            m.retried.clone(),
+        );
+        registry.register(
+            "failed",
+            "Requests that failed, by reason",
+            m.failed.clone(),
+        );
+        registry.register(
+            "requests",
+            "Requests received on proxied routes",
+            m.requests.clone(),
+        );
+        registry.register(
+            "scrape_errors",
+            "Failed /metrics or /health reads",
+            m.scrape_errors.clone(),
+        );
+        registry.register(
+            "kv_events",
+            "KV events applied to the precise index",
+            m.kv_events.clone(),
+        );
+        registry.register(
+            "endpoint_waiting",
+            "Scraped waiting requests",
+            m.ep_waiting.clone(),
+        );
+        registry.register(
+            "endpoint_running",
+            "Scraped running requests",
+            m.ep_running.clone(),
+        );
+        registry.register(
+            "endpoint_kv_usage",
+            "Scraped KV-cache use 0..1",
+            m.ep_kv_usage.clone(),
+        );
+        registry.register(
+            "endpoint_ready",
+            "1 when the endpoint may get traffic",
+            m.ep_ready.clone(),
+        );
+        registry.register(
+            "endpoint_in_flight",
+            "Requests in flight from this router",
+            m.ep_in_flight.clone(),
+        );
+        RouterMetrics { registry, ..m }
+    }
+
+    pub fn endpoint(url: &str) -> EndpointLabel {
+        EndpointLabel {
+            endpoint: url.trim_start_matches("http://").to_string(),
+        }
+    }
+
+    pub fn index(name: &str) -> IndexLabel {
+        IndexLabel { index: name.into() }
+    }
+
+    pub fn fail(&self, reason: &str) {
+        self.failed
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Records one lookup's result and refreshes the running hit ratio.
+    pub fn prefix_lookup(&self, index: &str, requested: u64, matched: u64) {
+        let l = Self::index(index);
+        let r = self.prefix_blocks_requested.get_or_create(&l);
+        r.inc_by(requested);
+        let m = self.prefix_blocks_matched.get_or_create(&l);
+        m.inc_by(matched);
+        let (r, m) = (r.get(), m.get());
+        if r > 0 {
+            self.prefix_hit_ratio
+                .get_or_create(&l)
+                .set(m as f64 / r as f64);
+        }
+    }
+
+    /// Forgets an endpoint's per-endpoint series (it was removed).
+    pub fn remove_endpoint(&self, url: &str) {
+        let l = Self::endpoint(url);
+        self.ep_waiting.remove(&l);
+        self.ep_running.remove(&l);
+        self.ep_kv_usage.remove(&l);
+        self.ep_ready.remove(&l);
+        self.ep_in_flight.remove(&l);
+    }
+
+    /// Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
