@@ -122,6 +122,10 @@ struct EngineCmd {
     /// KV-event topic (default `kv@<host:port>@<model>`).
     #[arg(long)]
     kv_events_topic: Option<String>,
+    /// Refuse to load the model unless it verifies against its signed manifest with this
+    /// public key (from `strata model keygen`; the manifest from `strata model sign`).
+    #[arg(long, value_name = "FILE.pub")]
+    verify_key: Option<PathBuf>,
     /// Serve fixed completions without a model (for proxy overhead benchmarks and tests).
     #[arg(long)]
     mock: bool,
@@ -316,6 +320,11 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
     }
     let cache = ModelCache::from_env();
     let path: PathBuf = cache.resolve_or_pull(&cmd.model, &mut print_progress)?;
+    if let Some(key) = &cmd.verify_key {
+        let digest = strata_controller::registry::verify_model_with_key_file(&path, key)
+            .with_context(|| format!("refusing to load {}", path.display()))?;
+        tracing::info!(model = %path.display(), %digest, "model signature verified");
+    }
     let model_name = cmd.served_model_name.clone().unwrap_or_else(|| {
         if path.as_os_str() == cmd.model.as_str() {
             path.file_stem()

@@ -124,6 +124,7 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
         .arg("--log-dir")
         .arg(&logs)
         .args(["--engine-arg=--num-blocks", "--engine-arg=256"])
+        .args(["--gateway-port", "0", "--gateway-db", ":memory:"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -144,7 +145,7 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
         match rx.recv_timeout(left) {
             Ok(line) => {
                 banner.push(line);
-                if banner.iter().any(|l| l.contains("dashboard:")) {
+                if banner.iter().any(|l| l.contains("gateway:")) {
                     break;
                 }
             }
@@ -165,6 +166,37 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     );
     let engines = children(up_pid);
     assert_eq!(engines.len(), 2, "two engine processes: {engines:?}");
+
+    // The gateway in front: the printed key works, no key gets a 401.
+    let gw_line = banner
+        .iter()
+        .find(|l| l.contains("gateway:"))
+        .expect("gateway line");
+    let gw_addr: SocketAddr = gw_line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("gateway address in {gw_line:?}"));
+    let key = gw_line
+        .split("API key: ")
+        .nth(1)
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("key in {gw_line:?}"));
+    let body = json!({"model": "smollm2-135m-instruct", "prompt": "Hello", "max_tokens": 3,
+                      "ignore_eos": true})
+    .to_string();
+    let (status, text) = http(gw_addr, "POST", "/v1/completions", &body).expect("gateway answers");
+    assert_eq!(status, 401, "{text}");
+    let (status, text) = common::http_with_headers(
+        gw_addr,
+        "POST",
+        "/v1/completions",
+        &body,
+        &[("Authorization", &format!("Bearer {key}"))],
+    )
+    .expect("gateway answers");
+    assert_eq!(status, 200, "{text}");
 
     // Traffic through the router reaches both replicas.
     for i in 0..6 {

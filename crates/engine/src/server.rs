@@ -192,6 +192,7 @@ pub fn load(
         vocab = cfg.vocab_size,
         num_blocks,
         block_size = opts.block_size,
+        kv_cache_bytes = num_blocks * bytes_per_block,
         max_model_len,
         "model loaded"
     );
