@@ -15,13 +15,15 @@ LEVELS=("${@:-16 64}"); read -r -a LEVELS <<<"${LEVELS[*]}"
 IN=512; OUT_LEN=128; THREADS="$(nproc)"
 
 tools/llamacpp/build.sh >/dev/null
-cargo build --release --quiet -p strata-cli --bin strata
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release --quiet -p strata-cli --bin strata
 STRATA=target/release/strata
 LLAMA=target/llama.cpp/bin/llama-server
 MODEL="$("$STRATA" model pull 2>/dev/null)"
 NAME=smollm2-135m-instruct
 OUT="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$OUT"' EXIT
+# Servers start inside command substitutions, so they are not jobs of this shell: their pids
+# are kept in a file for the exit trap.
+trap 'kill $(cat "$OUT/pids" 2>/dev/null) 2>/dev/null || true; rm -rf "$OUT"' EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ready() { for _ in $(seq 600); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0; sleep 0.2; done; return 1; }
@@ -30,13 +32,15 @@ hwm_mib() { awk '/VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
 start_strata() { # slots kv_bytes
     local port; port=$(free_port)
     "$STRATA" engine --port "$port" --model "$MODEL" --served-model-name "$NAME" \
-        --max-num-seqs "$1" --kv-cache-memory "$2" 2>"$OUT/strata.log" &
+        --max-num-seqs "$1" --kv-cache-memory "$2" --log-format json 2>"$OUT/strata.log" &
+    echo "$!" >>"$OUT/pids"
     echo "$! $port"
 }
 start_llama() { # slots
     local port; port=$(free_port)
     "$LLAMA" -m "$MODEL" --host 127.0.0.1 --port "$port" -np "$1" -c $(( $1 * (IN + OUT_LEN + 64) )) \
         -t "$THREADS" --no-webui -a "$NAME" >"$OUT/llama.log" 2>&1 &
+    echo "$!" >>"$OUT/pids"
     echo "$! $port"
 }
 load() { # port concurrency label extra...
@@ -54,12 +58,12 @@ for c in "${LEVELS[@]}"; do
         read -r pid port < <(start_strata "$c" "$kv"); wait_ready "$port"
         load "$port" "$c" "strata-c$c-r$r"
         echo "strata c=$c r=$r hwm_mib=$(hwm_mib "$pid")" >>"$OUT/rss.txt"
-        grep -o 'kv_cache_bytes=[0-9]*' "$OUT/strata.log" | head -1 | sed "s/^/strata c=$c kv_flag=$kv /" >>"$OUT/kv.txt"
-        kill -INT "$pid"; wait "$pid" || true
+        { grep -o "\"kv_cache_bytes\":[0-9]*" "$OUT/strata.log" | head -1 | sed "s/^/strata c=$c kv_flag=$kv /" >>"$OUT/kv.txt"; } || true
+        kill -INT "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
         read -r pid port < <(start_llama "$c"); wait_ready "$port"
         load "$port" "$c" "llama-c$c-r$r" --no-keepalive
         echo "llama c=$c r=$r hwm_mib=$(hwm_mib "$pid")" >>"$OUT/rss.txt"
-        kill "$pid"; wait "$pid" || true
+        kill "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
     done
 done
 
@@ -84,7 +88,7 @@ c, w = statistics.median(cold), statistics.median(warm)
 open(out, "w").write(f"uncached {c*1000:.0f} ms ({min(cold)*1000:.0f}-{max(cold)*1000:.0f}), "
                       f"cached {w*1000:.0f} ms ({min(warm)*1000:.0f}-{max(warm)*1000:.0f}), ratio {w/c:.3f}\n")
 PY
-kill -INT "$pid"; wait "$pid" || true
+kill -INT "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
 
 python3 - "$OUT" "$ROUNDS" "${LEVELS[@]}" <<'PY'
 import json, pathlib, statistics, sys
