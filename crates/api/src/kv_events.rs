@@ -901,4 +901,3 @@ pub fn decode_replay_reply(seq: &[u8], payload: &[u8]) -> Result<ReplayFrame, De
         batch: decode_batch(payload)?,
     })
 }
-

@@ -139,24 +139,6 @@ impl BlockMatrix {
             .enumerate()
             .for_each(|(task, out)| {
                 let first = task * rows_per_task;
-                if m == 1 {
-                    // One activation row: four weight rows at a time, so that four
-                    // independent accumulation chains hide the FMA latency.
-                    let done = out.len() - out.len() % ROW_GROUP;
-                    let mut quads = out.chunks_exact_mut(ROW_GROUP);
-                    for (g, out4) in quads.by_ref().enumerate() {
-                        let at = (first + g * ROW_GROUP) * rb;
-                        let rows = &self.data[at..at + ROW_GROUP * rb];
-                        rows_dot(self.kind, rows, rb, x, self.cols, out4);
-                    }
-                    let rest = quads.into_remainder();
-                    for (r, o) in rest.iter_mut().enumerate() {
-                        let at = (first + done + r) * rb;
-                        let row = &self.data[at..at + rb];
-                        row_dot(self.kind, row, x, self.cols, std::slice::from_mut(o));
-                    }
-                    return;
-                }
                 for (r, out_row) in out.chunks_exact_mut(m).enumerate() {
                     let row = &self.data[(first + r) * rb..(first + r + 1) * rb];
                     row_dot(self.kind, row, x, self.cols, out_row);
@@ -186,26 +168,6 @@ fn row_dot(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
         }
     }
     row_dot_scalar(kind, row, x, k, out);
-}
-
-/// Weight rows per call of [`rows_dot`].
-const ROW_GROUP: usize = 4;
-
-/// Dot products of [`ROW_GROUP`] consecutive weight rows (`rows`, `rb` bytes each) with one
-/// activation row: `out[r] = w[r] · x`. Each output is accumulated in exactly the order
-/// [`row_dot`] uses, so results do not depend on which of the two computed them.
-fn rows_dot(kind: BlockType, rows: &[u8], rb: usize, x: &[f32], k: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx2_fma() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            unsafe { avx2::rows_dot(kind, rows, rb, x, k, out) };
-            return;
-        }
-    }
-    for (r, o) in out.iter_mut().enumerate() {
-        row_dot_scalar(kind, &rows[r * rb..(r + 1) * rb], x, k, std::slice::from_mut(o));
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -260,7 +222,7 @@ fn row_dot_scalar(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{read_f16, BlockType, BLOCK, M_TILE, ROW_GROUP};
+    use super::{read_f16, BlockType, BLOCK, M_TILE};
     use std::arch::x86_64::*;
 
     /// Expands one block into four vectors of eight weights (elements 0..8, 8..16, 16..24,
@@ -311,44 +273,6 @@ mod avx2 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `rows` holds `ROW_GROUP` rows of `rb` bytes
-    /// (`k / 32` blocks of `kind` each), `x` holds `k` floats and `out` `ROW_GROUP` outputs.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn rows_dot(
-        kind: BlockType,
-        rows: &[u8],
-        rb: usize,
-        x: &[f32],
-        k: usize,
-        out: &mut [f32],
-    ) {
-        let bb = kind.block_bytes();
-        let nblocks = k / BLOCK;
-        let mut acc = [_mm256_setzero_ps(); ROW_GROUP];
-        for b in 0..nblocks {
-            let xp = x.as_ptr().add(b * BLOCK);
-            let xs = [
-                _mm256_loadu_ps(xp),
-                _mm256_loadu_ps(xp.add(8)),
-                _mm256_loadu_ps(xp.add(16)),
-                _mm256_loadu_ps(xp.add(24)),
-            ];
-            for (r, a) in acc.iter_mut().enumerate() {
-                let at = r * rb + b * bb;
-                let w = expand(kind, &rows[at..at + bb]);
-                // The same chain as `row_dot`: acc, then elements 0..8, 8..16, 16..24, 24..32.
-                let mut s = _mm256_fmadd_ps(w[0], xs[0], *a);
-                s = _mm256_fmadd_ps(w[1], xs[1], s);
-                s = _mm256_fmadd_ps(w[2], xs[2], s);
-                *a = _mm256_fmadd_ps(w[3], xs[3], s);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = hsum(a);
-        }
     }
 
     /// # Safety

@@ -16,6 +16,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use strata_controller::driver::local::{LocalDriver, LocalDriverConfig};
 use strata_controller::driver::{Driver, ReplicaEvent, ReplicaInfo, ReplicaRegistrar};
+use strata_router::server::shutdown_signal;
 use strata_router::{EndpointSpec, EngineKind, Router, RouterConfig};
 
 use crate::dashboard::{Dashboard, ReplicaView, StackView};
@@ -550,27 +551,6 @@ async fn stop(
     supervisor.await.context("replica supervisor")?;
     eprintln!("strata up: stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 #[cfg(test)]
