@@ -75,7 +75,7 @@ impl Default for StackConfig {
 /// `strata up` flags; each overrides the same key of `--config`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct UpArgs {
-    /// `strata.yaml` (see docs/UP.md); flags override it.
+    /// `strata.yaml` (keys listed in the README); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Engine replicas [default: 2].
