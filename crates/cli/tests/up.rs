@@ -249,7 +249,12 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     }
     assert_eq!(dom.matches("data-ready=\"true\"").count(), 2, "{dom}");
     assert!(dom.contains("smollm2-135m-instruct"));
-    let shot: PathBuf = workspace_root().join("target/strata-up-dashboard.png");
+    // A CI artifact under the target directory (wherever CARGO_TARGET_DIR puts it).
+    let target: PathBuf = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    std::fs::create_dir_all(&target).expect("create the target directory");
+    let shot = target.join("strata-up-dashboard.png");
     let status = chromium()
         .arg(format!("--screenshot={}", shot.display()))
         .arg(&url)
