@@ -104,6 +104,30 @@ fn chromium() -> Command {
     c
 }
 
+/// `strata up` as a child: if the test fails part-way, dropping this stops it with SIGINT
+/// (so that it stops its engines too), then SIGKILL if it has not exited within 20 s.
+struct UpProcess(std::process::Child);
+
+impl Drop for UpProcess {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn completion(addr: SocketAddr, prompt: &str, max_tokens: u32) -> (u16, Value) {
     let body = json!({"model": "smollm2-135m-instruct", "prompt": prompt,
                       "max_tokens": max_tokens, "ignore_eos": true});
@@ -119,16 +143,19 @@ fn completion(addr: SocketAddr, prompt: &str, max_tokens: u32) -> (u16, Value) {
 fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     let port = free_port();
     let logs = std::env::temp_dir().join(format!("strata-up-test-{}", std::process::id()));
-    let mut child = strata()
-        .args(["up", "--replicas", "2", "--port", &port.to_string()])
-        .arg("--log-dir")
-        .arg(&logs)
-        .args(["--engine-arg=--num-blocks", "--engine-arg=256"])
-        .args(["--gateway-port", "0", "--gateway-db", ":memory:"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn strata up");
+    let mut up = UpProcess(
+        strata()
+            .args(["up", "--replicas", "2", "--port", &port.to_string()])
+            .arg("--log-dir")
+            .arg(&logs)
+            .args(["--engine-arg=--num-blocks", "--engine-arg=256"])
+            .args(["--gateway-port", "0", "--gateway-db", ":memory:"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn strata up"),
+    );
+    let child = &mut up.0;
     let up_pid = child.id();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let stdout = child.stdout.take().expect("stdout");
