@@ -16,6 +16,7 @@
 //! * [`sse`]: Server-Sent Events encoding for responses and an incremental decoder for
 //!   reading upstream streams.
 
+pub mod block_hash;
 pub mod error;
 pub mod kv_events;
 pub mod sse;
