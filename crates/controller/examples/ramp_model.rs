@@ -11,7 +11,9 @@
 
 use std::time::Duration;
 
-use strata_controller::autoscale::{decide, AutoscaleConfig, Load, Signals, State};
+use strata_controller::autoscale::{
+    decide, AutoscaleConfig, Load, PolicyKind, Signals, State, ThresholdConfig,
+};
 
 const DT: f64 = 0.5;
 const COLD_START: f64 = 20.0;
@@ -69,44 +71,32 @@ impl Policy for Fixed {
     }
 }
 
-/// The HPA's CPU rule: desired = ceil(current × utilization / 70 %), evaluated every 15 s,
-/// scale-in only to the highest recommendation of the last 300 s.
-struct Threshold {
-    current: u32,
-    last_eval: f64,
-    history: Vec<(f64, u32)>,
-}
-impl Policy for Threshold {
-    fn name(&self) -> &'static str {
-        "threshold (HPA-style, 70% busy)"
-    }
-    fn desired(&mut self, t: f64, ready: u32, _: f64, running: f64, _: f64) -> u32 {
-        if t - self.last_eval < 15.0 {
-            return self.current;
-        }
-        self.last_eval = t;
-        let capacity = f64::from(ready.max(1)) * SLOTS;
-        let util = (running / capacity).min(1.0);
-        let rec = ((f64::from(self.current) * util / 0.7).ceil() as u32).clamp(1, 3);
-        self.history.push((t, rec));
-        self.history.retain(|(at, _)| t - at <= 300.0);
-        let stabilized = self.history.iter().map(|h| h.1).max().unwrap_or(rec);
-        self.current = if rec > self.current {
-            rec
-        } else {
-            stabilized.min(self.current)
-        };
-        self.current
+/// The HPA's CPU rule (`policy: threshold`): desired = ceil(ready × busy / 70 %), evaluated
+/// every 15 s, scale-in only to the highest recommendation of the last 300 s.
+fn threshold() -> Strata {
+    let cfg = AutoscaleConfig {
+        policy: PolicyKind::Threshold,
+        threshold: ThresholdConfig {
+            slots: SLOTS,
+            ..ThresholdConfig::default()
+        },
+        ..AutoscaleConfig::default()
+    };
+    Strata {
+        name: "threshold (HPA-style, 70% busy)",
+        cfg,
+        state: State::new(1),
     }
 }
 
 struct Strata {
+    name: &'static str,
     cfg: AutoscaleConfig,
     state: State,
 }
 impl Policy for Strata {
     fn name(&self) -> &'static str {
-        "strata autoscale"
+        self.name
     }
     fn desired(&mut self, t: f64, ready: u32, waiting: f64, running: f64, ttft: f64) -> u32 {
         let signals = Signals {
@@ -207,16 +197,10 @@ fn main() {
     };
     let runs = [
         simulate(&mut Fixed(3), 3),
-        simulate(
-            &mut Threshold {
-                current: 1,
-                last_eval: f64::NEG_INFINITY,
-                history: Vec::new(),
-            },
-            1,
-        ),
+        simulate(&mut threshold(), 1),
         simulate(
             &mut Strata {
+                name: "strata autoscale",
                 cfg,
                 state: State::new(1),
             },

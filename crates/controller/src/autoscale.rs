@@ -38,6 +38,11 @@ const CEIL_EPSILON: f64 = 1e-9;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct AutoscaleConfig {
+    /// Which rule turns load into a replica count: `strata` (this module's policy, the
+    /// default) or `threshold` (a plain HPA-style utilization rule, for comparison).
+    pub policy: PolicyKind,
+    /// Settings of the `threshold` policy.
+    pub threshold: ThresholdConfig,
     /// Fewest replicas; 0 enables scale to zero.
     pub min_replicas: u32,
     /// Most replicas.
@@ -75,6 +80,8 @@ pub struct AutoscaleConfig {
 impl Default for AutoscaleConfig {
     fn default() -> Self {
         AutoscaleConfig {
+            policy: PolicyKind::Strata,
+            threshold: ThresholdConfig::default(),
             min_replicas: 1,
             max_replicas: 3,
             warm_spares: 0,
@@ -91,6 +98,50 @@ impl Default for AutoscaleConfig {
             scale_to_zero_after_secs: 300.0,
             cold_start_secs: 0.0,
             metrics_max_age_secs: 10.0,
+        }
+    }
+}
+
+/// Which rule decides the replica count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// Concurrency, queue, KV and TTFT signals on stable and panic windows ([`decide`]).
+    #[default]
+    Strata,
+    /// The Kubernetes HPA's CPU rule applied to batch slots: `desired = ceil(ready ×
+    /// busy / utilization)`, where busy is the running requests over the ready replicas'
+    /// slots, evaluated every `periodSecs`, with HPA's tolerance and scale-down
+    /// stabilization. It sees neither the queue nor the KV cache nor latency; it is here to
+    /// be compared against.
+    Threshold,
+}
+
+/// The `threshold` policy's settings (`autoscale.threshold:`), HPA defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct ThresholdConfig {
+    /// Busy fraction aimed at (HPA `averageUtilization`), 0..1.
+    pub utilization: f64,
+    /// Requests one replica runs at once (the engine's `--max-num-seqs`): busy = running /
+    /// (ready × slots).
+    pub slots: f64,
+    /// Seconds between evaluations (HPA: 15).
+    pub period_secs: f64,
+    /// A ratio within this of 1 changes nothing (HPA: 0.1).
+    pub tolerance: f64,
+    /// Scale-in goes only to the highest recommendation of this many seconds (HPA: 300).
+    pub scale_in_stabilization_secs: f64,
+}
+
+impl Default for ThresholdConfig {
+    fn default() -> Self {
+        ThresholdConfig {
+            utilization: 0.7,
+            slots: 8.0,
+            period_secs: 15.0,
+            tolerance: 0.1,
+            scale_in_stabilization_secs: 300.0,
         }
     }
 }
@@ -168,6 +219,28 @@ impl AutoscaleConfig {
         }
         if self.max_scale_in_step == 0 {
             return Err(bad("maxScaleInStep", "must be at least 1"));
+        }
+        let t = &self.threshold;
+        if !(t.utilization > 0.0 && t.utilization <= 1.0) {
+            return Err(bad("threshold.utilization", "must be in (0, 1]"));
+        }
+        let threshold_positive: [(&'static str, f64); 2] = [
+            ("threshold.slots", t.slots),
+            ("threshold.periodSecs", t.period_secs),
+        ];
+        for (key, v) in threshold_positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(key, format!("must be a positive number, got {v}")));
+            }
+        }
+        if !(t.tolerance.is_finite() && (0.0..1.0).contains(&t.tolerance)) {
+            return Err(bad("threshold.tolerance", "must be in [0, 1)"));
+        }
+        if !(t.scale_in_stabilization_secs.is_finite() && t.scale_in_stabilization_secs >= 0.0) {
+            return Err(bad(
+                "threshold.scaleInStabilizationSecs",
+                "must be zero or more",
+            ));
         }
         Ok(())
     }
@@ -248,6 +321,10 @@ pub struct State {
     /// While panicking: the last moment the panic condition held.
     panic_since: Option<Duration>,
     last_active_at: Option<Duration>,
+    /// `threshold` policy: when it last evaluated, and its recommendations since
+    /// (scale-down stabilization), oldest first.
+    threshold_evaluated_at: Option<Duration>,
+    threshold_recs: VecDeque<(Duration, u32)>,
 }
 
 impl State {
@@ -260,6 +337,8 @@ impl State {
             last_change_at: None,
             panic_since: None,
             last_active_at: None,
+            threshold_evaluated_at: None,
+            threshold_recs: VecDeque::new(),
         }
     }
 
@@ -284,6 +363,8 @@ pub enum Signal {
     Trend,
     /// Requests held by the router while at zero replicas.
     HeldRequests,
+    /// The `threshold` policy's busy fraction.
+    Utilization,
 }
 
 impl fmt::Display for Signal {
@@ -297,6 +378,7 @@ impl fmt::Display for Signal {
             Signal::InflightTokens => "in-flight tokens",
             Signal::Trend => "load trend over the cold start",
             Signal::HeldRequests => "held requests",
+            Signal::Utilization => "busy fraction",
         })
     }
 }
@@ -442,6 +524,9 @@ pub fn decide(
     signals: &Signals,
     now: Duration,
 ) -> (Decision, State) {
+    if cfg.policy == PolicyKind::Threshold {
+        return decide_threshold(cfg, prev, signals, now);
+    }
     let mut st = prev.clone();
     let current = prev.desired;
     let stable_window = AutoscaleConfig::secs(cfg.stable_window_secs);
@@ -704,6 +789,102 @@ pub fn decide(
         }
     };
     let d = finish(&mut st, desired, reason, signal, evidence);
+    (d, st)
+}
+
+/// The `threshold` policy (see [`PolicyKind::Threshold`]).
+fn decide_threshold(
+    cfg: &AutoscaleConfig,
+    prev: &State,
+    signals: &Signals,
+    now: Duration,
+) -> (Decision, State) {
+    let t = &cfg.threshold;
+    let mut st = prev.clone();
+    let current = prev.desired;
+    let ready = signals.ready;
+    let load = signals.load.and_then(Load::sanitized);
+    if let Some(l) = load {
+        st.last_sample_at = Some(now);
+        if l.concurrency() > 0.0 {
+            st.last_active_at = Some(now);
+        }
+    }
+    let capacity = f64::from(ready.max(1)) * t.slots;
+    let busy = load.map(|l| (l.running / capacity).min(1.0));
+    let mut evidence = Evidence {
+        ready,
+        stable_concurrency: load.map_or(0.0, |l| l.concurrency()),
+        panic_concurrency: load.map_or(0.0, |l| l.concurrency()),
+        waiting_per_replica: load.map_or(0.0, |l| l.waiting / f64::from(ready.max(1))),
+        kv_usage: load.and_then(|l| l.kv_usage),
+        ttft_p90_secs: load.and_then(|l| l.ttft_p90_secs),
+        inflight_tokens: load.and_then(|l| l.inflight_tokens),
+        projected_concurrency: None,
+        demand: current,
+        metrics_age_secs: st
+            .last_sample_at
+            .map(|a| now.saturating_sub(a).as_secs_f64()),
+        held_requests: signals.held_requests,
+    };
+    let clamp = |d: u32| d.clamp(cfg.min_replicas.max(1), cfg.max_replicas);
+    let due = st
+        .threshold_evaluated_at
+        .is_none_or(|at| now.saturating_sub(at) >= AutoscaleConfig::secs(t.period_secs));
+    let (desired, reason, signal) = match busy {
+        // Like the HPA without metrics: nothing changes.
+        None => (clamp(current), Reason::HoldMetricsStale, Signal::None),
+        Some(_) if !due => (clamp(current), Reason::Steady, Signal::Utilization),
+        Some(busy) => {
+            st.threshold_evaluated_at = Some(now);
+            let ratio = busy / t.utilization;
+            let base = ready.max(1);
+            let rec = if (ratio - 1.0).abs() <= t.tolerance {
+                base
+            } else {
+                clamp(ceil_replicas(f64::from(base) * ratio).max(1))
+            };
+            evidence.demand = rec;
+            let window = AutoscaleConfig::secs(t.scale_in_stabilization_secs);
+            st.threshold_recs.push_back((now, rec));
+            while st
+                .threshold_recs
+                .front()
+                .is_some_and(|(at, _)| now.saturating_sub(*at) > window)
+            {
+                st.threshold_recs.pop_front();
+            }
+            if rec >= current {
+                let reason = if rec > current {
+                    Reason::ScaleOut
+                } else {
+                    Reason::Steady
+                };
+                (clamp(rec), reason, Signal::Utilization)
+            } else {
+                let highest = st.threshold_recs.iter().map(|r| r.1).max().unwrap_or(rec);
+                let d = clamp(highest.min(current));
+                let reason = if d < current {
+                    Reason::ScaleIn
+                } else {
+                    Reason::HoldCooldown
+                };
+                (d, reason, Signal::Utilization)
+            }
+        }
+    };
+    if desired != current {
+        st.last_change_at = Some(now);
+    }
+    st.desired = desired;
+    let d = Decision {
+        desired,
+        previous: current,
+        reason,
+        signal,
+        panic: false,
+        evidence,
+    };
     (d, st)
 }
 
@@ -1360,5 +1541,105 @@ mod tests {
             let d = sim.tick(i as f64, Some(l), 0);
             assert!((1..=10).contains(&d.desired));
         }
+    }
+
+    fn threshold_cfg() -> AutoscaleConfig {
+        AutoscaleConfig {
+            policy: PolicyKind::Threshold,
+            min_replicas: 1,
+            max_replicas: 10,
+            threshold: ThresholdConfig {
+                utilization: 0.5,
+                slots: 4.0,
+                period_secs: 15.0,
+                tolerance: 0.1,
+                scale_in_stabilization_secs: 300.0,
+            },
+            ..AutoscaleConfig::default()
+        }
+    }
+
+    #[test]
+    fn threshold_scales_on_busy_slots_every_period() {
+        let mut sim = Sim::new(threshold_cfg(), 1);
+        // 4 of 4 slots busy at 50 % target: ratio 2, so 2 replicas at the first evaluation.
+        let d = sim.tick(0.0, Some(load(4.0)), 0);
+        assert_eq!(
+            (d.desired, d.reason, d.signal),
+            (2, Reason::ScaleOut, Signal::Utilization)
+        );
+        assert_eq!(d.evidence.demand, 2);
+        // Within the period nothing is evaluated, however busy.
+        let d = sim.tick(5.0, Some(load(8.0)), 0);
+        assert_eq!((d.desired, d.reason), (2, Reason::Steady));
+        // Next period: 8 running on 2 × 4 slots, busy capped at 1: ratio 2 again → 4.
+        let d = sim.tick(15.0, Some(load(8.0)), 0);
+        assert_eq!(d.desired, 4);
+        // The queue is invisible to it: waiting requests alone change nothing.
+        let d = sim.tick(
+            30.0,
+            Some(Load {
+                waiting: 100.0,
+                running: 8.0,
+                ..Load::default()
+            }),
+            0,
+        );
+        assert_eq!(d.desired, 4, "{d}");
+    }
+
+    #[test]
+    fn threshold_tolerance_and_scale_in_stabilization() {
+        let mut sim = Sim::new(threshold_cfg(), 2);
+        // 4.2 running on 8 slots: busy 0.525, ratio 1.05 within the tolerance: hold.
+        let d = sim.tick(0.0, Some(load(4.2)), 0);
+        assert_eq!((d.desired, d.reason), (2, Reason::Steady));
+        // Load drops to nothing: the recommendation is 1, but the last 300 s held a 2.
+        let d = sim.tick(15.0, Some(load(0.0)), 0);
+        assert_eq!((d.desired, d.reason), (2, Reason::HoldCooldown), "{d}");
+        let mut t = 30.0;
+        while t < 300.0 {
+            assert_eq!(sim.tick(t, Some(load(0.0)), 0).desired, 2, "at {t}");
+            t += 15.0;
+        }
+        // Once the 2 has left the window, scale in.
+        let d = sim.tick(315.0, Some(load(0.0)), 0);
+        assert_eq!((d.desired, d.reason), (1, Reason::ScaleIn), "{d}");
+    }
+
+    #[test]
+    fn threshold_holds_without_metrics_and_respects_bounds() {
+        let mut cfg = threshold_cfg();
+        cfg.max_replicas = 3;
+        let mut sim = Sim::new(cfg, 2);
+        let d = sim.tick(0.0, None, 0);
+        assert_eq!((d.desired, d.reason), (2, Reason::HoldMetricsStale));
+        let d = sim.tick(15.0, Some(load(1000.0)), 0);
+        assert_eq!(d.desired, 3);
+        let bad = Load {
+            waiting: f64::NAN,
+            running: -1.0,
+            ..Load::default()
+        };
+        let d = sim.tick(30.0, Some(bad), 0);
+        assert_eq!((d.desired, d.reason), (3, Reason::HoldMetricsStale));
+    }
+
+    #[test]
+    fn threshold_settings_are_validated_by_key() {
+        let mut c = threshold_cfg();
+        c.threshold.utilization = 0.0;
+        assert_eq!(c.validate().unwrap_err().key, "threshold.utilization");
+        let mut c = threshold_cfg();
+        c.threshold.slots = f64::INFINITY;
+        assert_eq!(c.validate().unwrap_err().key, "threshold.slots");
+        let mut c = threshold_cfg();
+        c.threshold.tolerance = 1.0;
+        assert_eq!(c.validate().unwrap_err().key, "threshold.tolerance");
+        let y = "policy: threshold\nthreshold:\n  utilization: 0.7\n  slots: 8\n";
+        let c: AutoscaleConfig = serde_yaml::from_str(y).unwrap();
+        assert_eq!(c.policy, PolicyKind::Threshold);
+        assert_eq!(c.threshold.slots, 8.0);
+        assert!(serde_yaml::from_str::<AutoscaleConfig>("policy: cpu\n").is_err());
     }
 }
