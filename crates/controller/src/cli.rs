@@ -10,8 +10,10 @@ use tokio::sync::watch;
 
 use crate::config::{ControllerConfig, DriverConfig};
 use crate::controller::Controller;
+#[cfg(feature = "kubernetes")]
+use crate::driver::kubernetes::KubernetesDriver;
 use crate::driver::local::LocalDriver;
-use crate::driver::{NoRegistrar, ReplicaRegistrar};
+use crate::driver::{Driver, NoRegistrar, ReplicaRegistrar};
 use crate::metrics::ControllerMetrics;
 use crate::registry;
 use crate::signals::MetricsScraper;
@@ -74,17 +76,37 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 
 /// Runs the controller with `registrar` (the router, in `strata up`) until `shutdown`
 /// turns true: the HTTP endpoint on `cfg.listen` and the control loop over the configured
-/// driver.
+/// driver (`driver.kind`: `local` or `kubernetes`).
 pub async fn serve(
     cfg: ControllerConfig,
     registrar: Arc<dyn ReplicaRegistrar>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     cfg.validate()?;
-    let DriverConfig::Local(local) = &cfg.driver else {
-        anyhow::bail!("only the local driver is built");
-    };
-    let driver = LocalDriver::new(local.clone(), registrar.clone())?;
+    match cfg.driver.clone() {
+        DriverConfig::Local(local) => {
+            let driver = LocalDriver::new(local, registrar.clone())?;
+            serve_with(cfg, driver, registrar, shutdown).await
+        }
+        #[cfg(feature = "kubernetes")]
+        DriverConfig::Kubernetes(k) => {
+            let driver = KubernetesDriver::new(k, registrar.clone()).await?;
+            serve_with(cfg, driver, registrar, shutdown).await
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        DriverConfig::Kubernetes(_) => {
+            anyhow::bail!("this build has no Kubernetes driver (cargo feature `kubernetes`)")
+        }
+    }
+}
+
+/// [`serve`] over a driver the caller built (any [`Driver`]; `cfg.driver` is not read).
+pub async fn serve_with<D: Driver>(
+    cfg: ControllerConfig,
+    driver: D,
+    registrar: Arc<dyn ReplicaRegistrar>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let source = MetricsScraper::new(
         cfg.engine_kind,
         Duration::from_secs_f64(cfg.scrape_timeout_secs),

@@ -6,6 +6,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::autoscale::AutoscaleConfig;
+#[cfg(feature = "kubernetes")]
+use crate::driver::kubernetes::KubernetesDriverConfig;
 use crate::driver::local::LocalDriverConfig;
 use crate::registry::ModelRegistry;
 use crate::rollout::RolloutConfig;
@@ -54,7 +56,11 @@ impl Default for ControllerConfig {
 pub enum DriverConfig {
     /// `strata engine` processes on this machine.
     Local(LocalDriverConfig),
-    /// Scaling a Deployment or LeaderWorkerSet (not built yet; refused by validation).
+    /// Scaling a Deployment or LeaderWorkerSet through the Kubernetes API server.
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(KubernetesDriverConfig),
+    /// Built without the `kubernetes` feature: parsed, then refused by validation.
+    #[cfg(not(feature = "kubernetes"))]
     Kubernetes(serde_yaml::Value),
 }
 
@@ -134,9 +140,12 @@ impl ControllerConfig {
             .map_err(|e| invalid(e.to_string()))?;
         match &self.driver {
             DriverConfig::Local(l) => l.validate().map_err(|e| invalid(e.to_string()))?,
+            #[cfg(feature = "kubernetes")]
+            DriverConfig::Kubernetes(k) => k.validate().map_err(|e| invalid(e.to_string()))?,
+            #[cfg(not(feature = "kubernetes"))]
             DriverConfig::Kubernetes(_) => {
                 return Err(invalid(
-                    "driver.kind: kubernetes is not built yet; use local".into(),
+                    "driver.kind: this build has no Kubernetes driver (cargo feature `kubernetes`); use local".into(),
                 ))
             }
         }
@@ -179,7 +188,22 @@ mod tests {
         assert!(err("autoscale:\n  maxReplicas: 0\n").contains("maxReplicas"));
         assert!(err("autoscal: {}\n").contains("autoscal"));
         assert!(err("driver:\n  kind: local\n  bogus: 1\n").contains("bogus"));
-        assert!(err("driver:\n  kind: kubernetes\n").contains("not built"));
+        #[cfg(feature = "kubernetes")]
+        {
+            assert!(err("driver:\n  kind: kubernetes\n").contains("driver.name"));
+            assert!(
+                err("driver:\n  kind: kubernetes\n  name: e\n  replicas: 3\n").contains("replicas")
+            );
+            assert!(
+                err("driver:\n  kind: kubernetes\n  name: e\n  targetKind: StatefulSet\n")
+                    .contains("StatefulSet")
+            );
+            assert!(
+                err("driver:\n  kind: kubernetes\n  name: e\n  port: 0\n").contains("driver.port")
+            );
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        assert!(err("driver:\n  kind: kubernetes\n").contains("feature `kubernetes`"));
         assert!(err("driver:\n  kind: nomad\n").contains("nomad"));
         assert!(err("listen: nowhere\n").contains("listen"));
         assert!(err("rollout:\n  steps: [50, 10]\n").contains("steps"));
@@ -198,5 +222,52 @@ mod tests {
         assert_eq!(c.rollout, RolloutConfig::default());
         assert_eq!(c.listen, ControllerConfig::default().listen);
         assert_eq!(c.driver, DriverConfig::default());
+    }
+
+    #[cfg(feature = "kubernetes")]
+    #[test]
+    fn the_documented_kubernetes_example_parses() {
+        use crate::driver::kubernetes::TargetKind;
+        let doc = include_str!("../../../docs/CONTROLLER.md");
+        let section = &doc[doc.find("## The Kubernetes driver").unwrap()..];
+        let start = section.find("```yaml\n").unwrap() + "```yaml\n".len();
+        let end = start + section[start..].find("```").unwrap();
+        let c = ControllerConfig::parse(&section[start..end], "docs").unwrap();
+        let DriverConfig::Kubernetes(k) = &c.driver else {
+            panic!("{:?}", c.driver)
+        };
+        assert_eq!(k.target_kind, TargetKind::Deployment);
+        assert!(!k.name.is_empty());
+        // The example spells out the defaults of everything but the target.
+        let defaults = KubernetesDriverConfig {
+            name: k.name.clone(),
+            namespace: k.namespace.clone(),
+            ..KubernetesDriverConfig::default()
+        };
+        assert_eq!(k, &defaults);
+    }
+
+    #[cfg(feature = "kubernetes")]
+    #[test]
+    fn a_kubernetes_driver_parses() {
+        use crate::driver::kubernetes::TargetKind;
+        let c = ControllerConfig::parse(
+            "driver:\n  kind: kubernetes\n  namespace: serving\n  targetKind: LeaderWorkerSet\n  name: llama\n  port: 8080\n  readyTimeoutSecs: 900\n  kubeconfig: /etc/kube.conf\n  requestTimeoutSecs: 5\n",
+            "t",
+        )
+        .unwrap();
+        let DriverConfig::Kubernetes(k) = &c.driver else {
+            panic!("{:?}", c.driver)
+        };
+        assert_eq!(k.namespace, "serving");
+        assert_eq!(k.target_kind, TargetKind::LeaderWorkerSet);
+        assert_eq!((k.name.as_str(), k.port), ("llama", 8080));
+        assert_eq!(k.ready_timeout_secs, 900.0);
+        assert_eq!(k.request_timeout_secs, 5.0);
+        assert_eq!(
+            k.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/etc/kube.conf"))
+        );
+        assert_eq!(k.label_selector, None);
     }
 }

@@ -2,13 +2,16 @@
 //! it wants; a driver makes it so and reports what happened.
 //!
 //! - [`local::LocalDriver`] runs `strata engine` processes on this machine.
-//! - A Kubernetes driver (scaling a Deployment or LeaderWorkerSet) is planned, not built.
+//! - [`kubernetes::KubernetesDriver`] scales a Deployment or LeaderWorkerSet through the
+//!   API server (cargo feature `kubernetes`, on by default).
 
 use std::fmt;
 use std::future::Future;
 
 use serde::Serialize;
 
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod local;
 
 /// Where a replica is in its life.
@@ -124,6 +127,12 @@ pub enum DriverError {
     Spawn(String),
     #[error("no free loopback port: {0}")]
     Port(String),
+    /// The Kubernetes API server failed, refused or did not answer in time.
+    #[error("Kubernetes API: {0}")]
+    Api(String),
+    /// The driver cannot be set up (no kubeconfig, a bad client setting).
+    #[error("driver configuration: {0}")]
+    Config(String),
     #[error("{0}")]
     Other(String),
 }
