@@ -84,6 +84,9 @@ pub struct PreciseSection {
     pub hash_seed: String,
     pub tokenize_timeout_ms: u64,
     pub tokenize_cache: usize,
+    /// Bound on one KV-event replay (connect, ask, receive every batch); past it the
+    /// gap counts as unfillable and the endpoint's precise entries are dropped.
+    pub replay_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -154,6 +157,7 @@ impl Default for PreciseSection {
             hash_seed: DEFAULT_HASH_SEED.into(),
             tokenize_timeout_ms: 200,
             tokenize_cache: 4096,
+            replay_timeout_ms: 1000,
         }
     }
 }
@@ -211,6 +215,11 @@ impl RouterConfig {
         self.scheduling
             .clone()
             .unwrap_or_else(EndpointPickerConfig::default_config)
+    }
+
+    /// Bound on one KV-event replay.
+    pub fn kv_replay_timeout(&self) -> Duration {
+        Duration::from_millis(self.precise.replay_timeout_ms.max(1))
     }
 
     pub fn stale_after(&self) -> Duration {

@@ -88,6 +88,11 @@ pub struct EndpointSpec {
     /// `tcp://127.0.0.1:5557`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<String>,
+    /// ZMQ endpoint of the publisher's replay socket (PROTOCOLS §4), e.g.
+    /// `tcp://127.0.0.1:5558`: sequence gaps are filled from it instead of dropping the
+    /// endpoint's precise-index entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_replay: Option<String>,
     /// Any other labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -104,6 +109,7 @@ impl EndpointSpec {
             lora: Vec::new(),
             group: None,
             kv_events: None,
+            kv_events_replay: None,
             labels: BTreeMap::new(),
         }
     }

@@ -256,6 +256,11 @@ async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
             .map(str::to_string),
         ..Default::default()
     };
+    // A request for a LoRA adapter: the adapter name is the blocks' extra key (PROTOCOLS
+    // §3), in the precise hashes as the engine computes them, and in the approximate
+    // ones through the model-name seed (which is the adapter name), so its prefixes never
+    // match the base model's.
+    sreq.lora = router.lora_adapter(&sreq.model);
     if precise {
         let tokens = match (&parsed.tokens, &parsed.tokenize_body) {
             (Some(t), _) => Some(Arc::new(t.clone())),
@@ -266,7 +271,7 @@ async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
             _ => None,
         };
         sreq.precise_blocks =
-            tokens.map(|t| router.precise_blocks(&t, None, parsed.salt.as_deref()));
+            tokens.map(|t| router.precise_blocks(&t, sreq.lora.as_deref(), parsed.salt.as_deref()));
     }
     forward(&router, &parts, body, sreq, rid).await
 }

@@ -275,6 +275,7 @@ impl Router {
                     id,
                     spec.url.clone(),
                     addr,
+                    spec.kv_events_replay.clone(),
                 )));
             }
         }
@@ -436,6 +437,15 @@ impl Router {
         self.inner.uses_precise
     }
 
+    /// The LoRA adapter a request for `model` asks for: `model` itself when some
+    /// endpoint advertises an adapter of that name (spec `lora` label, or its metrics'
+    /// running/waiting adapters) and does not serve it as its base model. Such a
+    /// request's blocks are hashed with the adapter name as the extra key (PROTOCOLS §3),
+    /// as the engine hashes them.
+    pub fn lora_adapter(&self, model: &str) -> Option<String> {
+        names_adapter(&self.inner.lock_pool().cands, model).then(|| model.to_string())
+    }
+
     /// The approximate-index chunk hashes of a prompt.
     pub fn approx_blocks(&self, model: &str, text: &str) -> Vec<u64> {
         let c = &self.inner.approx_config;
@@ -452,6 +462,26 @@ impl Router {
         self.inner.hasher.hash_tokens(tokens, lora, salt)
     }
 
+    /// Whether the precise index (KV events) says the endpoint at `url` holds the block
+    /// with wire hash `hash`. For tests and debugging.
+    pub fn precise_holds(&self, url: &str, hash: u64) -> bool {
+        let Ok(url) = crate::endpoint::normalize_url(url) else {
+            return false;
+        };
+        let id = {
+            let pool = self.inner.lock_pool();
+            match pool.index_of(&url) {
+                Some(i) => pool.cands[i].id,
+                None => return false,
+            }
+        };
+        self.inner
+            .precise
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .holds(id, hash)
+    }
+
     /// One scheduling decision. Counts the pick, records the request's prefix on the
     /// chosen endpoint in the approximate index, and returns the ranked endpoints.
     pub fn pick(&self, req: &mut SchedRequest) -> Result<Picked, RouteError> {
@@ -461,18 +491,8 @@ impl Router {
         let mut pool = self.inner.lock_pool();
         refresh_ready(&mut pool, now);
         let precise = self.inner.precise.read().unwrap_or_else(|e| e.into_inner());
-        if req.lora.is_none() && !req.model.is_empty() {
-            let m = req.model.as_str();
-            let adapter = pool.cands.iter().any(|c| {
-                c.spec.model.as_deref() != Some(m)
-                    && (c.spec.lora.iter().any(|a| a == m)
-                        || c.metrics.as_ref().is_some_and(|x| {
-                            x.lora_running.iter().chain(&x.lora_waiting).any(|a| a == m)
-                        }))
-            });
-            if adapter {
-                req.lora = Some(req.model.clone());
-            }
+        if req.lora.is_none() && names_adapter(&pool.cands, &req.model) {
+            req.lora = Some(req.model.clone());
         }
         let Pool {
             cands,
@@ -655,6 +675,22 @@ impl Router {
             "saturated": self.saturated(),
         })
     }
+}
+
+/// Whether `model` names a LoRA adapter some endpoint advertises (rather than a base
+/// model it serves).
+fn names_adapter(cands: &[Candidate], model: &str) -> bool {
+    !model.is_empty()
+        && cands.iter().any(|c| {
+            c.spec.model.as_deref() != Some(model)
+                && (c.spec.lora.iter().any(|a| a == model)
+                    || c.metrics.as_ref().is_some_and(|x| {
+                        x.lora_running
+                            .iter()
+                            .chain(&x.lora_waiting)
+                            .any(|a| a == model)
+                    }))
+        })
 }
 
 fn refresh_ready(pool: &mut Pool, now: Duration) {

@@ -46,6 +46,8 @@ pub struct RouterMetrics {
     pub requests: Counter,
     pub scrape_errors: Family<EndpointLabel, Counter>,
     pub kv_events: Family<EndpointLabel, Counter>,
+    pub kv_replays: Family<EndpointLabel, Counter>,
+    pub kv_replay_failures: Family<EndpointLabel, Counter>,
     pub ep_waiting: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
     pub ep_running: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
     pub ep_kv_usage: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
@@ -76,6 +78,8 @@ impl RouterMetrics {
             requests: Counter::default(),
             scrape_errors: Family::default(),
             kv_events: Family::default(),
+            kv_replays: Family::default(),
+            kv_replay_failures: Family::default(),
             ep_waiting: Family::default(),
             ep_running: Family::default(),
             ep_kv_usage: Family::default(),
@@ -149,6 +153,16 @@ impl RouterMetrics {
             m.kv_events.clone(),
         );
         registry.register(
+            "kv_replays",
+            "KV-event replays asked for (sequence gaps and fresh mirrors)",
+            m.kv_replays.clone(),
+        );
+        registry.register(
+            "kv_replay_failures",
+            "KV-event gaps a replay could not fill (the endpoint's entries were dropped)",
+            m.kv_replay_failures.clone(),
+        );
+        registry.register(
             "endpoint_waiting",
             "Scraped waiting requests",
             m.ep_waiting.clone(),
@@ -217,6 +231,8 @@ impl RouterMetrics {
         self.ep_kv_usage.remove(&l);
         self.ep_ready.remove(&l);
         self.ep_in_flight.remove(&l);
+        self.kv_replays.remove(&l);
+        self.kv_replay_failures.remove(&l);
     }
 
     /// Prometheus text format.

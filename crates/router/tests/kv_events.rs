@@ -282,3 +282,416 @@ async fn text_prompts_are_tokenized_by_an_engine_for_the_precise_index() {
         "{text}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Replay (PROTOCOLS §4): a fake publisher that keeps every message for replay, and can
+// "lose" messages (kept for replay, never sent live) to make sequence gaps.
+// ---------------------------------------------------------------------------------------
+
+type Buffer = std::sync::Arc<std::sync::Mutex<Vec<(u64, Vec<u8>)>>>;
+
+struct Feed {
+    publisher: PubSocket,
+    seq: u64,
+    buffer: Buffer,
+}
+
+impl Feed {
+    fn payload(events: Vec<KvEvent>) -> Vec<u8> {
+        encode_batch(
+            &KvEventBatch {
+                ts: 0.0,
+                events,
+                data_parallel_rank: Some(0),
+            },
+            EventEncoding::Map,
+        )
+    }
+
+    /// Publishes live and keeps for replay.
+    async fn publish(&mut self, events: Vec<KvEvent>) {
+        let payload = Self::payload(events);
+        self.buffer
+            .lock()
+            .unwrap()
+            .push((self.seq, payload.clone()));
+        let mut m = ZmqMessage::from(Bytes::from_static(b"kv@test@m"));
+        m.push_back(Bytes::copy_from_slice(&seq_bytes(self.seq)));
+        m.push_back(Bytes::from(payload));
+        self.publisher.send(m).await.unwrap();
+        self.seq += 1;
+    }
+
+    /// Keeps for replay only: the subscriber misses it live.
+    fn lose(&mut self, events: Vec<KvEvent>) {
+        let payload = Self::payload(events);
+        self.buffer.lock().unwrap().push((self.seq, payload));
+        self.seq += 1;
+    }
+}
+
+/// A replay ROUTER socket over `buffer`, answering as the engine's publisher does; with
+/// `answer = false` it takes requests and never replies.
+async fn replay_server(buffer: Buffer, answer: bool) -> String {
+    use zeromq::{RouterSocket, SocketRecv};
+    let mut socket = RouterSocket::new();
+    let addr = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok(request) = socket.recv().await {
+            if !answer {
+                continue;
+            }
+            let frames = request.into_vec();
+            let identity = frames[0].clone();
+            let delimited = frames.len() == 3;
+            let start = strata_api::kv_events::parse_seq(frames.last().unwrap()).unwrap();
+            let reply = |seq: [u8; 8], payload: Bytes| {
+                let mut m = ZmqMessage::from(identity.clone());
+                if delimited {
+                    m.push_back(Bytes::new());
+                }
+                m.push_back(Bytes::copy_from_slice(&seq));
+                m.push_back(payload);
+                m
+            };
+            let batches: Vec<(u64, Vec<u8>)> = buffer
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(s, _)| *s >= start)
+                .cloned()
+                .collect();
+            for (s, p) in batches {
+                let _ = socket.send(reply(seq_bytes(s), Bytes::from(p))).await;
+            }
+            let _ = socket
+                .send(reply(
+                    strata_api::kv_events::END_SEQ.to_be_bytes(),
+                    Bytes::new(),
+                ))
+                .await;
+        }
+    });
+    addr
+}
+
+fn stored(hashes: &[u64]) -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: None,
+        token_ids: vec![],
+        block_size: 16,
+        lora_id: None,
+        medium: Some("GPU".into()),
+        lora_name: None,
+    }
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: Some("GPU".into()),
+    }
+}
+
+/// A router with one endpoint whose events come from a fresh [`Feed`] and whose replay
+/// socket answers (or not); returns once the subscription delivers.
+async fn replay_setup(answer: bool, timeout_ms: u64) -> (Router, MockEngine, Feed) {
+    let engine = MockEngine::spawn(MockConfig {
+        model: "m".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut publisher = PubSocket::new();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let buffer = Buffer::default();
+    let mut spec = EndpointSpec::new(engine.url(), EngineKind::Strata);
+    spec.kv_events = Some(endpoint);
+    spec.kv_events_replay = Some(replay_server(buffer.clone(), answer).await);
+    let mut config = RouterConfig {
+        scrape_interval_ms: 10,
+        health_interval_ms: 20,
+        endpoints: vec![spec],
+        scheduling: Some(EndpointPickerConfig::weighted(&[(
+            "precise-prefix-cache-scorer",
+            1.0,
+        )])),
+        ..RouterConfig::default()
+    };
+    config.precise.replay_timeout_ms = timeout_ms;
+    let router = Router::new(config).unwrap();
+    let mut feed = Feed {
+        publisher,
+        seq: 0,
+        buffer,
+    };
+    // The subscription lands asynchronously: publish a probe until it is seen.
+    let url = engine.url();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !router.precise_holds(&url, 1) {
+        feed.publish(vec![stored(&[1])]).await;
+        assert!(tokio::time::Instant::now() < deadline, "no events arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (router, engine, feed)
+}
+
+/// Publishes a marker block and waits until it is applied: everything published
+/// before it has been processed too.
+async fn settle(router: &Router, url: &str, feed: &mut Feed, marker: u64) {
+    feed.publish(vec![stored(&[marker])]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !router.precise_holds(url, marker) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "marker {marker} never applied: {}",
+            router.debug_json()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn counter(router: &Router, name: &str) -> u64 {
+    let text = router.metrics().encode();
+    text.lines()
+        .find(|l| l.starts_with(&format!("strata_router_{name}_total{{")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_filled_by_replay_gives_the_same_index_as_no_gap() {
+    let (router, engine, mut feed) = replay_setup(true, 2000).await;
+    let url = engine.url();
+    feed.publish(vec![stored(&[10, 11, 12, 13])]).await;
+    settle(&router, &url, &mut feed, 100).await;
+    // Lost live: a store, and a removal of a block the mirror holds.
+    feed.lose(vec![stored(&[20, 21])]);
+    feed.lose(vec![removed(&[13])]);
+    feed.publish(vec![stored(&[30])]).await;
+    settle(&router, &url, &mut feed, 101).await;
+
+    // The same events applied without a gap.
+    let mut want = strata_router::prefix::precise::PreciseIndex::new();
+    let id = strata_router::endpoint::EndpointId(0);
+    for (_, payload) in feed.buffer.lock().unwrap().iter() {
+        for ev in &strata_api::kv_events::decode_batch(payload).unwrap().events {
+            want.apply(id, ev);
+        }
+    }
+    for h in [1, 10, 11, 12, 13, 20, 21, 30, 100, 101] {
+        assert_eq!(
+            router.precise_holds(&url, h),
+            want.holds(id, h),
+            "block {h}"
+        );
+    }
+    assert!(
+        !router.precise_holds(&url, 13),
+        "the lost removal was replayed"
+    );
+    assert!(
+        router.precise_holds(&url, 20),
+        "the lost store was replayed"
+    );
+    assert_eq!(router.debug_json()["precise_index_blocks"], want.len());
+    assert!(counter(&router, "kv_replays") >= 1);
+    assert_eq!(counter(&router, "kv_replay_failures"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_replay_cannot_fill_clears_the_endpoints_entries() {
+    let (router, engine, mut feed) = replay_setup(true, 2000).await;
+    let url = engine.url();
+    feed.publish(vec![stored(&[10, 11, 12, 13])]).await;
+    settle(&router, &url, &mut feed, 100).await;
+    feed.lose(vec![removed(&[13])]);
+    feed.lose(vec![stored(&[20])]);
+    // The publisher's buffer no longer reaches back to the gap.
+    let lost_from = feed.seq - 2;
+    feed.buffer.lock().unwrap().retain(|(s, _)| *s > lost_from);
+    feed.publish(vec![stored(&[30])]).await;
+    settle(&router, &url, &mut feed, 101).await;
+    for h in [1, 10, 11, 12, 13, 20, 100] {
+        assert!(!router.precise_holds(&url, h), "block {h} was not dropped");
+    }
+    assert!(
+        router.precise_holds(&url, 30),
+        "rebuilt from the live stream"
+    );
+    assert_eq!(router.debug_json()["precise_index_blocks"], 2);
+    assert_eq!(counter(&router, "kv_replay_failures"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_socket_that_never_answers_is_bounded_by_the_timeout() {
+    let (router, engine, mut feed) = replay_setup(false, 200).await;
+    let url = engine.url();
+    feed.publish(vec![stored(&[10, 11])]).await;
+    settle(&router, &url, &mut feed, 100).await;
+    let failures = counter(&router, "kv_replay_failures");
+    feed.lose(vec![removed(&[11])]);
+    let started = tokio::time::Instant::now();
+    feed.publish(vec![stored(&[30])]).await;
+    // The live stream resumes after the timeout, with the mirror dropped.
+    settle(&router, &url, &mut feed, 101).await;
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert!(!router.precise_holds(&url, 10) && !router.precise_holds(&url, 11));
+    assert!(router.precise_holds(&url, 30));
+    assert_eq!(counter(&router, "kv_replay_failures"), failures + 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// LoRA adapters in block hashes (PROTOCOLS §3).
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn adapter_requests_hash_with_the_adapter_name_like_the_engine() {
+    // The "lora name" case of the engine's fixture (vLLM reference values).
+    let fixture: serde_json::Value = serde_json::from_str(include_str!(
+        "../../engine/tests/fixtures/block_hashes.json"
+    ))
+    .unwrap();
+    let case = fixture["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "lora name")
+        .unwrap();
+    assert_eq!(case["seed"], DEFAULT_HASH_SEED);
+    let tokens: Vec<u32> = serde_json::from_value(case["tokens"].clone()).unwrap();
+    let want: Vec<u64> = case["hashes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["u64"].as_u64().unwrap())
+        .collect();
+    let mut spec = EndpointSpec::new("http://127.0.0.1:9", EngineKind::Vllm);
+    spec.model = Some("base".into());
+    spec.lora = vec!["sql-adapter".into()];
+    let router = Router::new(RouterConfig {
+        endpoints: vec![spec],
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let lora = router.lora_adapter("sql-adapter");
+    assert_eq!(lora.as_deref(), Some("sql-adapter"));
+    assert_eq!(
+        router.lora_adapter("base"),
+        None,
+        "the base model is no adapter"
+    );
+    assert_eq!(router.precise_blocks(&tokens, lora.as_deref(), None), want);
+    assert_ne!(router.precise_blocks(&tokens, None, None), want);
+    // The approximate index keys on the requested name too.
+    let text = "a shared system prompt, long enough for a few chunks. ".repeat(6);
+    let (adapter, base) = (
+        router.approx_blocks("sql-adapter", &text),
+        router.approx_blocks("base", &text),
+    );
+    assert_eq!(adapter.len(), 5);
+    assert!(adapter.iter().all(|h| !base.contains(h)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapter_prefixes_match_the_adapters_blocks_never_the_base_models() {
+    let tokens: Vec<u32> = (500..564).collect();
+    let base_host = stub_engine("base-holder", tokens.clone()).await;
+    let lora_host = stub_engine("adapter-holder", tokens.clone()).await;
+    let hasher = BlockHasher::new(DEFAULT_HASH_SEED, 16);
+    // Each engine publishes what it holds: the same tokens, cached for the base model on
+    // one and for the adapter on the other.
+    let mut specs = Vec::new();
+    let mut feeds = Vec::new();
+    for (url, lora) in [(&base_host, None), (&lora_host, Some("sql"))] {
+        let mut publisher = PubSocket::new();
+        let endpoint = publisher
+            .bind("tcp://127.0.0.1:0")
+            .await
+            .unwrap()
+            .to_string();
+        let mut spec = EndpointSpec::new(url.clone(), EngineKind::Vllm);
+        spec.model = Some("m".into());
+        spec.lora = vec!["sql".into()];
+        spec.kv_events = Some(endpoint);
+        specs.push(spec);
+        let event = KvEvent::BlockStored {
+            block_hashes: hasher.hash_tokens(&tokens, lora, None),
+            parent_block_hash: None,
+            token_ids: tokens.clone(),
+            block_size: 16,
+            lora_id: lora.map(|_| 1),
+            medium: Some("GPU".into()),
+            lora_name: lora.map(str::to_string),
+        };
+        feeds.push((publisher, event));
+    }
+    let router = Router::new(RouterConfig {
+        scrape_interval_ms: 10,
+        health_interval_ms: 20,
+        endpoints: specs,
+        scheduling: Some(EndpointPickerConfig::weighted(&[(
+            "precise-prefix-cache-scorer",
+            1.0,
+        )])),
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seq = 0;
+    loop {
+        for (publisher, event) in &mut feeds {
+            publisher
+                .send(message(seq, vec![event.clone()]))
+                .await
+                .unwrap();
+        }
+        seq += 1;
+        let v = router.debug_json();
+        if v["precise_index_blocks"] == 8
+            && v["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| e["ready"] == true)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events never arrived: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = strata_router::proxy::app(router.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    for (model, want) in [("sql", "adapter-holder"), ("m", "base-holder")] {
+        for _ in 0..4 {
+            let body = json!({"model": model, "prompt": tokens, "max_tokens": 2}).to_string();
+            let req = Request::post(format!("{base}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let v: serde_json::Value =
+                serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes())
+                    .unwrap();
+            assert_eq!(v["served_by"], want, "model {model}");
+        }
+    }
+    let text = router.metrics().encode();
+    assert!(
+        text.contains("strata_router_prefix_hit_ratio{index=\"precise\"} 1.0"),
+        "every request found its own blocks: {text}"
+    );
+}

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
-use super::{walk, BlockMap, PrefixMatch, SlotSet};
+use super::flat::FlatMap;
+use super::{walk, walk_into, BlockMap, PrefixMatch, SlotSet};
 use crate::endpoint::EndpointId;
 
 /// Approximate-index settings.
@@ -49,7 +50,7 @@ struct EndpointLru {
 #[derive(Debug, Clone)]
 pub struct ApproxIndex {
     config: ApproxConfig,
-    holders: BlockMap<SlotSet>,
+    holders: FlatMap<SlotSet>,
     lru: Vec<EndpointLru>,
     tick: u64,
 }
@@ -58,7 +59,7 @@ impl ApproxIndex {
     pub fn new(config: ApproxConfig) -> Self {
         ApproxIndex {
             config,
-            holders: BlockMap::default(),
+            holders: FlatMap::default(),
             lru: Vec::new(),
             tick: 0,
         }
@@ -92,7 +93,7 @@ impl ApproxIndex {
             if let Some(old) = lru.last.insert(h, self.tick) {
                 lru.order.remove(&old);
             } else {
-                self.holders.entry(h).or_default().insert(endpoint);
+                self.holders.get_or_default(h).insert(endpoint);
             }
             lru.order.insert(self.tick, h);
         }
@@ -137,9 +138,29 @@ impl ApproxIndex {
 
     /// Per candidate, how many leading blocks it holds.
     pub fn match_prefix(&self, blocks: &[u64], candidates: &[EndpointId]) -> Vec<PrefixMatch> {
-        walk(blocks, candidates, |h| {
-            self.holders.get(&h).map(|s| (s, None))
-        })
+        walk(
+            blocks,
+            candidates,
+            |h| self.holders.prefetch(h),
+            |h| self.holders.get(&h).map(|s| (s, None)),
+        )
+    }
+
+    /// [`ApproxIndex::match_prefix`] into a caller's buffer (`out[i]` for the `i`-th
+    /// candidate), allocating nothing on the scheduling path.
+    pub fn match_prefix_into(
+        &self,
+        blocks: &[u64],
+        candidates: impl Iterator<Item = EndpointId> + Clone,
+        out: &mut [PrefixMatch],
+    ) {
+        walk_into(
+            blocks,
+            candidates,
+            |h| self.holders.prefetch(h),
+            |h| self.holders.get(&h).map(|s| (s, None)),
+            out,
+        )
     }
 }
 

@@ -14,12 +14,15 @@
 //! one AND per block. Pure and synchronous: no clock, no I/O.
 
 pub mod approx;
+pub mod flat;
 pub mod hashing;
 pub mod precise;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
+
+use smallvec::SmallVec;
 
 use crate::endpoint::EndpointId;
 
@@ -96,6 +99,7 @@ impl SlotSet {
         }
     }
 
+    #[inline]
     fn word(&self, i: usize) -> u64 {
         if i == 0 {
             self.first
@@ -124,6 +128,7 @@ impl SlotSet {
         1 + self.more.as_ref().map_or(0, |m| m.len())
     }
 
+    #[inline]
     pub fn insert(&mut self, id: EndpointId) {
         let i = id.0 as usize;
         *self.word_mut(i / 64) |= 1 << (i % 64);
@@ -136,11 +141,13 @@ impl SlotSet {
         }
     }
 
+    #[inline]
     pub fn contains(&self, id: EndpointId) -> bool {
         let i = id.0 as usize;
         self.word(i / 64) & (1 << (i % 64)) != 0
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.first == 0 && self.more.iter().flat_map(|m| m.iter()).all(|w| *w == 0)
     }
@@ -156,7 +163,16 @@ impl SlotSet {
     }
 
     /// `self & other`.
+    #[inline]
     pub fn and(&self, other: &SlotSet) -> SlotSet {
+        // Fast path (at most 64 slots on either side): one word, nothing allocated. Same
+        // result as the general case, which also leaves `more` empty for one word.
+        if self.more.is_none() || other.more.is_none() {
+            return SlotSet {
+                first: self.first & other.first,
+                more: None,
+            };
+        }
         let n = self.words().min(other.words());
         let mut out = SlotSet {
             first: self.first & other.first,
@@ -169,7 +185,14 @@ impl SlotSet {
     }
 
     /// `self | other`.
+    #[inline]
     pub fn or(&self, other: &SlotSet) -> SlotSet {
+        if self.more.is_none() && other.more.is_none() {
+            return SlotSet {
+                first: self.first | other.first,
+                more: None,
+            };
+        }
         let n = self.words().max(other.words());
         let mut out = SlotSet {
             first: self.first | other.first,
@@ -182,7 +205,14 @@ impl SlotSet {
     }
 
     /// `self & !other`.
+    #[inline]
     pub fn and_not(&self, other: &SlotSet) -> SlotSet {
+        if self.more.is_none() {
+            return SlotSet {
+                first: self.first & !other.first,
+                more: None,
+            };
+        }
         let mut out = SlotSet {
             first: self.first & !other.first,
             more: None,
@@ -234,26 +264,64 @@ pub struct PrefixMatch {
 pub(crate) fn walk<'a>(
     blocks: &[u64],
     candidates: &[EndpointId],
-    mut holders: impl FnMut(u64) -> Option<(&'a SlotSet, Option<&'a SlotSet>)>,
+    prefetch: impl Fn(u64),
+    holders: impl FnMut(u64) -> Option<(&'a SlotSet, Option<&'a SlotSet>)>,
 ) -> Vec<PrefixMatch> {
     let mut out = vec![PrefixMatch::default(); candidates.len()];
-    if candidates.is_empty() || blocks.is_empty() {
-        return out;
+    walk_into(
+        blocks,
+        candidates.iter().copied(),
+        prefetch,
+        holders,
+        &mut out,
+    );
+    out
+}
+
+/// Slots a walk tracks without touching the heap; more spill to one allocation.
+const INLINE_SLOTS: usize = 128;
+
+/// [`walk`] into a caller's buffer: `out[i]` is set for the `i`-th of `candidates`
+/// (`out` must be at least that long). Allocates nothing for up to 128 endpoint slots.
+/// `prefetch(hash)` may start loading a block's table slot before `holders` reads it.
+pub(crate) fn walk_into<'a>(
+    blocks: &[u64],
+    candidates: impl Iterator<Item = EndpointId> + Clone,
+    prefetch: impl Fn(u64),
+    mut holders: impl FnMut(u64) -> Option<(&'a SlotSet, Option<&'a SlotSet>)>,
+    out: &mut [PrefixMatch],
+) {
+    out.iter_mut().for_each(|m| *m = PrefixMatch::default());
+    if blocks.is_empty() {
+        return;
     }
-    let mut alive: SlotSet = candidates.iter().copied().collect();
+    let mut alive = SlotSet::new();
+    let mut max_slot = None;
+    for c in candidates.clone() {
+        alive.insert(c);
+        max_slot = max_slot.max(Some(c.0 as usize));
+    }
+    let Some(max_slot) = max_slot else { return };
     // slot → (matched, lower) accumulators, only for the slots that are still alive.
-    let max_slot = candidates.iter().map(|c| c.0).max().unwrap_or(0) as usize;
-    let mut matched = vec![PrefixMatch::default(); max_slot + 1];
+    let mut matched: SmallVec<[PrefixMatch; INLINE_SLOTS]> =
+        smallvec::smallvec![PrefixMatch::default(); max_slot + 1];
     let mut stop = blocks.len();
-    // Look blocks up a few at a time before walking them: the lookups are independent
-    // cache misses in a large table, and issuing them back to back lets the CPU overlap
-    // them; stopping after each group keeps a request nobody holds cheap.
+    // Look blocks up a group at a time: the lookups are independent cache misses in a
+    // large table, so the next group's slots are prefetched while this group is looked
+    // up and walked; stopping after each group keeps a request nobody holds cheap.
     const GROUP: usize = 8;
-    let mut found: Vec<Option<(&SlotSet, Option<&SlotSet>)>> = Vec::with_capacity(GROUP);
+    let mut found: [Option<(&SlotSet, Option<&SlotSet>)>; GROUP] = [None; GROUP];
+    blocks.iter().take(GROUP).for_each(|&h| prefetch(h));
     'walk: for (g, group) in blocks.chunks(GROUP).enumerate() {
-        found.clear();
-        found.extend(group.iter().map(|&h| holders(h)));
-        for (j, entry) in found.iter().enumerate() {
+        blocks
+            .iter()
+            .skip((g + 1) * GROUP)
+            .take(GROUP)
+            .for_each(|&h| prefetch(h));
+        for (f, &h) in found.iter_mut().zip(group) {
+            *f = holders(h);
+        }
+        for (j, entry) in found[..group.len()].iter().enumerate() {
             let i = g * GROUP + j;
             let Some((upper, lower)) = *entry else {
                 stop = i;
@@ -287,7 +355,6 @@ pub(crate) fn walk<'a>(
     for (slot, c) in out.iter_mut().zip(candidates) {
         *slot = matched[c.0 as usize];
     }
-    out
 }
 
 #[cfg(test)]
@@ -313,5 +380,61 @@ mod tests {
         assert!(c.is_empty());
         c.remove(EndpointId(1000));
         assert!(c.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod walk_properties {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// The straightforward answer: per candidate, count leading blocks it holds in either
+    /// tier, and of those the ones held only in the lower tier.
+    fn reference(
+        blocks: &[u64],
+        candidates: &[EndpointId],
+        table: &HashMap<u64, (SlotSet, SlotSet)>,
+    ) -> Vec<PrefixMatch> {
+        candidates
+            .iter()
+            .map(|&c| {
+                let mut m = PrefixMatch::default();
+                for h in blocks {
+                    let Some((u, l)) = table.get(h) else { break };
+                    if u.contains(c) {
+                        m.blocks += 1;
+                    } else if l.contains(c) {
+                        m.blocks += 1;
+                        m.lower_tier += 1;
+                    } else {
+                        break;
+                    }
+                }
+                m
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn walk_equals_reference(
+            entries in proptest::collection::vec(
+                (0u64..40, proptest::collection::vec(0u32..140, 0..6), proptest::collection::vec(0u32..140, 0..4)),
+                0..60,
+            ),
+            blocks in proptest::collection::vec(0u64..40, 0..30),
+            cand_slots in proptest::collection::btree_set(0u32..140, 0..20),
+        ) {
+            let mut table: HashMap<u64, (SlotSet, SlotSet)> = HashMap::new();
+            for (h, up, low) in entries {
+                let e = table.entry(h).or_default();
+                up.into_iter().for_each(|s| e.0.insert(EndpointId(s)));
+                low.into_iter().for_each(|s| e.1.insert(EndpointId(s)));
+            }
+            let candidates: Vec<EndpointId> = cand_slots.into_iter().map(EndpointId).collect();
+            let got = walk(&blocks, &candidates, |_| {}, |h| table.get(&h).map(|(u, l)| (u, Some(l))));
+            prop_assert_eq!(got, reference(&blocks, &candidates, &table));
+        }
     }
 }

@@ -10,7 +10,8 @@
 
 use strata_api::kv_events::{KvEvent, MEDIUM_GPU};
 
-use super::{walk, BlockMap, PrefixMatch, SlotSet};
+use super::flat::FlatMap;
+use super::{walk, walk_into, PrefixMatch, SlotSet};
 use crate::endpoint::EndpointId;
 
 #[derive(Debug, Clone, Default)]
@@ -22,7 +23,7 @@ struct Holders {
 /// Block hash → endpoints holding it, per tier.
 #[derive(Debug, Clone, Default)]
 pub struct PreciseIndex {
-    blocks: BlockMap<Holders>,
+    blocks: FlatMap<Holders>,
 }
 
 fn is_upper(medium: Option<&str>) -> bool {
@@ -44,7 +45,7 @@ impl PreciseIndex {
             } => {
                 let upper = is_upper(medium.as_deref());
                 for h in block_hashes {
-                    let e = self.blocks.entry(*h).or_default();
+                    let e = self.blocks.get_or_default(*h);
                     if upper {
                         e.upper.insert(endpoint);
                     } else {
@@ -102,9 +103,29 @@ impl PreciseIndex {
     /// Per candidate, how many leading blocks it holds and how many of those only in the
     /// lower tier.
     pub fn match_prefix(&self, blocks: &[u64], candidates: &[EndpointId]) -> Vec<PrefixMatch> {
-        walk(blocks, candidates, |h| {
-            self.blocks.get(&h).map(|e| (&e.upper, Some(&e.lower)))
-        })
+        walk(
+            blocks,
+            candidates,
+            |h| self.blocks.prefetch(h),
+            |h| self.blocks.get(&h).map(|e| (&e.upper, Some(&e.lower))),
+        )
+    }
+
+    /// [`PreciseIndex::match_prefix`] into a caller's buffer (`out[i]` for the `i`-th
+    /// candidate), allocating nothing on the scheduling path.
+    pub fn match_prefix_into(
+        &self,
+        blocks: &[u64],
+        candidates: impl Iterator<Item = EndpointId> + Clone,
+        out: &mut [PrefixMatch],
+    ) {
+        walk_into(
+            blocks,
+            candidates,
+            |h| self.blocks.prefetch(h),
+            |h| self.blocks.get(&h).map(|e| (&e.upper, Some(&e.lower))),
+            out,
+        )
     }
 }
 

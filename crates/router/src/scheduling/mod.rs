@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use rand::RngCore;
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use crate::endpoint::{EndpointId, EndpointSpec};
 use crate::prefix::approx::ApproxIndex;
@@ -282,15 +283,18 @@ impl Scheduler {
                 .find(|p| &p.name == name)
                 .ok_or_else(|| ScheduleError::UnknownProfile(name.clone()))?,
         };
-        let ready: Vec<&Candidate> = candidates
-            .iter()
-            .filter(|c| c.ready && !c.draining)
-            .collect();
-        if ready.is_empty() {
+        // Eligibility in one pass, into one pre-sized list.
+        let mut any_ready = false;
+        let mut cands: Vec<&Candidate> = Vec::with_capacity(candidates.len());
+        for c in candidates.iter().filter(|c| c.ready && !c.draining) {
+            any_ready = true;
+            if c.serves(&req.model) {
+                cands.push(c);
+            }
+        }
+        if !any_ready {
             return Err(ScheduleError::NoReadyEndpoint);
         }
-        let mut cands: Vec<&Candidate> =
-            ready.into_iter().filter(|c| c.serves(&req.model)).collect();
         if cands.is_empty() {
             return Err(ScheduleError::UnknownModel(req.model.clone()));
         }
@@ -303,12 +307,14 @@ impl Scheduler {
                 return Err(ScheduleError::Filtered(profile.name.clone()));
             }
         }
-        let mut total = vec![0.0; cands.len()];
-        let mut one = vec![0.0; cands.len()];
+        let n = cands.len();
+        // Totals and one scorer's scratch, side by side in one buffer.
+        let mut buf: SmallVec<[f64; 128]> = SmallVec::from_elem(0.0, 2 * n);
+        let (total, one) = buf.split_at_mut(n);
         for (_, scorer, weight) in &profile.scorers {
             one.iter_mut().for_each(|s| *s = 0.0);
-            scorer.score(ctx, req, &cands, &mut one, rng);
-            for (t, s) in total.iter_mut().zip(&one) {
+            scorer.score(ctx, req, &cands, one, rng);
+            for (t, s) in total.iter_mut().zip(one.iter()) {
                 let s = if s.is_finite() {
                     s.clamp(0.0, 1.0)
                 } else {
@@ -319,8 +325,8 @@ impl Scheduler {
         }
         let mut scored: Vec<Scored> = cands
             .iter()
-            .zip(total)
-            .map(|(c, score)| Scored { id: c.id, score })
+            .zip(total.iter())
+            .map(|(c, &score)| Scored { id: c.id, score })
             .collect();
         profile.picker.pick(&mut scored, rng);
         Ok(Decision {
@@ -461,5 +467,119 @@ mod tests {
             })
             .collect();
         assert!(picks.len() > 1);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::testutil::*;
+    use super::*;
+    use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::{HashMap, HashSet};
+
+    /// The default profile (queue ×2, KV ×2, approximate prefix ×3, max-score) written
+    /// out the slow, obvious way.
+    fn reference(
+        cands: &[Candidate],
+        held: &HashMap<u32, HashSet<u64>>,
+        blocks: &[u64],
+        rng: &mut StdRng,
+    ) -> Vec<Scored> {
+        let ctx = Context::at(now());
+        let elig: Vec<&Candidate> = cands.iter().filter(|c| c.ready && !c.draining).collect();
+        let waits: Vec<f64> = elig
+            .iter()
+            .filter_map(|c| c.fresh_metrics(ctx.now, ctx.stale_after).map(|m| m.waiting))
+            .collect();
+        let min = waits.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = waits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut scored: Vec<Scored> = elig
+            .iter()
+            .map(|c| {
+                let fresh = c.fresh_metrics(ctx.now, ctx.stale_after);
+                let q = match fresh {
+                    None => 0.0,
+                    Some(_) if max <= min => 1.0,
+                    Some(m) => (max - m.waiting) / (max - min),
+                };
+                let kv = fresh.map_or(0.0, |m| m.kv_use.map_or(0.5, |k| 1.0 - k));
+                let mine = held.get(&c.id.0);
+                let matched = blocks
+                    .iter()
+                    .take_while(|b| mine.is_some_and(|s| s.contains(b)))
+                    .count();
+                let p = if blocks.is_empty() {
+                    0.0
+                } else {
+                    matched as f64 / blocks.len() as f64
+                };
+                let mut t = 0.0;
+                t += q.clamp(0.0, 1.0) * 2.0;
+                t += kv.clamp(0.0, 1.0) * 2.0;
+                t += p.clamp(0.0, 1.0) * 3.0;
+                Scored { id: c.id, score: t }
+            })
+            .collect();
+        scored.sort_by(|a, b| b.score.total_cmp(&a.score));
+        let ties = scored
+            .iter()
+            .take_while(|s| s.score == scored[0].score)
+            .count();
+        if ties > 1 {
+            let i = rng.random_range(0..ties);
+            scored.swap(0, i);
+        }
+        scored
+    }
+
+    proptest! {
+        #[test]
+        fn default_profile_equals_reference(
+            eps in proptest::collection::vec(
+                (0u8..6, 0u8..5, any::<bool>(), any::<bool>(), any::<bool>()), 1..70),
+            records in proptest::collection::vec(
+                (0usize..70, proptest::collection::vec(0u64..12, 0..8)), 0..40),
+            blocks in proptest::collection::vec(0u64..12, 0..10),
+            seed in any::<u64>(),
+        ) {
+            // Slots in a scrambled order, as a pool that reused slots would have them.
+            let n = eps.len() as u32;
+            let cands: Vec<Candidate> = eps
+                .iter()
+                .enumerate()
+                .map(|(i, &(w, kv, stale, unready, nokv))| {
+                    let mut c = cand((i as u32 * 37) % 71, f64::from(w), f64::from(kv) / 4.0);
+                    let m = c.metrics.as_mut().unwrap();
+                    if stale {
+                        m.updated = Duration::ZERO;
+                    }
+                    if nokv {
+                        m.kv_use = None;
+                    }
+                    c.ready = !unready;
+                    c
+                })
+                .collect();
+            let mut approx = ApproxIndex::new(Default::default());
+            let mut held: HashMap<u32, HashSet<u64>> = HashMap::new();
+            for (e, hashes) in records {
+                let id = cands[e % n as usize].id;
+                approx.record(id, &hashes);
+                held.entry(id.0).or_default().extend(hashes);
+            }
+            let ctx = Context { approx: Some(&approx), ..Context::at(now()) };
+            let req = SchedRequest { model: "m".into(), approx_blocks: blocks.clone(), ..Default::default() };
+            let got = Scheduler::default_profile()
+                .schedule(&ctx, &req, &cands, None, &mut StdRng::seed_from_u64(seed));
+            if cands.iter().all(|c| !c.ready) {
+                prop_assert_eq!(got, Err(ScheduleError::NoReadyEndpoint));
+            } else {
+                let want = reference(&cands, &held, &blocks, &mut StdRng::seed_from_u64(seed));
+                let bits = |v: &[Scored]| v.iter().map(|s| (s.id, s.score.to_bits())).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&got.unwrap().ranked), bits(&want));
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore};
+use smallvec::SmallVec;
 
 use super::{Picker, Scored};
 
@@ -12,7 +13,7 @@ pub struct MaxScore;
 
 impl Picker for MaxScore {
     fn pick(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore) {
-        scored.sort_by(|a, b| b.score.total_cmp(&a.score));
+        sort_by_score_stable(scored);
         // One draw among the best: the tie group is at the front after sorting. Ties in
         // the tail (fallback order) keep slot order.
         let Some(best) = scored.first().map(|s| s.score) else {
@@ -24,6 +25,26 @@ impl Picker for MaxScore {
             scored.swap(0, i);
         }
     }
+}
+
+/// Sorts by score, highest first, equal scores keeping their order: the order of a
+/// stable `sort_by(|a, b| b.score.total_cmp(&a.score))`, computed as an unstable sort
+/// of (score key, position) pairs, which is cheaper for the few dozen candidates of a
+/// decision and allocates nothing for up to 64 of them.
+fn sort_by_score_stable(scored: &mut [Scored]) {
+    // `total_cmp`'s order as a signed integer (the transform `f64::total_cmp` uses).
+    fn key(x: f64) -> i64 {
+        let bits = x.to_bits() as i64;
+        bits ^ ((((bits >> 63) as u64) >> 1) as i64)
+    }
+    let mut keys: SmallVec<[(i64, u32); 64]> = scored
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (key(s.score), i as u32))
+        .collect();
+    keys.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let sorted: SmallVec<[Scored; 64]> = keys.iter().map(|&(_, i)| scored[i as usize]).collect();
+    scored.copy_from_slice(&sorted);
 }
 
 /// Draws in proportion to score (without replacement, so the tail is a weighted order
@@ -114,5 +135,37 @@ mod tests {
         let mut v = s(&[0.0, 0.0]);
         WeightedRandom.pick(&mut v, &mut rng);
         assert_eq!(v.len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::endpoint::EndpointId;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn score_sort_equals_a_stable_sort(
+            raw in proptest::collection::vec((0u32..1000, prop_oneof![
+                (0u8..4).prop_map(f64::from),
+                Just(-0.0),
+                Just(f64::NAN),
+                Just(-f64::NAN),
+                Just(f64::INFINITY),
+                -10.0f64..10.0,
+            ]), 0..80),
+        ) {
+            let scored: Vec<Scored> = raw
+                .iter()
+                .map(|&(id, score)| Scored { id: EndpointId(id), score })
+                .collect();
+            let mut want = scored.clone();
+            want.sort_by(|a, b| b.score.total_cmp(&a.score));
+            let mut got = scored;
+            sort_by_score_stable(&mut got);
+            let bits = |v: &[Scored]| v.iter().map(|s| (s.id, s.score.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+        }
     }
 }

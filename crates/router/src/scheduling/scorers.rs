@@ -1,6 +1,7 @@
 //! Scorers: each gives every candidate a score in 0..1 (PROTOCOLS §6 for the formulas).
 
 use rand::{Rng, RngCore};
+use smallvec::SmallVec;
 use xxhash_rust::xxh64::xxh64;
 
 use super::filters::has_free_slot;
@@ -9,13 +10,16 @@ use crate::endpoint::EndpointId;
 use crate::prefix::PrefixMatch;
 
 /// `(max - x) / (max - min)` over the known values, 1 when all equal; unknown gets 0.
-fn min_max_inverse(values: &[Option<f64>], out: &mut [f64]) {
-    let known = values.iter().flatten();
-    let (min, max) = known.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(*v), hi.max(*v))
-    });
-    for (o, v) in out.iter_mut().zip(values) {
-        *o = match v {
+/// `value(i)` is the `i`-th value; called twice per value rather than collected, so
+/// that scoring allocates nothing.
+fn min_max_inverse(value: impl Fn(usize) -> Option<f64>, out: &mut [f64]) {
+    let (min, max) = (0..out.len())
+        .filter_map(&value)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = match value(i) {
             None => 0.0,
             Some(_) if max <= min => 1.0,
             Some(v) => (max - v) / (max - min),
@@ -36,11 +40,14 @@ impl Scorer for QueueScorer {
         out: &mut [f64],
         _: &mut dyn RngCore,
     ) {
-        let q: Vec<Option<f64>> = cands
-            .iter()
-            .map(|c| c.fresh_metrics(ctx.now, ctx.stale_after).map(|m| m.waiting))
-            .collect();
-        min_max_inverse(&q, out);
+        min_max_inverse(
+            |i| {
+                cands[i]
+                    .fresh_metrics(ctx.now, ctx.stale_after)
+                    .map(|m| m.waiting)
+            },
+            out,
+        );
     }
 }
 
@@ -66,8 +73,11 @@ impl Scorer for KvCacheUtilizationScorer {
     }
 }
 
-fn ids(cands: &[&Candidate]) -> Vec<EndpointId> {
-    cands.iter().map(|c| c.id).collect()
+/// Per-candidate prefix matches; inline for up to 64 candidates.
+type Matches = SmallVec<[PrefixMatch; 64]>;
+
+fn ids<'a>(cands: &'a [&Candidate]) -> impl Iterator<Item = EndpointId> + Clone + 'a {
+    cands.iter().map(|c| c.id)
 }
 
 fn prefix_scores(matches: &[PrefixMatch], total: usize, lower_weight: f64, out: &mut [f64]) {
@@ -95,7 +105,8 @@ impl Scorer for PrefixCacheScorer {
         _: &mut dyn RngCore,
     ) {
         let Some(idx) = ctx.approx else { return };
-        let m = idx.match_prefix(&req.approx_blocks, &ids(cands));
+        let mut m = Matches::from_elem(PrefixMatch::default(), cands.len());
+        idx.match_prefix_into(&req.approx_blocks, ids(cands), &mut m);
         prefix_scores(&m, req.approx_blocks.len(), 1.0, out);
     }
 }
@@ -127,7 +138,8 @@ impl Scorer for PrecisePrefixCacheScorer {
     ) {
         match (ctx.precise, &req.precise_blocks) {
             (Some(idx), Some(blocks)) => {
-                let m = idx.match_prefix(blocks, &ids(cands));
+                let mut m = Matches::from_elem(PrefixMatch::default(), cands.len());
+                idx.match_prefix_into(blocks, ids(cands), &mut m);
                 prefix_scores(&m, blocks.len(), self.lower_tier_weight, out);
             }
             _ => PrefixCacheScorer.score(ctx, req, cands, out, rng),
@@ -240,8 +252,7 @@ impl Scorer for LeastRequestScorer {
         out: &mut [f64],
         _: &mut dyn RngCore,
     ) {
-        let r: Vec<Option<f64>> = cands.iter().map(|c| Some(f64::from(c.in_flight))).collect();
-        min_max_inverse(&r, out);
+        min_max_inverse(|i| Some(f64::from(cands[i].in_flight)), out);
     }
 }
 
