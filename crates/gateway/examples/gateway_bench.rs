@@ -1,6 +1,7 @@
 //! Driver for `bench/gateway_vs_litellm.sh`: a fast fixed-response backend, the gateway,
 //! and an HTTP load generator, in one binary so the benchmark needs nothing else.
 //!
+//! * `gateway_bench [--workers N] <command>`: N tokio worker threads (default 2).
 //! * `gateway_bench mock --port P` serves `strata-mock` (model `m`, 4 tokens, no delay).
 //! * `gateway_bench gateway <gateway flags>` runs `strata gateway` (same flags).
 //! * `gateway_bench load --url U --key K [--rate R | --concurrency C] --seconds S` sends
@@ -16,6 +17,10 @@ use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 struct Cli {
+    /// Tokio worker threads (`bench/gateway_overhead.sh` pins the gateway to one core and
+    /// gives it one worker).
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -45,9 +50,10 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // Two workers each: the benchmark machine has two cores shared by every process.
+    // Two workers each by default: the benchmark machine has two cores shared by every
+    // process.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cli.workers.max(1))
         .enable_all()
         .build()?;
     rt.block_on(async move {

@@ -67,6 +67,9 @@ pub fn passthrough_config(upstream_url: &str, models: &[String]) -> Config {
             kind: UpstreamKind::Openai,
             base_url: upstream_url.to_string(),
             api_key_env: None,
+            endpoints: Vec::new(),
+            config: None,
+            router: None,
         }],
         models: models
             .iter()

@@ -56,16 +56,59 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     pub name: String,
-    /// `openai` (any OpenAI-compatible server, including a Strata engine) or
-    /// `strata_router` (a Strata router URL; spoken to the same way).
+    /// `openai` (any OpenAI-compatible server, including a Strata engine),
+    /// `strata_router` (a Strata router URL; spoken to the same way), or `router` (an
+    /// in-process router over `endpoints`: each try asks it which replica answers).
     #[serde(default)]
     pub kind: UpstreamKind,
-    /// Base URL without the `/v1` suffix, e.g. `http://127.0.0.1:8000`.
+    /// Base URL without the `/v1` suffix, e.g. `http://127.0.0.1:8000`. Required for
+    /// `openai` and `strata_router`; not used by `router`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub base_url: String,
     /// Name of an environment variable holding the upstream's API key, sent as
     /// `Authorization: Bearer`. Read at load time; never written to logs.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// `router` only: the engine replicas, each a URL (`[kind=]http://host:port`) or the
+    /// router's endpoint spec (`{url, kind, model, lora, group, labels, ...}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<EndpointItem>,
+    /// `router` only: a `router.yaml` (relative paths are read from the gateway config's
+    /// directory). Its `endpoints` are used when `endpoints` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+    /// `router` only: router settings written inline (the `router.yaml` shape); not
+    /// together with `config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<serde_yaml::Value>,
+}
+
+/// One replica of a `router` upstream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EndpointItem {
+    Url(String),
+    Spec(strata_router::EndpointSpec),
+}
+
+impl EndpointItem {
+    /// The normalised spec (`kind=` prefix honoured, URL checked).
+    pub fn spec(
+        &self,
+        default_kind: strata_router::EngineKind,
+    ) -> Result<strata_router::EndpointSpec, String> {
+        let spec = match self {
+            EndpointItem::Url(u) => match u.split_once('=') {
+                Some((k, url)) => {
+                    let kind = k.parse().map_err(|e| format!("{e}"))?;
+                    strata_router::EndpointSpec::new(url, kind)
+                }
+                None => strata_router::EndpointSpec::new(u.as_str(), default_kind),
+            },
+            EndpointItem::Spec(s) => s.clone(),
+        };
+        spec.normalized().map_err(|e| e.to_string())
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +117,8 @@ pub enum UpstreamKind {
     #[default]
     Openai,
     StrataRouter,
+    /// An in-process [`strata_router::Router`] over engine URLs.
+    Router,
 }
 
 /// A public model name and where it goes.
@@ -312,7 +357,7 @@ pub struct PatternRule {
     /// Apply to prompts (default true).
     #[serde(default = "yes")]
     pub input: bool,
-    /// Apply to non-streamed responses (default true).
+    /// Apply to responses, streamed or not (default true).
     #[serde(default = "yes")]
     pub output: bool,
 }
@@ -395,6 +440,16 @@ impl Config {
             }
             if !upstreams.insert(u.name.as_str()) {
                 return Err(invalid(format!("upstream `{}` declared twice", u.name)));
+            }
+            if u.kind == UpstreamKind::Router {
+                validate_router_upstream(u)?;
+                continue;
+            }
+            if !u.endpoints.is_empty() || u.config.is_some() || u.router.is_some() {
+                return Err(invalid(format!(
+                    "upstream `{}`: `endpoints`, `config` and `router` need `kind: router`",
+                    u.name
+                )));
             }
             let url = u.base_url.trim_end_matches('/');
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -503,6 +558,135 @@ impl Config {
     }
 }
 
+/// Checks a `kind: router` upstream without reading files or starting anything.
+fn validate_router_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
+    let name = &u.name;
+    if !u.base_url.is_empty() {
+        return Err(invalid(format!(
+            "upstream `{name}`: `kind: router` takes `endpoints`, not `base_url`"
+        )));
+    }
+    if u.api_key_env.is_some() {
+        return Err(invalid(format!(
+            "upstream `{name}`: `api_key_env` is not used by `kind: router`"
+        )));
+    }
+    if u.config.is_some() && u.router.is_some() {
+        return Err(invalid(format!(
+            "upstream `{name}`: give router settings either in `config` (a file) or inline \
+             in `router`, not both"
+        )));
+    }
+    let default_kind = match &u.router {
+        Some(v) => inline_router_config(name, v)?.default_kind,
+        None => strata_router::EngineKind::default(),
+    };
+    if u.endpoints.is_empty() && u.config.is_none() {
+        return Err(invalid(format!(
+            "upstream `{name}`: `kind: router` needs `endpoints` (or a `config` file listing them)"
+        )));
+    }
+    let mut seen = HashSet::new();
+    for e in &u.endpoints {
+        let spec = e
+            .spec(default_kind)
+            .map_err(|why| invalid(format!("upstream `{name}`: {why}")))?;
+        if !seen.insert(spec.url.clone()) {
+            return Err(invalid(format!(
+                "upstream `{name}`: endpoint `{}` listed twice",
+                spec.url
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn inline_router_config(
+    name: &str,
+    v: &serde_yaml::Value,
+) -> Result<strata_router::RouterConfig, ConfigError> {
+    let text = serde_yaml::to_string(v)?;
+    strata_router::RouterConfig::from_yaml(&text)
+        .map_err(|e| invalid(format!("upstream `{name}`: {e}")))
+}
+
+/// A `kind: router` upstream's live router and what it was built from (so a reload with
+/// the same settings keeps it, with its circuit breakers, prefix index and in-flight
+/// counts, and only syncs the endpoint list).
+#[derive(Clone)]
+pub struct EmbeddedRouter {
+    pub router: strata_router::Router,
+    /// The router settings text it was built from (file contents or inline YAML).
+    source: String,
+}
+
+impl std::fmt::Debug for EmbeddedRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedRouter")
+            .field("endpoints", &self.router.endpoints())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Router settings and endpoints of a `kind: router` upstream, read and checked.
+struct RouterPlan {
+    config: strata_router::RouterConfig,
+    source: String,
+}
+
+fn plan_router(u: &UpstreamConfig, base_dir: Option<&Path>) -> Result<RouterPlan, ConfigError> {
+    let name = &u.name;
+    let source = match (&u.config, &u.router) {
+        (Some(path), _) => {
+            let full = match base_dir {
+                Some(dir) if path.is_relative() => dir.join(path),
+                _ => path.clone(),
+            };
+            std::fs::read_to_string(&full).map_err(|source| ConfigError::Read {
+                path: full.clone(),
+                source,
+            })?
+        }
+        (None, Some(v)) => serde_yaml::to_string(v)?,
+        (None, None) => String::new(),
+    };
+    let text = if source.trim().is_empty() {
+        "{}"
+    } else {
+        &source
+    };
+    let mut config = strata_router::RouterConfig::from_yaml(text)
+        .map_err(|e| invalid(format!("upstream `{name}`: {e}")))?;
+    if !u.endpoints.is_empty() {
+        let mut specs = Vec::with_capacity(u.endpoints.len());
+        for e in &u.endpoints {
+            let spec = e
+                .spec(config.default_kind)
+                .map_err(|why| invalid(format!("upstream `{name}`: {why}")))?;
+            if specs
+                .iter()
+                .any(|s: &strata_router::EndpointSpec| s.url == spec.url)
+            {
+                return Err(invalid(format!(
+                    "upstream `{name}`: endpoint `{}` listed twice",
+                    spec.url
+                )));
+            }
+            specs.push(spec);
+        }
+        config.endpoints = specs;
+    }
+    if config.endpoints.is_empty() {
+        return Err(invalid(format!(
+            "upstream `{name}`: the router has no endpoints"
+        )));
+    }
+    Ok(RouterPlan { config, source })
+}
+
+/// Paths of the forwarded routes, in [`crate::proxy::Route`] order.
+pub const ROUTE_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
 /// A validated config with its lookup tables built.
 #[derive(Debug)]
 pub struct Resolved {
@@ -514,16 +698,36 @@ pub struct Resolved {
     pub guardrails: crate::guardrails::Guardrails,
 }
 
-/// An upstream with its key read from the environment.
+/// An upstream with its key read from the environment (or its embedded router built).
 #[derive(Debug, Clone)]
 pub struct ResolvedUpstream {
     pub name: String,
+    /// Empty for `kind: router`.
     pub base_url: String,
     pub api_key: Option<String>,
+    /// `kind: router`: the in-process router that picks a replica for each try.
+    pub router: Option<EmbeddedRouter>,
+    /// The forwarded routes' URLs, parsed once at load (chat, completions, embeddings);
+    /// empty for `kind: router`.
+    pub route_urls: Vec<reqwest::Url>,
 }
 
 impl Resolved {
+    /// Resolves a config on its own (router upstreams read relative files from the
+    /// current directory and start fresh routers).
     pub fn new(config: Config) -> Result<Resolved, ConfigError> {
+        Resolved::build(config, None, None)
+    }
+
+    /// Resolves a config. `base_dir` is where relative router config paths are read
+    /// from; `previous` is the config being replaced, whose embedded routers are kept
+    /// (endpoint lists synced) when their settings did not change. Background tasks of
+    /// new routers start on the current tokio runtime.
+    pub fn build(
+        config: Config,
+        base_dir: Option<&Path>,
+        previous: Option<&Resolved>,
+    ) -> Result<Resolved, ConfigError> {
         config.validate()?;
         let mut model_index = HashMap::new();
         for (i, m) in config.models.iter().enumerate() {
@@ -532,8 +736,44 @@ impl Resolved {
                 model_index.insert(a.clone(), i);
             }
         }
+        // Read and check every router's settings before touching any live router, so a
+        // refused file leaves the running ones as they were.
+        let mut plans = HashMap::new();
+        for u in &config.upstreams {
+            if u.kind == UpstreamKind::Router {
+                plans.insert(u.name.clone(), plan_router(u, base_dir)?);
+            }
+        }
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
+            if let Some(plan) = plans.remove(&u.name) {
+                let kept = previous
+                    .and_then(|p| p.upstreams.get(&u.name))
+                    .and_then(|p| p.router.as_ref())
+                    .filter(|r| r.source == plan.source);
+                let embedded = match kept {
+                    Some(r) => {
+                        r.router.sync_endpoints(&plan.config.endpoints);
+                        r.clone()
+                    }
+                    None => EmbeddedRouter {
+                        router: strata_router::Router::new(plan.config)
+                            .map_err(|e| invalid(format!("upstream `{}`: {e}", u.name)))?,
+                        source: plan.source,
+                    },
+                };
+                upstreams.insert(
+                    u.name.clone(),
+                    ResolvedUpstream {
+                        name: u.name.clone(),
+                        base_url: String::new(),
+                        api_key: None,
+                        router: Some(embedded),
+                        route_urls: Vec::new(),
+                    },
+                );
+                continue;
+            }
             let api_key = match &u.api_key_env {
                 Some(var) => Some(std::env::var(var).map_err(|_| {
                     invalid(format!(
@@ -543,12 +783,20 @@ impl Resolved {
                 })?),
                 None => None,
             };
+            let base_url = u.base_url.trim_end_matches('/').to_string();
+            let route_urls = ROUTE_PATHS
+                .iter()
+                .map(|p| reqwest::Url::parse(&format!("{base_url}{p}")))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(format!("upstream `{}`: bad base_url: {e}", u.name)))?;
             upstreams.insert(
                 u.name.clone(),
                 ResolvedUpstream {
                     name: u.name.clone(),
-                    base_url: u.base_url.trim_end_matches('/').to_string(),
+                    base_url,
                     api_key,
+                    router: None,
+                    route_urls,
                 },
             );
         }
@@ -593,9 +841,10 @@ impl ConfigHandle {
             Some(p) => (Config::load(p)?, file_mtime(p)),
             None => (Config::default(), None),
         };
+        let base_dir = path.and_then(Path::parent);
         Ok(ConfigHandle {
             path: path.map(Path::to_path_buf),
-            current: RwLock::new(Arc::new(Resolved::new(config)?)),
+            current: RwLock::new(Arc::new(Resolved::build(config, base_dir, None)?)),
             mtime: RwLock::new(mtime),
         })
     }
@@ -623,7 +872,9 @@ impl ConfigHandle {
             return Ok(());
         };
         let mtime = file_mtime(path);
-        let resolved = Resolved::new(Config::load(path)?);
+        let previous = self.get();
+        let resolved =
+            Config::load(path).and_then(|c| Resolved::build(c, path.parent(), Some(&previous)));
         // Remember the mtime even on failure so an invalid file is reported once, not on
         // every poll.
         *self.mtime.write() = mtime;
@@ -643,7 +894,8 @@ impl ConfigHandle {
 
     /// Replaces the config with an already-validated one (tests).
     pub fn replace(&self, config: Config) -> Result<(), ConfigError> {
-        *self.current.write() = Arc::new(Resolved::new(config)?);
+        let previous = self.get();
+        *self.current.write() = Arc::new(Resolved::build(config, None, Some(&previous))?);
         Ok(())
     }
 }

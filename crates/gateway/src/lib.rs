@@ -10,7 +10,9 @@
 //! * [`cache`]: exact-match response cache, keyed per tenant (memory LRU or Redis).
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
 //! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
-//! * [`proxy`]: the request path, streaming passthrough and usage accounting.
+//! * [`proxy`]: the request path, streaming passthrough and usage accounting; tries go
+//!   to a fixed base URL or through an embedded router ([`config::EmbeddedRouter`]).
+//! * [`stream_guard`]: output guardrails on streamed answers (hold-back window).
 //! * [`state`]: [`state::Gateway`], the shared state and in-memory mirror of keys and spend.
 //! * [`server`]: routes, admin API, serving and config watching.
 //! * [`metrics`]: Prometheus metrics.
@@ -29,6 +31,7 @@ pub mod routing;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod stream_guard;
 
 pub use cli::{run, run_keys, GatewayArgs, KeysArgs, KeysCommand};
 pub use config::{Config, ConfigHandle};

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub backend_errors: Family<Labels, Counter>,
     /// `strata_gateway_request_duration_seconds`: until response headers.
     pub duration: Histogram,
+    /// `strata_gateway_ledger_backpressure_total`: usage rows that waited for room in the
+    /// ledger queue (the SQLite writer fell behind).
+    pub ledger_backpressure: Counter,
 }
 
 impl Default for Metrics {
@@ -56,6 +59,7 @@ impl Metrics {
             fallbacks: Counter::default(),
             backend_errors: Family::default(),
             duration: Histogram::new(LATENCY_BUCKETS.iter().copied()),
+            ledger_backpressure: Counter::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -97,6 +101,11 @@ impl Metrics {
             "strata_gateway_backend_errors",
             "Shared backend (Redis) failures",
             m.backend_errors.clone(),
+        );
+        r.register(
+            "strata_gateway_ledger_backpressure",
+            "Usage rows that waited for room in the ledger queue",
+            m.ledger_backpressure.clone(),
         );
         r.register(
             "strata_gateway_request_duration_seconds",

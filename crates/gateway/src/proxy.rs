@@ -21,14 +21,17 @@ use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 use strata_api::types::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest};
 use strata_api::{parse_json, ApiError, SseDecoder};
+use strata_router::scheduling::SchedRequest;
+use strata_router::{Lease, Router};
 
 use crate::cache;
-use crate::config::{Price, Resolved};
+use crate::config::{Price, Resolved, ResolvedUpstream};
 use crate::keys;
 use crate::ratelimit::{Decision, LimitCheck, LimitKind};
 use crate::routing::{self, Failure, Next};
 use crate::state::{unix_now, Gateway, KeyEntry};
 use crate::store::UsageEvent;
+use crate::stream_guard::StreamGuard;
 
 /// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
@@ -40,6 +43,8 @@ pub const UPSTREAM_HEADER: &str = "x-strata-upstream";
 pub const MODEL_HEADER: &str = "x-strata-model";
 /// Taken from the client when present, generated otherwise; sent upstream and back.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// The replica (`host:port`) that served, when an embedded router chose it.
+pub const SERVED_BY_HEADER: &str = strata_router::proxy::SERVED_BY;
 
 /// The OpenAI routes the gateway forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +55,17 @@ pub enum Route {
 }
 
 impl Route {
-    pub fn path(self) -> &'static str {
+    /// Index into [`crate::config::ROUTE_PATHS`] and [`ResolvedUpstream::route_urls`].
+    fn index(self) -> usize {
         match self {
-            Route::Chat => "/v1/chat/completions",
-            Route::Completions => "/v1/completions",
-            Route::Embeddings => "/v1/embeddings",
+            Route::Chat => 0,
+            Route::Completions => 1,
+            Route::Embeddings => 2,
         }
+    }
+
+    pub fn path(self) -> &'static str {
+        crate::config::ROUTE_PATHS[self.index()]
     }
 
     fn name(self) -> &'static str {
@@ -559,6 +569,8 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
     let deadline = started + Duration::from_millis(model.timeout_ms);
     let mut last: Option<Failure> = None;
     let mut tries = 0u32;
+    // Prompt text for the embedded routers' prefix index, built on first use.
+    let mut prefix_text: Option<String> = None;
     'targets: for att in &plan {
         let Some(up) = resolved.upstreams.get(&att.upstream) else {
             continue;
@@ -568,7 +580,6 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
             Ok(p) => Bytes::from(p),
             Err(_) => continue,
         };
-        let url = format!("{}{}", up.base_url, route.path());
         for n in 0..=att.retries {
             if n > 0 {
                 let wait = {
@@ -587,20 +598,34 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
             let per_try = att.try_timeout.min(remaining);
             let try_deadline = Instant::now() + per_try;
             tries += 1;
-            let mut rb = gw
-                .client
-                .post(&url)
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(payload.clone());
-            if let Some(k) = &up.api_key {
-                rb = rb.bearer_auth(k);
-            }
-            rb = rb.header(REQUEST_ID_HEADER, request_id.clone());
-            let failure = match tokio::time::timeout(per_try, rb.send()).await {
-                Err(_) => Failure::Timeout,
-                Ok(Err(e)) if e.is_timeout() => Failure::Timeout,
-                Ok(Err(_)) => Failure::Connect,
-                Ok(Ok(resp)) if resp.status().is_success() => {
+            let sent = match &up.router {
+                None => send_direct(&gw, up, route, &payload, &request_id, per_try).await,
+                Some(emb) => {
+                    let prefix = prefix_text.get_or_insert_with(|| prompt_prefix_text(&body));
+                    let ask = RouterAsk {
+                        model: &att.upstream_model,
+                        prefix,
+                        headers: &parts.headers,
+                        priority: body
+                            .get("priority")
+                            .and_then(Value::as_i64)
+                            .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
+                    };
+                    send_via_router(
+                        &gw,
+                        &emb.router,
+                        route,
+                        &payload,
+                        &request_id,
+                        &ask,
+                        try_deadline,
+                    )
+                    .await
+                }
+            };
+            let failure = match sent {
+                Err(f) => f,
+                Ok(Answer { resp, mut lease }) if resp.status().is_success() => {
                     tracing::debug!(
                         request_id = request_id.to_str().unwrap_or(""),
                         key = %key.record.id,
@@ -617,14 +642,20 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
                     gw.metrics.duration.observe(started.elapsed().as_secs_f64());
                     extra.insert(UPSTREAM_HEADER, hv(&att.upstream));
                     extra.insert(MODEL_HEADER, hv(&att.model));
+                    if let Some(l) = &lease {
+                        extra.insert(SERVED_BY_HEADER, hv(l.url().trim_start_matches("http://")));
+                    }
                     settle.model = att.model.clone();
                     settle.price = att.price;
                     if stream {
                         count_request(&gw, &model.name, 200);
-                        return stream_response(resp, settle, extra);
+                        let guard = (!resolved.guardrails.is_empty())
+                            .then(|| StreamGuard::new(resolved.clone()));
+                        return stream_response(resp, settle, extra, lease, guard);
                     }
                     match read_limited(resp, server.max_response_bytes, try_deadline).await {
                         Ok((status, ct, bytes)) => {
+                            drop(lease);
                             return finish_json(
                                 &gw,
                                 &resolved,
@@ -638,15 +669,21 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
                             )
                             .await;
                         }
-                        Err(f) => f,
+                        Err(f) => {
+                            if let Some(l) = &mut lease {
+                                l.fail();
+                            }
+                            f
+                        }
                     }
                 }
-                Ok(Ok(resp)) => {
+                Ok(Answer { resp, lease }) => {
                     let status = resp.status().as_u16();
                     let text = match read_limited(resp, ERROR_BODY_LIMIT, try_deadline).await {
                         Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
                         Err(_) => String::new(),
                     };
+                    drop(lease);
                     Failure::Status(status, text)
                 }
             };
@@ -708,6 +745,219 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
     settle.finish(None, status, false).await;
     resp.headers_mut().extend(extra);
     resp
+}
+
+/// A try that got response headers; `lease` holds the replica chosen by an embedded
+/// router (in flight until dropped).
+struct Answer {
+    resp: reqwest::Response,
+    lease: Option<Replica>,
+}
+
+/// A replica's lease while its answer is being relayed. The outcome is reported once,
+/// when it is known: [`Replica::fail`] for a body or stream that breaks; success when
+/// dropped otherwise — a whole body, a stream that ended with `[DONE]`, a client error
+/// answer, or a client that went away (not the replica's fault). Reporting success only
+/// at the end lets a replica that cuts every stream open its circuit, and reporting on
+/// every path keeps a half-open circuit from waiting forever for its probe.
+struct Replica {
+    lease: Lease,
+    settled: bool,
+}
+
+impl Replica {
+    fn url(&self) -> &str {
+        self.lease.url()
+    }
+
+    fn fail(&mut self) {
+        if !self.settled {
+            self.settled = true;
+            self.lease.failure();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.lease.success();
+        }
+    }
+}
+
+fn classify_send_error(e: &reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        Failure::Timeout
+    } else {
+        Failure::Connect
+    }
+}
+
+/// One try against a fixed base URL: any status comes back as an [`Answer`].
+async fn send_direct(
+    gw: &Gateway,
+    up: &ResolvedUpstream,
+    route: Route,
+    payload: &Bytes,
+    request_id: &HeaderValue,
+    per_try: Duration,
+) -> Result<Answer, Failure> {
+    // Parsed at load; a clone is cheaper than parsing the URL again.
+    let url = match up.route_urls.get(route.index()) {
+        Some(u) => u.clone(),
+        None => reqwest::Url::parse(&format!("{}{}", up.base_url, route.path()))
+            .map_err(|_| Failure::Connect)?,
+    };
+    let mut rb = gw
+        .client
+        .post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(REQUEST_ID_HEADER, request_id.clone())
+        .body(payload.clone());
+    if let Some(k) = &up.api_key {
+        rb = rb.bearer_auth(k);
+    }
+    match tokio::time::timeout(per_try, rb.send()).await {
+        Err(_) => Err(Failure::Timeout),
+        Ok(Err(e)) => Err(classify_send_error(&e)),
+        Ok(Ok(resp)) => Ok(Answer { resp, lease: None }),
+    }
+}
+
+/// What an embedded router needs to place one request.
+struct RouterAsk<'a> {
+    /// The `model` sent upstream (replicas may be pinned to one).
+    model: &'a str,
+    /// Prompt text for the approximate prefix index.
+    prefix: &'a str,
+    headers: &'a HeaderMap,
+    priority: i32,
+}
+
+/// One try through an embedded router: admission, a pick, then the ranked replicas in
+/// order, moving on after a connect error or a 5xx before the first byte (at most the
+/// router's `max_retries` more), each outcome reported to the replica's circuit breaker.
+/// An answer below 500 comes back with its lease; the caller reports a body that
+/// breaks and drops the lease when the request is over.
+async fn send_via_router(
+    gw: &Gateway,
+    router: &Router,
+    route: Route,
+    payload: &Bytes,
+    request_id: &HeaderValue,
+    ask: &RouterAsk<'_>,
+    try_deadline: Instant,
+) -> Result<Answer, Failure> {
+    let left = try_deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, router.admit(ask.priority)).await {
+        Err(_) => return Err(Failure::Timeout),
+        Ok(Err(e)) => return Err(Failure::Status(503, e.to_string())),
+        Ok(Ok(())) => {}
+    }
+    let config = router.config();
+    let mut sreq = SchedRequest {
+        model: ask.model.to_string(),
+        approx_blocks: router.approx_blocks(ask.model, ask.prefix),
+        priority: ask.priority,
+        session: ask
+            .headers
+            .get(config.session_header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        ..Default::default()
+    };
+    let picked = router
+        .pick(&mut sreq)
+        .map_err(|e| Failure::Status(503, format!("router: {e}")))?;
+    let max_attempts = config.max_retries + 1;
+    let mut attempts = 0;
+    let mut last = Failure::Status(503, "router: no replica could take the request".into());
+    for (id, url) in &picked.ranked {
+        if attempts >= max_attempts {
+            break;
+        }
+        let Some(mut lease) = router.lease(*id, url) else {
+            continue;
+        };
+        attempts += 1;
+        let left = try_deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Failure::Timeout);
+        }
+        let rb = gw
+            .client
+            .post(format!("{url}{}", route.path()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(REQUEST_ID_HEADER, request_id.clone())
+            .body(payload.clone());
+        match tokio::time::timeout(left, rb.send()).await {
+            Err(_) => {
+                lease.failure();
+                return Err(Failure::Timeout);
+            }
+            Ok(Err(e)) => {
+                lease.failure();
+                last = classify_send_error(&e);
+            }
+            Ok(Ok(resp)) if resp.status().is_server_error() => {
+                lease.failure();
+                let status = resp.status().as_u16();
+                let text = match read_limited(resp, ERROR_BODY_LIMIT, try_deadline).await {
+                    Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
+                    Err(_) => String::new(),
+                };
+                last = Failure::Status(status, text);
+            }
+            Ok(Ok(resp)) => {
+                return Ok(Answer {
+                    resp,
+                    lease: Some(Replica {
+                        lease,
+                        settled: false,
+                    }),
+                });
+            }
+        }
+        tracing::debug!(endpoint = %url, failure = ?last, "replica failed before answering; next");
+    }
+    Err(last)
+}
+
+/// The prompt as one text (role and content of each message, or the prompt), the key
+/// of the embedded routers' approximate prefix index.
+fn prompt_prefix_text(body: &Value) -> String {
+    fn push_text(out: &mut String, v: &Value) {
+        match v {
+            Value::String(s) => out.push_str(s),
+            Value::Array(items) => items.iter().for_each(|i| push_text(out, i)),
+            Value::Object(o) => {
+                if let Some(t) = o.get("text") {
+                    push_text(out, t);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::new();
+    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
+        for m in msgs {
+            if let Some(role) = m.get("role").and_then(Value::as_str) {
+                out.push_str(role);
+            }
+            out.push('\n');
+            if let Some(c) = m.get("content") {
+                push_text(&mut out, c);
+            }
+            out.push('\n');
+        }
+    }
+    for field in ["prompt", "input"] {
+        if let Some(p) = body.get(field) {
+            push_text(&mut out, p);
+        }
+    }
+    out
 }
 
 /// Reads a whole upstream body, bounded in size and time.
@@ -806,6 +1056,16 @@ struct UsageWatch {
     usage: Option<(u64, u64)>,
     settle: Option<Settle>,
     failed: bool,
+    /// The replica's lease when an embedded router chose it: told about a stream that
+    /// breaks or ends without `[DONE]`; released (in flight no more) when this drops,
+    /// including when the client goes away.
+    lease: Option<Replica>,
+    saw_done: bool,
+    /// Output guardrails over the stream (when any are configured).
+    guard: Option<StreamGuard>,
+    /// No more items: the upstream ended (and held text was flushed) or a guardrail
+    /// blocked the stream.
+    ended: bool,
 }
 
 impl UsageWatch {
@@ -814,6 +1074,9 @@ impl UsageWatch {
         match dec.feed(chunk) {
             Ok(events) => {
                 for ev in events {
+                    if ev.is_done() {
+                        self.saw_done = true;
+                    }
                     if ev.data.contains("\"usage\"") && !ev.is_done() {
                         if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
                             if let Some(u) = usage_of(&v) {
@@ -832,16 +1095,54 @@ impl Stream for UsageWatch {
     type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.inner.as_mut().poll_next(cx) {
-            Poll::Ready(Some(Ok(chunk))) => {
-                self.observe(&chunk);
-                Poll::Ready(Some(Ok(chunk)))
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
             }
-            Poll::Ready(Some(Err(e))) => {
-                self.failed = true;
-                Poll::Ready(Some(Err(std::io::Error::other(e))))
+            match self.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    self.observe(&chunk);
+                    let Some(guard) = &mut self.guard else {
+                        return Poll::Ready(Some(Ok(chunk)));
+                    };
+                    let out = guard.feed(&chunk);
+                    if guard.blocked().is_some() {
+                        // Stop reading: dropping the upstream body cancels the generation.
+                        self.ended = true;
+                        self.inner = Box::pin(futures_util::stream::empty());
+                        if let Some(s) = &self.settle {
+                            s.gw.metrics.reject("guardrail");
+                        }
+                    }
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Bytes::from(out))));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.failed = true;
+                    if let Some(l) = &mut self.lease {
+                        l.fail();
+                    }
+                    return Poll::Ready(Some(Err(std::io::Error::other(e))));
+                }
+                Poll::Ready(None) => {
+                    // A replica that ends the stream without `[DONE]` failed it; a decoder
+                    // that gave up (not SSE) cannot tell, so it counts as finished.
+                    if !self.saw_done && self.decoder.is_some() {
+                        if let Some(l) = &mut self.lease {
+                            l.fail();
+                        }
+                    }
+                    self.lease = None;
+                    self.ended = true;
+                    let rest = self.guard.as_mut().map(StreamGuard::finish);
+                    return match rest {
+                        Some(out) if !out.is_empty() => Poll::Ready(Some(Ok(Bytes::from(out)))),
+                        _ => Poll::Ready(None),
+                    };
+                }
+                Poll::Pending => return Poll::Pending,
             }
-            other => other.map(|o| o.map(|r| r.map_err(std::io::Error::other))),
         }
     }
 }
@@ -858,7 +1159,13 @@ impl Drop for UsageWatch {
     }
 }
 
-fn stream_response(resp: reqwest::Response, settle: Settle, extra: HeaderMap) -> Response {
+fn stream_response(
+    resp: reqwest::Response,
+    settle: Settle,
+    extra: HeaderMap,
+    lease: Option<Replica>,
+    guard: Option<StreamGuard>,
+) -> Response {
     let status = resp.status();
     let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let watch = UsageWatch {
@@ -867,6 +1174,10 @@ fn stream_response(resp: reqwest::Response, settle: Settle, extra: HeaderMap) ->
         usage: None,
         settle: Some(settle),
         failed: false,
+        lease,
+        saw_done: false,
+        guard,
+        ended: false,
     };
     let mut out = Response::new(Body::from_stream(watch.fuse()));
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::OK);

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -126,6 +126,44 @@ async fn models(State(gw): Gw, headers: HeaderMap) -> Response {
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// Extractor: the request carries the admin key (else the OpenAI-shaped 401/403 is the
+/// answer and the handler never runs).
+struct Admin;
+
+impl FromRequestParts<Arc<Gateway>> for Admin {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        gw: &Arc<Gateway>,
+    ) -> Result<Self, Response> {
+        admin(gw, &parts.headers)
+            .map(|()| Admin)
+            .map_err(|e| error_response(&e))
+    }
+}
+
+/// Extractor: a JSON body parsed into `T`, refused with an OpenAI-shaped 400 (naming the
+/// faulty field) or 413. Put it after [`Admin`] so the key is checked first.
+struct AdminJson<T>(T);
+
+impl<T: serde::de::DeserializeOwned> FromRequest<Arc<Gateway>> for AdminJson<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, gw: &Arc<Gateway>) -> Result<Self, Response> {
+        let bytes = axum::body::Bytes::from_request(req, gw)
+            .await
+            .map_err(|e| {
+                error_response(&ApiError::too_large(format!(
+                    "The request body could not be read: {e}"
+                )))
+            })?;
+        parse_json(&bytes)
+            .map(AdminJson)
+            .map_err(|e| error_response(&e))
+    }
+}
+
 /// Checks the admin key; the admin API is off without one.
 fn admin(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &gw.admin_key else {
@@ -168,14 +206,11 @@ fn check_models(gw: &Gateway, models: &[String]) -> Result<(), ApiError> {
     }
 }
 
-async fn admin_create_key(State(gw): Gw, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
-    let req: CreateKey = match parse_json(&body) {
-        Ok(r) => r,
-        Err(e) => return error_response(&e),
-    };
+async fn admin_create_key(
+    State(gw): Gw,
+    _: Admin,
+    AdminJson(req): AdminJson<CreateKey>,
+) -> Response {
     if req.tenant.trim().is_empty() || req.tenant.len() > 128 {
         return error_response(&ApiError::invalid(
             "tenant",
@@ -200,10 +235,7 @@ async fn admin_create_key(State(gw): Gw, headers: HeaderMap, body: axum::body::B
     }
 }
 
-async fn admin_list_keys(State(gw): Gw, headers: HeaderMap) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_list_keys(State(gw): Gw, _: Admin) -> Response {
     let keys: Vec<Value> = {
         let map = gw.keys.read();
         let mut list: Vec<_> = map.values().cloned().collect();
@@ -221,10 +253,7 @@ async fn admin_list_keys(State(gw): Gw, headers: HeaderMap) -> Response {
     Json(json!({"object": "list", "data": keys})).into_response()
 }
 
-async fn admin_revoke_key(State(gw): Gw, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_revoke_key(State(gw): Gw, _: Admin, Path(id): Path<String>) -> Response {
     let gw2 = gw.clone();
     let id2 = id.clone();
     match tokio::task::spawn_blocking(move || gw2.revoke_key(&id2)).await {
@@ -250,17 +279,10 @@ struct KeyUpdate {
 
 async fn admin_update_key(
     State(gw): Gw,
-    headers: HeaderMap,
+    _: Admin,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    AdminJson(req): AdminJson<KeyUpdate>,
 ) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
-    let req: KeyUpdate = match parse_json(&body) {
-        Ok(r) => r,
-        Err(e) => return error_response(&e),
-    };
     let budget = match check_budget(req.budget_usd) {
         Ok(b) => b,
         Err(e) => return error_response(&e),
@@ -297,10 +319,7 @@ async fn admin_update_key(
     }
 }
 
-async fn admin_list_tenants(State(gw): Gw, headers: HeaderMap) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_list_tenants(State(gw): Gw, _: Admin) -> Response {
     let resolved = gw.config.get();
     let mut names: Vec<String> = gw.tenants.read().keys().cloned().collect();
     names.extend(resolved.tenants.keys().cloned());
@@ -343,17 +362,10 @@ struct TenantUpdate {
 
 async fn admin_put_tenant(
     State(gw): Gw,
-    headers: HeaderMap,
+    _: Admin,
     Path(name): Path<String>,
-    body: axum::body::Bytes,
+    AdminJson(req): AdminJson<TenantUpdate>,
 ) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
-    let req: TenantUpdate = match parse_json(&body) {
-        Ok(r) => r,
-        Err(e) => return error_response(&e),
-    };
     let budget = match check_budget(req.budget_usd) {
         Ok(b) => b,
         Err(e) => return error_response(&e),
@@ -381,14 +393,7 @@ async fn admin_put_tenant(
     }
 }
 
-async fn admin_usage(
-    State(gw): Gw,
-    headers: HeaderMap,
-    Query(filter): Query<UsageFilter>,
-) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_usage(State(gw): Gw, _: Admin, Query(filter): Query<UsageFilter>) -> Response {
     let gw2 = gw.clone();
     let res = tokio::task::spawn_blocking(move || {
         gw2.flush_usage();
@@ -423,10 +428,7 @@ fn default_audit_limit() -> u32 {
     100
 }
 
-async fn admin_audit(State(gw): Gw, headers: HeaderMap, Query(q): Query<AuditQuery>) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_audit(State(gw): Gw, _: Admin, Query(q): Query<AuditQuery>) -> Response {
     let gw2 = gw.clone();
     match tokio::task::spawn_blocking(move || gw2.store.list_audit(q.limit.min(10_000))).await {
         Ok(Ok(rows)) => Json(json!({"object": "list", "data": rows})).into_response(),
@@ -435,10 +437,7 @@ async fn admin_audit(State(gw): Gw, headers: HeaderMap, Query(q): Query<AuditQue
     }
 }
 
-async fn admin_reload(State(gw): Gw, headers: HeaderMap) -> Response {
-    if let Err(e) = admin(&gw, &headers) {
-        return error_response(&e);
-    }
+async fn admin_reload(State(gw): Gw, _: Admin) -> Response {
     match gw.config.reload() {
         Ok(()) => {
             gw.audit("reload", "config", "");

@@ -57,6 +57,11 @@ enum WriterMsg {
     Flush(std_mpsc::Sender<()>),
 }
 
+/// Ledger rows that may wait for the usage writer. When SQLite falls this far behind, the
+/// request path waits for room rather than dropping rows (counted in
+/// `strata_gateway_ledger_backpressure_total`).
+pub const LEDGER_QUEUE: usize = 65_536;
+
 /// Options that are not part of `gateway.yaml`.
 #[derive(Debug, Clone, Default)]
 pub struct GatewayOptions {
@@ -79,7 +84,7 @@ pub struct Gateway {
     pub rng: Mutex<StdRng>,
     request_prefix: u32,
     request_seq: std::sync::atomic::AtomicU64,
-    writer: Mutex<Option<std_mpsc::Sender<WriterMsg>>>,
+    writer: Mutex<Option<std_mpsc::SyncSender<WriterMsg>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -139,7 +144,7 @@ impl Gateway {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| StateError::Client(e.to_string()))?;
-        let (tx, rx) = std_mpsc::channel();
+        let (tx, rx) = std_mpsc::sync_channel(LEDGER_QUEUE);
         let writer_store = store.clone();
         let handle = std::thread::Builder::new()
             .name("gateway-usage-writer".into())
@@ -309,19 +314,24 @@ impl Gateway {
                 }
             }
         }
-        if let Some(tx) = self.writer.lock().as_ref() {
-            let _ = tx.send(WriterMsg::Usage(ev));
+        let tx = self.writer.lock().clone();
+        if let Some(tx) = tx {
+            match tx.try_send(WriterMsg::Usage(ev)) {
+                Ok(()) | Err(std_mpsc::TrySendError::Disconnected(_)) => {}
+                Err(std_mpsc::TrySendError::Full(msg)) => {
+                    // Lossless: wait for the writer (it drains in batches of 512).
+                    self.metrics.ledger_backpressure.inc();
+                    let _ = tx.send(msg);
+                }
+            }
         }
     }
 
     /// Waits until every queued ledger row is written.
     pub fn flush_usage(&self) {
         let (tx, rx) = std_mpsc::channel();
-        let sent = self
-            .writer
-            .lock()
-            .as_ref()
-            .is_some_and(|w| w.send(WriterMsg::Flush(tx)).is_ok());
+        let writer = self.writer.lock().clone();
+        let sent = writer.is_some_and(|w| w.send(WriterMsg::Flush(tx)).is_ok());
         if sent {
             let _ = rx.recv_timeout(Duration::from_secs(10));
         }

@@ -4,6 +4,7 @@
 //! One connection behind a mutex: the gateway writes in batches from one thread and reads
 //! rarely (admin API, key refresh), so a pool would buy nothing.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use parking_lot::Mutex;
@@ -304,6 +305,10 @@ impl Store for SqliteStore {
                 "INSERT INTO tenants (name, spend_micros) VALUES (?1, ?2) \
                  ON CONFLICT(name) DO UPDATE SET spend_micros = spend_micros + ?2",
             )?;
+            // Spend is summed per key and tenant first: one UPDATE each per batch
+            // rather than two per row.
+            let mut keys: HashMap<&str, i64> = HashMap::new();
+            let mut tenants: HashMap<&str, i64> = HashMap::new();
             for e in events {
                 ins.execute(params![
                     e.ts,
@@ -318,9 +323,15 @@ impl Store for SqliteStore {
                     e.status
                 ])?;
                 if e.cost_micros != 0 {
-                    key_spend.execute(params![e.key_id, e.cost_micros])?;
-                    tenant_spend.execute(params![e.tenant, e.cost_micros])?;
+                    *keys.entry(&e.key_id).or_default() += e.cost_micros;
+                    *tenants.entry(&e.tenant).or_default() += e.cost_micros;
                 }
+            }
+            for (id, cost) in keys {
+                key_spend.execute(params![id, cost])?;
+            }
+            for (name, cost) in tenants {
+                tenant_spend.execute(params![name, cost])?;
             }
         }
         tx.commit()?;
