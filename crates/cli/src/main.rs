@@ -44,6 +44,8 @@ enum Command {
     Gateway(Box<strata_gateway::GatewayArgs>),
     /// The lifecycle controller: autoscaling and rollouts.
     Controller(Box<strata_controller::ControllerArgs>),
+    /// Canary rollouts in a running `strata up`: start, status, promote, rollback.
+    Rollout(Box<strata_controller::rollout_client::RolloutClientArgs>),
     /// Simulate a deployment in virtual time.
     Sim,
     /// Load-test an OpenAI-compatible server.
@@ -174,6 +176,7 @@ fn main() -> ExitCode {
         Command::Router(args) => block_on(strata_router::run(*args)),
         Command::Gateway(args) => block_on(strata_gateway::run(*args)),
         Command::Controller(args) => block_on(strata_controller::run(*args)),
+        Command::Rollout(args) => block_on(strata_controller::rollout_client::run(*args)),
         Command::Sim => return unbuilt("sim"),
         Command::Bench(args) => block_on(strata_bench::run(*args)),
         Command::Keys(args) => block_on(strata_gateway::run_keys(*args)),

@@ -1,6 +1,7 @@
 //! The control loop: every tick, read the signals, ask the autoscaling policy, tell the
 //! driver. A driver error or a failed scrape is logged and counted, never fatal: the loop
-//! runs until it is told to stop.
+//! runs until it is told to stop. With [`Controller::with_fault_backoff`] (as in
+//! `strata up`) replacements of crashed replicas wait an exponential backoff.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +30,39 @@ pub struct TickReport {
 pub struct Status {
     pub last: Option<TickReport>,
     pub replicas: Vec<ReplicaInfo>,
+    /// The policy's last count.
+    pub desired: u32,
+    /// Replicas answering `/health` (registered with the router).
+    pub ready: u32,
+    /// Replacements held back by the crash backoff (see [`Controller::with_fault_backoff`]).
+    pub backing_off: u32,
+}
+
+/// Crash-replacement backoff: after a replica fault (crashed, never ready) or a driver
+/// error, no replacement starts for `initial x 2^(faults-1)`, at most `max`; a replica
+/// becoming ready resets it.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    faults: u32,
+    until: Option<Instant>,
+}
+
+impl Backoff {
+    fn holding(&self, now: Instant) -> bool {
+        self.until.is_some_and(|t| now < t)
+    }
+
+    fn fault(&mut self, now: Instant) -> Duration {
+        self.faults = self.faults.saturating_add(1);
+        let wait = self
+            .initial
+            .saturating_mul(1u32 << (self.faults - 1).min(16))
+            .min(self.max);
+        self.until = Some(now + wait);
+        wait
+    }
 }
 
 /// The autoscaling control loop over one driver and one signal source.
@@ -44,6 +78,7 @@ pub struct Controller<D: Driver, S: SignalSource> {
     skew: Duration,
     metrics: Arc<ControllerMetrics>,
     status: Arc<Mutex<Status>>,
+    backoff: Option<Backoff>,
 }
 
 impl<D: Driver, S: SignalSource> Controller<D, S> {
@@ -68,7 +103,21 @@ impl<D: Driver, S: SignalSource> Controller<D, S> {
             skew: Duration::ZERO,
             metrics,
             status: Arc::new(Mutex::new(Status::default())),
+            backoff: None,
         }
+    }
+
+    /// Holds back replacements after faults: the first waits `initial`, each further
+    /// fault doubles it up to `max`; a replica becoming ready resets it. Scale-in and the
+    /// replicas already running are never held. Off unless set.
+    pub fn with_fault_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff = Some(Backoff {
+            initial,
+            max: max.max(initial),
+            faults: 0,
+            until: None,
+        });
+        self
     }
 
     /// The status shared with the HTTP endpoint.
@@ -125,20 +174,47 @@ impl<D: Driver, S: SignalSource> Controller<D, S> {
         }
         self.metrics.record_decision(&decision);
 
-        let (events, driver_error) = match self.driver.reconcile(decision.desired).await {
+        // While backing off after a fault, keep what runs and start nothing new.
+        let live = replicas
+            .iter()
+            .filter(|r| r.phase != ReplicaPhase::Draining)
+            .count();
+        let live = u32::try_from(live).unwrap_or(u32::MAX);
+        let target = match &self.backoff {
+            Some(b) if b.holding(Instant::now()) => live.min(decision.desired),
+            _ => decision.desired,
+        };
+        let (events, driver_error) = match self.driver.reconcile(target).await {
             Ok(events) => (events, None),
             Err(e) => {
                 tracing::warn!(driver = self.driver.name(), error = %e, "driver failed; retrying next tick");
                 self.metrics.driver_errors.inc();
+                if let Some(b) = &mut self.backoff {
+                    let wait = b.fault(Instant::now());
+                    tracing::warn!(backoff_s = wait.as_secs_f64(), "holding replacements");
+                }
                 (Vec::new(), Some(e.to_string()))
             }
         };
         for e in &events {
             log_event(e);
             self.metrics.record_event(e);
+            if let Some(b) = &mut self.backoff {
+                if e.is_fault() {
+                    let wait = b.fault(Instant::now());
+                    tracing::warn!(backoff_s = wait.as_secs_f64(), "holding replacements");
+                } else if matches!(e, ReplicaEvent::Ready { .. }) {
+                    b.faults = 0;
+                }
+            }
         }
         let replicas = self.driver.replicas();
         self.metrics.record_replicas(&replicas);
+        let ready = replicas
+            .iter()
+            .filter(|r| r.phase == ReplicaPhase::Ready)
+            .count();
+        let desired = decision.desired;
         let report = TickReport {
             decision,
             events,
@@ -147,6 +223,9 @@ impl<D: Driver, S: SignalSource> Controller<D, S> {
         if let Ok(mut s) = self.status.lock() {
             s.last = Some(report.clone());
             s.replicas = replicas;
+            s.desired = desired;
+            s.ready = u32::try_from(ready).unwrap_or(u32::MAX);
+            s.backing_off = desired.saturating_sub(target);
         }
         report
     }
@@ -306,6 +385,106 @@ mod tests {
         assert!(metrics
             .render()
             .contains("strata_controller_metrics_gaps_total 5"));
+    }
+
+    /// Loses one replica (reported as exited) on the given call.
+    struct CrashingDriver {
+        replicas: u32,
+        calls: u32,
+        asked: Vec<u32>,
+        crash_on: u32,
+    }
+
+    impl Driver for CrashingDriver {
+        fn name(&self) -> &'static str {
+            "crashing"
+        }
+        async fn reconcile(&mut self, desired: u32) -> Result<Vec<ReplicaEvent>, DriverError> {
+            self.calls += 1;
+            self.asked.push(desired);
+            let mut events = Vec::new();
+            if self.calls == self.crash_on {
+                self.replicas -= 1;
+                events.push(ReplicaEvent::Exited {
+                    id: "r0".into(),
+                    status: "signal: 9".into(),
+                });
+                return Ok(events);
+            }
+            self.replicas = desired;
+            Ok(events)
+        }
+        fn replicas(&self) -> Vec<ReplicaInfo> {
+            (0..self.replicas)
+                .map(|i| ReplicaInfo {
+                    id: format!("r{i}"),
+                    url: format!("http://127.0.0.1:{}", 1000 + i),
+                    phase: ReplicaPhase::Ready,
+                })
+                .collect()
+        }
+        async fn shutdown(&mut self) -> Vec<ReplicaEvent> {
+            Vec::new()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_crash_holds_replacements_for_the_backoff() {
+        let cfg = AutoscaleConfig {
+            min_replicas: 2,
+            max_replicas: 2,
+            ..AutoscaleConfig::default()
+        };
+        let per = Arc::new(Mutex::new(Some(0.0)));
+        let mut c = Controller::new(
+            cfg,
+            Duration::from_millis(10),
+            CrashingDriver {
+                replicas: 0,
+                calls: 0,
+                asked: Vec::new(),
+                crash_on: 2,
+            },
+            FakeSource { per_replica: per },
+            Arc::new(NoRegistrar),
+            Arc::new(ControllerMetrics::new()),
+        )
+        .with_fault_backoff(Duration::from_secs(3600), Duration::from_secs(3600));
+        for _ in 0..4 {
+            c.tick().await;
+        }
+        // Call 1 starts two; call 2 loses one; calls 3 and 4 are held at the one left.
+        assert_eq!(c.driver().asked, vec![2, 2, 1, 1]);
+        let counts = {
+            let status = c.status();
+            let s = status.lock().unwrap();
+            (s.desired, s.ready, s.backing_off)
+        };
+        assert_eq!(counts, (2, 1, 1));
+        // Without the backoff the replacement starts at once.
+        let mut c = Controller::new(
+            AutoscaleConfig {
+                min_replicas: 2,
+                max_replicas: 2,
+                ..AutoscaleConfig::default()
+            },
+            Duration::from_millis(10),
+            CrashingDriver {
+                replicas: 0,
+                calls: 0,
+                asked: Vec::new(),
+                crash_on: 2,
+            },
+            FakeSource {
+                per_replica: Arc::new(Mutex::new(Some(0.0))),
+            },
+            Arc::new(NoRegistrar),
+            Arc::new(ControllerMetrics::new()),
+        );
+        for _ in 0..3 {
+            c.tick().await;
+        }
+        assert_eq!(c.driver().asked, vec![2, 2, 2]);
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //! replicas ahead of need, and replaces model versions safely.
 //!
 //! - [`autoscale`]: the autoscaling policy, a pure function (no clock, no I/O).
-//! - [`rollout`]: canary analysis, a pure function; [`rollout_runner`] applies it live.
+//! - [`rollout`]: canary analysis, a pure function; [`rollout_runner`] applies it live;
+//!   [`rollout_client`] is `strata rollout`, the client of the API `strata up` serves.
 //! - [`registry`]: model digests, ed25519 signing and verification ([`verify_model`]).
 //! - [`signals`]: reading engine `/metrics` into the policy's load sample.
 //! - [`driver`]: the [`driver::Driver`] trait and the local process driver.
@@ -31,6 +32,8 @@ pub mod http;
 pub mod keda;
 #[cfg(feature = "runtime")]
 pub mod metrics;
+#[cfg(feature = "runtime")]
+pub mod rollout_client;
 #[cfg(feature = "runtime")]
 pub mod rollout_runner;
 #[cfg(feature = "runtime")]

@@ -47,6 +47,10 @@ pub trait StackView: Send + Sync + 'static {
     fn replicas(&self) -> Vec<ReplicaView>;
     /// The router's Prometheus text, for picks per replica.
     fn router_metrics(&self) -> Option<String>;
+    /// The controller's view: `{desired, ready, reason, signal, rollout}`.
+    fn controller(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The counters and histograms one `/metrics` scrape of an engine yields.
@@ -464,7 +468,9 @@ async fn state(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             }
         })
         .collect();
+    let controller = shared.view.controller();
     axum::Json(serde_json::json!({
+        "controller": controller,
         "replicas": rows,
         "series": c.series,
         "window_ticks": WINDOW_TICKS,

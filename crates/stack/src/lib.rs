@@ -1,7 +1,18 @@
-//! `strata up`: the whole stack on one machine (engine replicas supervised as child
-//! processes, the router in front of them), and the live dashboard served at `/ui`.
+//! `strata up`: the whole stack on one machine (engine replicas run by the lifecycle
+//! controller as child processes, the router in front of them), the live dashboard served
+//! at `/ui`, and canary rollouts.
+//!
+//! - [`up`]: `strata.yaml` / flags and the process that wires everything.
+//! - [`fleet`]: both versions' local drivers behind the controller's `Driver` trait, and the
+//!   router registrar (endpoint group = version).
+//! - [`front`]: holding requests while no replica is ready; per-version step statistics.
+//! - [`rollout`]: the rollout API under `/controller/rollout/` and the task running one.
+//! - [`dashboard`]: the live page at `/ui`.
 
 pub mod dashboard;
+pub mod fleet;
+pub mod front;
+pub mod rollout;
 pub mod up;
 
 pub use up::{run, StackConfig, UpArgs};

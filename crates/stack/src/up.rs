@@ -1,32 +1,57 @@
-//! `strata up`: pulls the model, supervises N engine replicas (the controller's local
-//! driver), puts the router in front of them on one port with the dashboard at `/ui`, and
-//! on Ctrl-C drains and stops everything.
+//! `strata up`: pulls the model, runs engine replicas under the lifecycle controller (its
+//! control loop over the local driver, autoscaling between `autoscale.minReplicas` and
+//! `maxReplicas`; `--replicas N` pins N), puts the router in front of them on one port with
+//! the dashboard at `/ui` and the controller at `/controller/...`, and on Ctrl-C drains and
+//! stops everything.
 //!
 //! A replica is registered with the router only once it answers `/health`; a replica that
 //! crashes is deregistered at once and replaced after an exponential backoff (1 s, 2 s, 4 s
-//! ... up to 30 s; reset when a replacement becomes ready).
+//! ... up to 30 s; reset when a replacement becomes ready). With `minReplicas: 0` the front
+//! holds requests while no replica is ready ([`crate::front`]) and the controller starts
+//! one for them. Canary rollouts: [`crate::rollout`].
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use strata_controller::autoscale::AutoscaleConfig;
+use strata_controller::controller::{Controller, Status};
 use strata_controller::driver::local::{LocalDriver, LocalDriverConfig};
-use strata_controller::driver::{Driver, ReplicaEvent, ReplicaInfo, ReplicaRegistrar};
+use strata_controller::driver::ReplicaPhase;
+use strata_controller::metrics::ControllerMetrics;
+use strata_controller::rollout::RolloutConfig;
+use strata_controller::signals::{EngineKind as MetricsKind, MetricsScraper};
 use strata_router::server::shutdown_signal;
-use strata_router::{EndpointSpec, EngineKind, Router, RouterConfig};
+use strata_router::{Router, RouterConfig};
 
 use crate::dashboard::{Dashboard, ReplicaView, StackView};
+use crate::fleet::{Fleet, GroupMap, Member, RouterRegistrar};
+use crate::front::{Front, VersionStatsBook};
+use crate::rollout::{CanaryTemplate, Rollouts};
 
 /// `strata.yaml`: every key has a flag of the same name and a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StackConfig {
-    /// Engine replicas to run.
+    /// Engine replicas to run when `autoscale` is absent (a fixed count).
     pub replicas: u32,
+    /// Autoscaling (the controller's `autoscale:` keys, camelCase: `minReplicas`,
+    /// `maxReplicas`, `warmSpares`, `scaleToZeroAfterSecs` ...); absent: `replicas` fixed.
+    pub autoscale: Option<AutoscaleConfig>,
+    /// Seconds between control ticks (and rollout analyses).
+    pub controller_interval_secs: f64,
+    /// How long a request waits for a cold start while no replica is ready; absent:
+    /// `ready_timeout_secs`.
+    pub hold_timeout_secs: Option<f64>,
+    /// Canary rollouts (the controller's `rollout:` keys: `steps`, `stepMinSecs`,
+    /// `minRequests`, `maxTtftRatio` ...).
+    pub rollout: RolloutConfig,
+    /// Canary replicas a rollout starts.
+    pub canary_replicas: u32,
     /// A model name from the cache (pulled when missing) or a GGUF path.
     pub model: String,
     /// Address of the front port (router + dashboard).
@@ -56,6 +81,11 @@ impl Default for StackConfig {
     fn default() -> Self {
         StackConfig {
             replicas: 2,
+            autoscale: None,
+            controller_interval_secs: 1.0,
+            hold_timeout_secs: None,
+            rollout: RolloutConfig::default(),
+            canary_replicas: 1,
             model: "smollm2-135m-instruct".to_string(),
             host: "127.0.0.1".to_string(),
             port: 8080,
@@ -78,9 +108,15 @@ pub struct UpArgs {
     /// `strata.yaml` (keys listed in the README); flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Engine replicas [default: 2].
-    #[arg(long)]
+    /// A fixed number of engine replicas (no autoscaling) [default: 2].
+    #[arg(long, conflicts_with_all = ["min_replicas", "max_replicas"])]
     pub replicas: Option<u32>,
+    /// Autoscale from this many replicas (0: scale to zero when idle).
+    #[arg(long)]
+    pub min_replicas: Option<u32>,
+    /// Autoscale up to this many replicas.
+    #[arg(long)]
+    pub max_replicas: Option<u32>,
     /// Model name or GGUF path [default: smollm2-135m-instruct].
     #[arg(long)]
     pub model: Option<String>,
@@ -129,6 +165,17 @@ impl StackConfig {
         };
         if let Some(v) = args.replicas {
             c.replicas = v;
+            c.autoscale = None;
+        }
+        if args.min_replicas.is_some() || args.max_replicas.is_some() {
+            let mut a = c.autoscale.take().unwrap_or_default();
+            if let Some(v) = args.min_replicas {
+                a.min_replicas = v;
+            }
+            if let Some(v) = args.max_replicas {
+                a.max_replicas = v;
+            }
+            c.autoscale = Some(a);
         }
         if let Some(v) = &args.model {
             c.model = v.clone();
@@ -182,7 +229,48 @@ impl StackConfig {
             self.ready_timeout_secs > 0.0,
             "ready_timeout_secs must be positive"
         );
+        if let Some(a) = &self.autoscale {
+            a.validate().map_err(|e| anyhow::anyhow!("autoscale.{e}"))?;
+            anyhow::ensure!(
+                a.max_replicas <= 64,
+                "autoscale.maxReplicas must be at most 64"
+            );
+        }
+        anyhow::ensure!(
+            self.controller_interval_secs.is_finite()
+                && (0.05..=60.0).contains(&self.controller_interval_secs),
+            "controller_interval_secs must be 0.05..=60"
+        );
+        if let Some(h) = self.hold_timeout_secs {
+            anyhow::ensure!(
+                h.is_finite() && h >= 0.0,
+                "hold_timeout_secs must be zero or more"
+            );
+        }
+        self.rollout.validate()?;
+        anyhow::ensure!(
+            (1..=16).contains(&self.canary_replicas),
+            "canary_replicas must be 1..=16"
+        );
         Ok(())
+    }
+
+    /// The autoscaling settings in force: `autoscale`, or `replicas` pinned.
+    pub fn autoscale(&self) -> AutoscaleConfig {
+        match &self.autoscale {
+            Some(a) => a.clone(),
+            None => AutoscaleConfig {
+                min_replicas: self.replicas,
+                max_replicas: self.replicas,
+                warm_spares: 0,
+                ..AutoscaleConfig::default()
+            },
+        }
+    }
+
+    /// Whether the replicas are mock engines (`--engine-arg=--mock`): nothing to pull.
+    pub fn mock_engines(&self) -> bool {
+        self.engine_args.iter().any(|a| a == "--mock")
     }
 
     /// The name clients send as `model`: the cache name, or a GGUF file's stem.
@@ -197,83 +285,53 @@ impl StackConfig {
     }
 }
 
-/// Registers ready replicas with the in-process router.
-struct RouterRegistrar {
-    router: Router,
-    model: String,
-    urls: Mutex<HashMap<String, String>>,
-}
-
-impl ReplicaRegistrar for RouterRegistrar {
-    fn register(&self, replica: &ReplicaInfo) {
-        let mut spec = EndpointSpec::new(replica.url.clone(), EngineKind::Strata);
-        spec.model = Some(self.model.clone());
-        match self.router.add_endpoint(spec) {
-            Ok(_) => {
-                self.urls
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(replica.id.clone(), replica.url.clone());
-            }
-            Err(e) => tracing::warn!(replica = %replica.id, error = %e, "router refused a replica"),
-        }
-    }
-
-    fn deregister(&self, id: &str) {
-        let url = self
-            .urls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
-        if let Some(url) = url {
-            if let Err(e) = self.router.remove_endpoint(&url) {
-                tracing::debug!(replica = %id, error = %e, "already gone from the router");
-            }
-        }
-    }
-}
-
-/// What the dashboard shows: the driver's replicas joined with the router's view.
+/// What the dashboard shows: both versions' replicas joined with the router's view, and
+/// the controller's desired vs ready count.
 struct View {
     router: Router,
-    model: String,
-    replicas: Arc<Mutex<Vec<ReplicaInfo>>>,
-    restarting: Arc<Mutex<u32>>,
+    fleet: Fleet,
+    status: Arc<Mutex<Status>>,
+    rollouts: Rollouts,
 }
 
 impl StackView for View {
     fn replicas(&self) -> Vec<ReplicaView> {
-        let status = self.router.status();
-        let replicas = self
-            .replicas
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut out: Vec<ReplicaView> = replicas
-            .iter()
+        let routed = self.router.status();
+        let mut out: Vec<ReplicaView> = self
+            .fleet
+            .replicas()
+            .into_iter()
             .map(|r| {
-                let routed = status.iter().find(|s| s.spec.url == r.url);
+                let s = routed.iter().find(|s| s.spec.url == r.info.url);
                 ReplicaView {
-                    name: r.id.clone(),
-                    url: r.url.clone(),
-                    state: serde_json::to_value(r.phase)
+                    name: if r.canary {
+                        format!("canary {}", r.info.id)
+                    } else {
+                        r.info.id.clone()
+                    },
+                    url: r.info.url.clone(),
+                    state: serde_json::to_value(r.info.phase)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default(),
-                    ready: routed.is_some_and(|s| s.ready),
-                    model: self.model.clone(),
-                    adapters: routed.map(|s| s.spec.lora.clone()).unwrap_or_default(),
+                    ready: s.is_some_and(|s| s.ready),
+                    model: r.version.clone(),
+                    adapters: s.map(|s| s.spec.lora.clone()).unwrap_or_default(),
                 }
             })
             .collect();
-        let pending = *self.restarting.lock().unwrap_or_else(|e| e.into_inner());
-        for i in 0..pending {
+        let backing_off = self
+            .status
+            .lock()
+            .map(|s| s.backing_off)
+            .unwrap_or_default();
+        for i in 0..backing_off {
             out.push(ReplicaView {
                 name: format!("(replacement {})", i + 1),
                 url: String::new(),
                 state: "restarting".to_string(),
                 ready: false,
-                model: self.model.clone(),
+                model: String::new(),
                 adapters: Vec::new(),
             });
         }
@@ -283,10 +341,30 @@ impl StackView for View {
     fn router_metrics(&self) -> Option<String> {
         Some(self.router.metrics().encode())
     }
+
+    fn controller(&self) -> Option<serde_json::Value> {
+        let s = self.status.lock().ok()?;
+        let last = s.last.as_ref();
+        let rollout = self.rollouts.view().map(|v| {
+            serde_json::json!({
+                "canary": v.canary,
+                "baseline": v.baseline,
+                "phase": v.state.phase,
+                "weight": v.state.weight,
+            })
+        });
+        Some(serde_json::json!({
+            "desired": s.desired,
+            "ready": s.ready,
+            "reason": last.map(|l| l.decision.reason),
+            "signal": last.map(|l| l.decision.signal),
+            "rollout": rollout,
+        }))
+    }
 }
 
 /// Pulls `model` with `strata model pull` (progress on this terminal) unless it is a path.
-fn pull_model(model: &str) -> anyhow::Result<()> {
+pub(crate) fn pull_model(model: &str) -> anyhow::Result<()> {
     if std::path::Path::new(model).is_file() {
         return Ok(());
     }
@@ -300,94 +378,9 @@ fn pull_model(model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The replica supervisor: keeps `desired` replicas, replacing crashed ones after a
-/// backoff. Returns when `stop` fires, after draining and stopping every replica.
-async fn supervise(
-    mut driver: LocalDriver,
-    desired: u32,
-    replicas: Arc<Mutex<Vec<ReplicaInfo>>>,
-    restarting: Arc<Mutex<u32>>,
-    ready_tx: tokio::sync::watch::Sender<u32>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut failures = 0u32;
-    let mut hold_until: Option<tokio::time::Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => break,
-        }
-        let live = driver.replicas().len() as u32;
-        let now = tokio::time::Instant::now();
-        let holding = hold_until.is_some_and(|t| now < t);
-        // While backing off, keep what runs and start nothing new.
-        let target = if holding { live.min(desired) } else { desired };
-        *restarting.lock().unwrap_or_else(|e| e.into_inner()) = desired.saturating_sub(target);
-        match driver.reconcile(target).await {
-            Ok(events) => {
-                for e in &events {
-                    if e.is_fault() {
-                        failures += 1;
-                        let backoff = Duration::from_secs(1u64 << (failures - 1).min(5))
-                            .min(Duration::from_secs(30));
-                        hold_until = Some(tokio::time::Instant::now() + backoff);
-                        tracing::warn!(event = %e, backoff_s = backoff.as_secs(), "replica fault");
-                    } else {
-                        if matches!(e, ReplicaEvent::Ready { .. }) {
-                            failures = 0;
-                        }
-                        tracing::info!(event = %e, "replica");
-                    }
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                let backoff =
-                    Duration::from_secs(1u64 << (failures - 1).min(5)).min(Duration::from_secs(30));
-                hold_until = Some(tokio::time::Instant::now() + backoff);
-                tracing::warn!(error = %e, backoff_s = backoff.as_secs(), "driver error; retrying");
-            }
-        }
-        let now_replicas = driver.replicas();
-        let ready = now_replicas
-            .iter()
-            .filter(|r| r.phase == strata_controller::driver::ReplicaPhase::Ready)
-            .count() as u32;
-        *replicas.lock().unwrap_or_else(|e| e.into_inner()) = now_replicas;
-        let _ = ready_tx.send(ready);
-    }
-    for e in driver.shutdown().await {
-        tracing::info!(event = %e, "replica");
-    }
-    replicas.lock().unwrap_or_else(|e| e.into_inner()).clear();
-}
-
-/// Runs the stack until Ctrl-C or SIGTERM.
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let cfg = StackConfig::load(&args)?;
-    let model = cfg.served_model_name();
-    eprintln!("strata up: {} x {}", cfg.replicas, cfg.model);
-    let pull = cfg.model.clone();
-    tokio::task::spawn_blocking(move || pull_model(&pull))
-        .await
-        .context("model pull task")??;
-
-    let router_config = match &cfg.router_config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            RouterConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
-        }
-        None => RouterConfig::default(),
-    };
-    let router = Router::new(router_config)?;
-    let registrar = Arc::new(RouterRegistrar {
-        router: router.clone(),
-        model: model.clone(),
-        urls: Mutex::default(),
-    });
-    let mut engine_args: Vec<String> = [
+/// The engine command line every replica runs (`{model}` is the version).
+fn engine_command(cfg: &StackConfig, served: &str) -> Vec<String> {
+    let mut args: Vec<String> = [
         "engine",
         "--host",
         "{host}",
@@ -399,12 +392,54 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     ]
     .map(String::from)
     .to_vec();
-    engine_args.push(model.clone());
-    engine_args.push("--kv-cache-memory".into());
-    engine_args.push(cfg.kv_cache_memory.to_string());
-    engine_args.extend(cfg.engine_args.iter().cloned());
+    args.push(served.to_string());
+    args.push("--kv-cache-memory".into());
+    args.push(cfg.kv_cache_memory.to_string());
+    args.extend(cfg.engine_args.iter().cloned());
+    args
+}
+
+/// Runs the stack until Ctrl-C or SIGTERM.
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let cfg = StackConfig::load(&args)?;
+    let model = cfg.served_model_name();
+    let autoscale = cfg.autoscale();
+    if autoscale.min_replicas == autoscale.max_replicas {
+        eprintln!("strata up: {} x {}", autoscale.min_replicas, cfg.model);
+    } else {
+        eprintln!(
+            "strata up: {}..{} x {} (autoscaling)",
+            autoscale.min_replicas, autoscale.max_replicas, cfg.model
+        );
+    }
+    if !cfg.mock_engines() {
+        let pull = cfg.model.clone();
+        tokio::task::spawn_blocking(move || pull_model(&pull))
+            .await
+            .context("model pull task")??;
+    }
+
+    let router_config = match &cfg.router_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            RouterConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => RouterConfig::default(),
+    };
+    let router = Router::new(router_config)?;
+    let groups = GroupMap::default();
+    let held = Arc::new(AtomicU32::new(0));
+    let registrar = Arc::new(RouterRegistrar::new(
+        router.clone(),
+        model.clone(),
+        cfg.model.clone(),
+        groups.clone(),
+        held.clone(),
+    ));
+    let engine_args = engine_command(&cfg, &model);
     let driver_cfg = LocalDriverConfig {
-        args: engine_args,
+        args: engine_args.clone(),
         model: cfg.model.clone(),
         host: "127.0.0.1".to_string(),
         ready_timeout_secs: cfg.ready_timeout_secs,
@@ -416,15 +451,48 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if let Some(dir) = &cfg.log_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let driver = LocalDriver::new(driver_cfg, registrar)?;
+    let driver = LocalDriver::new(driver_cfg.clone(), registrar.clone())?;
+    let fleet = Fleet::new(Member::new(cfg.model.clone(), driver));
 
-    let replicas: Arc<Mutex<Vec<ReplicaInfo>>> = Arc::default();
-    let restarting: Arc<Mutex<u32>> = Arc::default();
+    // The controller: its loop over the fleet, the router as registrar.
+    let interval = Duration::from_secs_f64(cfg.controller_interval_secs);
+    let metrics = Arc::new(ControllerMetrics::new());
+    let controller = Controller::new(
+        autoscale.clone(),
+        interval,
+        fleet.driver(),
+        MetricsScraper::new(MetricsKind::Vllm, Duration::from_secs(1)),
+        registrar,
+        metrics.clone(),
+    )
+    .with_fault_backoff(Duration::from_secs(1), Duration::from_secs(30));
+    let status = controller.status();
+
+    let book = Arc::new(VersionStatsBook::default());
+    let rollouts = Rollouts::new(
+        fleet.clone(),
+        router.clone(),
+        book.clone(),
+        groups.clone(),
+        held.clone(),
+        metrics.clone(),
+        cfg.rollout.clone(),
+        CanaryTemplate {
+            args: engine_args,
+            base: driver_cfg,
+            served_model: model.clone(),
+            canary_replicas: cfg.canary_replicas,
+            log_dir: cfg.log_dir.clone(),
+            mock: cfg.mock_engines(),
+        },
+        interval,
+    );
+
     let dashboard = Dashboard::new(Arc::new(View {
         router: router.clone(),
-        model: model.clone(),
-        replicas: replicas.clone(),
-        restarting: restarting.clone(),
+        fleet: fleet.clone(),
+        status: status.clone(),
+        rollouts: rollouts.clone(),
     }));
     let collector = dashboard.spawn(Duration::from_secs(1));
 
@@ -435,18 +503,29 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {addr}"))?;
     let front = listener.local_addr()?;
-    let app = strata_router::proxy::app(router.clone()).merge(dashboard.routes());
+    let front_layer = Front {
+        router: router.clone(),
+        held,
+        hold_timeout: Duration::from_secs_f64(
+            cfg.hold_timeout_secs.unwrap_or(cfg.ready_timeout_secs),
+        ),
+        groups,
+        book,
+    };
+    let controller_routes = strata_controller::http::router(metrics, status.clone())
+        .nest("/rollout", rollouts.routes());
+    let app = strata_router::proxy::app(router.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            front_layer,
+            crate::front::layer,
+        ))
+        .merge(dashboard.routes())
+        .nest("/controller", controller_routes);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(0u32);
-    let supervisor = tokio::spawn(supervise(
-        driver,
-        cfg.replicas,
-        replicas,
-        restarting,
-        ready_tx,
-        stop_rx,
-    ));
+    let supervisor = tokio::spawn(async move {
+        controller.run(stop_rx).await;
+    });
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -485,19 +564,33 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         None
     };
 
-    let want = cfg.replicas;
+    let want = autoscale.min_replicas;
     let gateway_line = gateway
         .as_ref()
         .map(|(g, key)| format!("  gateway:    {}/v1   (API key: {key})", g.url()));
     let announce = async {
-        while *ready_rx.borrow() < want {
-            if ready_rx.changed().await.is_err() {
-                return;
+        loop {
+            let ready = fleet
+                .replicas()
+                .iter()
+                .filter(|r| !r.canary && r.info.phase == ReplicaPhase::Ready)
+                .count() as u32;
+            if ready >= want {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        println!("Strata is up: {want} replica(s) of {model}");
+        if autoscale.min_replicas == autoscale.max_replicas {
+            println!("Strata is up: {want} replica(s) of {model}");
+        } else {
+            println!(
+                "Strata is up: {want} replica(s) of {model}, autoscaling {}..{}",
+                autoscale.min_replicas, autoscale.max_replicas
+            );
+        }
         println!("  OpenAI API: http://{front}/v1   (model \"{model}\")");
         println!("  dashboard:  http://{front}/ui");
+        println!("  controller: http://{front}/controller/status   (rollouts: strata rollout --url http://{front})");
         if let Some(line) = &gateway_line {
             println!("{line}");
         }
@@ -587,6 +680,88 @@ mod tests {
             ..UpArgs::default()
         };
         assert!(StackConfig::load(&zero).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replicas_pins_the_count_and_autoscale_keys_and_flags_set_bounds() {
+        let dir = std::env::temp_dir().join(format!("strata-up-as-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("strata.yaml");
+        let with = |yaml: &str, args: UpArgs| {
+            std::fs::write(&file, yaml).unwrap();
+            StackConfig::load(&UpArgs {
+                config: Some(file.clone()),
+                ..args
+            })
+        };
+        // Today's behaviour: a fixed count.
+        let c = with("replicas: 3\n", UpArgs::default()).unwrap();
+        let a = c.autoscale();
+        assert_eq!((a.min_replicas, a.max_replicas, a.warm_spares), (3, 3, 0));
+        // The controller's keys, camelCase.
+        let yaml = "autoscale:\n  minReplicas: 0\n  maxReplicas: 4\n  warmSpares: 1\n  \
+                    scaleToZeroAfterSecs: 5\nrollout:\n  steps: [10, 100]\n  minRequests: 3\n";
+        let c = with(yaml, UpArgs::default()).unwrap();
+        let a = c.autoscale();
+        assert_eq!((a.min_replicas, a.max_replicas, a.warm_spares), (0, 4, 1));
+        assert_eq!(a.scale_to_zero_after_secs, 5.0);
+        assert_eq!(c.rollout.steps, vec![10, 100]);
+        // Flags: --max-replicas over the file; --replicas pins again.
+        let c = with(
+            yaml,
+            UpArgs {
+                max_replicas: Some(2),
+                ..UpArgs::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.autoscale().max_replicas, 2);
+        assert_eq!(c.autoscale().min_replicas, 0);
+        let c = with(
+            yaml,
+            UpArgs {
+                replicas: Some(1),
+                ..UpArgs::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (c.autoscale().min_replicas, c.autoscale().max_replicas),
+            (1, 1)
+        );
+        let c = with(
+            "replicas: 2\n",
+            UpArgs {
+                min_replicas: Some(1),
+                max_replicas: Some(5),
+                ..UpArgs::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (c.autoscale().min_replicas, c.autoscale().max_replicas),
+            (1, 5)
+        );
+        // Bad values name their key.
+        let e = with(
+            "autoscale:\n  minReplicas: 5\n  maxReplicas: 2\n",
+            UpArgs::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("minReplicas"), "{e:#}");
+        let e = with("autoscale:\n  maxReplica: 2\n", UpArgs::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("maxReplica"), "{e:#}");
+        let e = with("rollout:\n  steps: [50, 10]\n", UpArgs::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("steps"), "{e:#}");
+        let e = with("controller_interval_secs: 0\n", UpArgs::default()).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("controller_interval_secs"),
+            "{e:#}"
+        );
+        assert!(with("engine_args: [--mock]\n", UpArgs::default())
+            .unwrap()
+            .mock_engines());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -115,7 +115,15 @@ function render(state) {
     body.append(tr);
   }
   const ready = state.replicas.filter((r) => r.ready).length;
-  document.getElementById("summary").textContent = `${ready}/${state.replicas.length} replicas ready`;
+  let summary = `${ready}/${state.replicas.length} replicas ready`;
+  const c = state.controller;
+  if (c) {
+    summary = `${c.ready} ready / ${c.desired} desired replicas` + (c.reason ? ` (${c.reason})` : "");
+    if (c.rollout) summary += ` · rollout ${c.rollout.baseline} → ${c.rollout.canary}: ${c.rollout.phase}, ${c.rollout.weight}% canary`;
+    document.body.dataset.desired = String(c.desired);
+    document.body.dataset.readyReplicas = String(c.ready);
+  }
+  document.getElementById("summary").textContent = summary;
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   document.body.dataset.ticks = String(t.length);
 }

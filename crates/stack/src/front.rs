@@ -1,0 +1,312 @@
+//! The layer in front of the router's proxy on `strata up`'s port. Two jobs:
+//!
+//! - **Hold at zero.** An inference request (`POST /v1/...`) that arrives while no
+//!   replica is ready waits (counted in [`Front::held`], the signal the autoscaler reads
+//!   for activation) until one is, or until `hold_timeout`; then it goes on to the router.
+//!   So a request sent to a stack scaled to zero waits for the cold start and succeeds.
+//! - **Per-version step statistics** for rollouts ([`VersionStatsBook`]). The router names
+//!   the replica that served each answer (`x-gateway-destination-endpoint-served`); the
+//!   replica's version is its group ([`GroupMap`]). For each version it counts requests
+//!   and errors, and records TTFT (time to the first body chunk of a stream; the whole
+//!   answer for a non-streamed one) and ITL (gaps between stream chunks) as seen here, at
+//!   the front, so both versions are measured the same way whatever engine runs them. A
+//!   stream that ends without `[DONE]` is an error of its version; a 5xx that names no
+//!   replica (every attempt failed) cannot be attributed and is counted apart.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+use futures_util::StreamExt;
+use strata_controller::rollout::VersionStats;
+use strata_router::proxy::SERVED_BY;
+use strata_router::Router;
+
+use crate::fleet::GroupMap;
+
+/// Latency samples kept per version per step (beyond this, new samples are dropped).
+pub const MAX_SAMPLES: usize = 50_000;
+
+#[derive(Debug, Default, Clone)]
+struct Book {
+    requests: u64,
+    errors: u64,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+}
+
+/// What each version served since the last [`VersionStatsBook::reset`].
+#[derive(Debug, Default)]
+pub struct VersionStatsBook {
+    books: Mutex<HashMap<String, Book>>,
+    unattributed_errors: AtomicU64,
+}
+
+/// The `q` quantile (nearest rank) of unsorted samples.
+pub fn quantile(samples: &[f64], q: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+impl VersionStatsBook {
+    pub fn reset(&self) {
+        self.books.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    pub fn stats(&self, version: &str) -> VersionStats {
+        let books = self.books.lock().unwrap_or_else(|e| e.into_inner());
+        match books.get(version) {
+            Some(b) => VersionStats {
+                requests: b.requests,
+                errors: b.errors,
+                ttft_p90_secs: quantile(&b.ttft, 0.9),
+                itl_p90_secs: quantile(&b.itl, 0.9),
+            },
+            None => VersionStats::default(),
+        }
+    }
+
+    pub fn unattributed_errors(&self) -> u64 {
+        self.unattributed_errors.load(Ordering::Relaxed)
+    }
+
+    /// One finished request of `version`.
+    pub fn record(&self, version: &str, ok: bool, ttft: Option<f64>, itl: &[f64]) {
+        let mut books = self.books.lock().unwrap_or_else(|e| e.into_inner());
+        let b = books.entry(version.to_string()).or_default();
+        b.requests += 1;
+        if !ok {
+            b.errors += 1;
+        }
+        if let Some(t) = ttft {
+            if b.ttft.len() < MAX_SAMPLES {
+                b.ttft.push(t);
+            }
+        }
+        let room = MAX_SAMPLES.saturating_sub(b.itl.len());
+        b.itl.extend(itl.iter().take(room));
+    }
+
+    fn unattributed(&self) {
+        self.unattributed_errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The state of the front layer.
+#[derive(Clone)]
+pub struct Front {
+    pub router: Router,
+    pub held: Arc<AtomicU32>,
+    pub hold_timeout: Duration,
+    pub groups: GroupMap,
+    pub book: Arc<VersionStatsBook>,
+}
+
+struct Held(Arc<AtomicU32>);
+
+impl Held {
+    fn new(c: &Arc<AtomicU32>) -> Held {
+        c.fetch_add(1, Ordering::AcqRel);
+        Held(c.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Records one streamed request when its body ends (or the client goes away).
+struct StreamRecord {
+    book: Arc<VersionStatsBook>,
+    version: String,
+    start: Instant,
+    last: Option<Instant>,
+    ttft: Option<f64>,
+    itl: Vec<f64>,
+    saw_done: bool,
+    finished: bool,
+}
+
+impl StreamRecord {
+    fn chunk(&mut self, bytes: &[u8]) {
+        let now = Instant::now();
+        match self.last {
+            None => self.ttft = Some(now.duration_since(self.start).as_secs_f64()),
+            Some(prev) => {
+                if self.itl.len() < 4096 {
+                    self.itl.push(now.duration_since(prev).as_secs_f64());
+                }
+            }
+        }
+        self.last = Some(now);
+        if !self.saw_done && bytes.windows(6).any(|w| w == b"[DONE]") {
+            self.saw_done = true;
+        }
+    }
+}
+
+impl Drop for StreamRecord {
+    fn drop(&mut self) {
+        // A client that leaves early is not the replica's fault: only a stream that ran to
+        // its end without `[DONE]` counts as an error.
+        if self.finished || self.saw_done {
+            let ok = self.saw_done;
+            self.book
+                .record(&self.version, ok, self.ttft, &std::mem::take(&mut self.itl));
+        }
+    }
+}
+
+fn is_inference(req: &Request) -> bool {
+    req.method() == Method::POST && req.uri().path().starts_with("/v1/")
+}
+
+/// The middleware (see the module docs).
+pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Response {
+    if !is_inference(&req) {
+        return next.run(req).await;
+    }
+    if !front.router.any_ready() {
+        let _held = Held::new(&front.held);
+        let deadline = tokio::time::Instant::now() + front.hold_timeout;
+        tracing::debug!("no replica ready: holding a request for the cold start");
+        while !front.router.any_ready() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let version = resp
+        .headers()
+        .get(SERVED_BY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|e| front.groups.group_of(e));
+    let Some(version) = version else {
+        if status.is_server_error() {
+            front.book.unattributed();
+        }
+        return resp;
+    };
+    if status.is_server_error() {
+        front.book.record(&version, false, None, &[]);
+        return resp;
+    }
+    if !status.is_success() {
+        // 4xx: the client's doing, not the version's.
+        return resp;
+    }
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !sse {
+        let ttft = start.elapsed().as_secs_f64();
+        front.book.record(&version, true, Some(ttft), &[]);
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let rec = StreamRecord {
+        book: front.book.clone(),
+        version,
+        start,
+        last: None,
+        ttft: None,
+        itl: Vec::new(),
+        saw_done: false,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(
+        (body.into_data_stream(), Some(rec)),
+        |(mut data, rec)| async move {
+            let mut rec = rec?;
+            match data.next().await {
+                Some(Ok(chunk)) => {
+                    rec.chunk(&chunk);
+                    Some((Ok::<_, axum::Error>(chunk), (data, Some(rec))))
+                }
+                Some(Err(e)) => {
+                    rec.finished = true;
+                    drop(rec);
+                    Some((Err(e), (data, None)))
+                }
+                None => {
+                    rec.finished = true;
+                    None
+                }
+            }
+        },
+    );
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_and_books() {
+        assert_eq!(quantile(&[], 0.9), None);
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.9), Some(9.0));
+        assert_eq!(quantile(&v, 1.0), Some(10.0));
+        assert_eq!(quantile(&[3.0], 0.9), Some(3.0));
+
+        let b = VersionStatsBook::default();
+        b.record("new", true, Some(0.1), &[0.01, 0.02]);
+        b.record("new", false, None, &[]);
+        b.record("old", true, Some(0.2), &[]);
+        let s = b.stats("new");
+        assert_eq!((s.requests, s.errors), (2, 1));
+        assert_eq!(s.ttft_p90_secs, Some(0.1));
+        assert_eq!(s.itl_p90_secs, Some(0.02));
+        assert_eq!(b.stats("old").requests, 1);
+        assert_eq!(b.stats("ghost"), VersionStats::default());
+        b.reset();
+        assert_eq!(b.stats("new").requests, 0);
+    }
+
+    #[test]
+    fn a_stream_counts_once_and_only_when_it_ends() {
+        let book = Arc::new(VersionStatsBook::default());
+        let rec = |finished, done| {
+            let mut r = StreamRecord {
+                book: book.clone(),
+                version: "v".into(),
+                start: Instant::now(),
+                last: None,
+                ttft: None,
+                itl: Vec::new(),
+                saw_done: false,
+                finished,
+            };
+            r.chunk(b"data: {}\n\n");
+            r.chunk(if done {
+                b"data: [DONE]\n\n"
+            } else {
+                b"data: {}\n\n"
+            });
+            r
+        };
+        drop(rec(true, true));
+        drop(rec(true, false)); // ended without [DONE]: an error
+        drop(rec(false, false)); // the client left: not counted
+        let s = book.stats("v");
+        assert_eq!((s.requests, s.errors), (2, 1));
+        assert!(s.ttft_p90_secs.is_some() && s.itl_p90_secs.is_some());
+    }
+}
