@@ -651,3 +651,41 @@ async fn the_endpoints_file_is_watched() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `/v1/models` lists what every ready endpoint serves, also when endpoints carry `model`
+/// labels (the scheduler's model filter must not refuse a request that names no model).
+#[tokio::test]
+async fn models_lists_the_union_over_labelled_endpoints() {
+    let a = mock("alpha").await;
+    let b = mock("beta").await;
+    let c = mock("beta").await;
+    let mut config = fast_config(&[&a, &b, &c]);
+    config.endpoints[0].model = Some("alpha".into());
+    config.endpoints[1].model = Some("beta".into());
+    config.endpoints[2].model = Some("beta".into());
+    let h = start(config).await;
+    let r = h.send(Method::GET, "/v1/models", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    let mut ids: Vec<String> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["alpha", "beta"]);
+
+    // With the only "alpha" endpoint gone, "beta" is still listed; with none ready, 503.
+    let a_url = a.url();
+    a.shutdown().await;
+    h.router.remove_endpoint(&a_url).unwrap();
+    let r = h.send(Method::GET, "/v1/models", "", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["data"].as_array().unwrap().len(), 1);
+    h.router.remove_endpoint(&b.url()).unwrap();
+    h.router.remove_endpoint(&c.url()).unwrap();
+    let r = h.send(Method::GET, "/v1/models", "", &[]).await;
+    assert_openai_error(&r, 503);
+}
