@@ -395,6 +395,16 @@ fn engine_command(cfg: &StackConfig, served: &str) -> Vec<String> {
     args.push(served.to_string());
     args.push("--kv-cache-memory".into());
     args.push(cfg.kv_cache_memory.to_string());
+    // A stopped replica finishes what it accepted within this grace (the driver's SIGKILL
+    // comes only after it), unless the engine arguments say otherwise.
+    if !cfg
+        .engine_args
+        .iter()
+        .any(|a| a.starts_with("--shutdown-grace-secs"))
+    {
+        args.push("--shutdown-grace-secs".into());
+        args.push(cfg.shutdown_grace_secs.to_string());
+    }
     args.extend(cfg.engine_args.iter().cloned());
     args
 }
@@ -443,7 +453,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         model: cfg.model.clone(),
         host: "127.0.0.1".to_string(),
         ready_timeout_secs: cfg.ready_timeout_secs,
-        stop_grace_secs: 10.0,
+        // The engine drains what it accepted for `shutdown_grace_secs` after SIGTERM: the
+        // driver must not kill it sooner.
+        stop_grace_secs: cfg.shutdown_grace_secs as f64 + 5.0,
         drain_timeout_secs: cfg.shutdown_grace_secs as f64,
         log_dir: cfg.log_dir.clone(),
         ..LocalDriverConfig::default()
@@ -649,6 +661,24 @@ async fn stop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engines_get_the_stop_grace_unless_their_args_set_one() {
+        let mut c = StackConfig {
+            shutdown_grace_secs: 42,
+            ..StackConfig::default()
+        };
+        let args = engine_command(&c, "m");
+        let i = args
+            .iter()
+            .position(|a| a == "--shutdown-grace-secs")
+            .unwrap();
+        assert_eq!(args[i + 1], "42");
+        c.engine_args = vec!["--shutdown-grace-secs=7".into()];
+        let args = engine_command(&c, "m");
+        assert!(!args.iter().any(|a| a == "--shutdown-grace-secs"));
+        assert_eq!(args.last().unwrap(), "--shutdown-grace-secs=7");
+    }
 
     #[test]
     fn flags_override_the_file_and_bad_values_are_refused() {

@@ -348,11 +348,20 @@ async fn watch_ready(
 async fn wait_idle(url: &str, timeout: Duration, poll: Duration) {
     let scraper = MetricsScraper::new(EngineKind::Vllm, poll.max(Duration::from_millis(500)));
     let deadline = Instant::now() + timeout;
+    // Requests the router sent just before deregistering the replica may still be in
+    // transit (accepted, not yet queued in the engine's scheduler, so not in its gauges):
+    // idle must be seen on two polls in a row, the first one a poll after deregistration.
+    tokio::time::sleep(poll).await;
+    let mut idle_once = false;
     while Instant::now() < deadline {
-        if let Ok(m) = scraper.scrape(url).await {
-            if m.running + m.waiting <= 0.0 {
-                return;
+        match scraper.scrape(url).await {
+            Ok(m) if m.running + m.waiting <= 0.0 => {
+                if idle_once {
+                    return;
+                }
+                idle_once = true;
             }
+            _ => idle_once = false,
         }
         tokio::time::sleep(poll).await;
     }
