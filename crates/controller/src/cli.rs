@@ -1,5 +1,5 @@
 //! Command-line surfaces the `strata` binary wires: `strata controller`,
-//! `strata model keygen|sign|verify`, and the argument shapes of `strata rollout`.
+//! `strata model keygen|sign|verify` (`strata rollout` is in [`crate::rollout_client`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -228,39 +228,6 @@ pub fn run_verify(args: &ModelVerifyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `strata rollout ...` (argument shapes; the lead wires them to a running controller).
-#[derive(clap::Args, Debug, Clone)]
-pub struct RolloutArgs {
-    /// The controller's address.
-    #[arg(long, default_value = "http://127.0.0.1:9400", global = true)]
-    pub controller: String,
-    #[command(subcommand)]
-    pub command: RolloutCommand,
-}
-
-/// The rollout subcommands.
-#[derive(clap::Subcommand, Debug, Clone)]
-pub enum RolloutCommand {
-    /// Start moving traffic from BASELINE to MODEL in steps.
-    Start {
-        /// The new version (a name pinned in `models:` or `name@sha256:...`).
-        #[arg(long)]
-        model: String,
-        /// The version serving now.
-        #[arg(long)]
-        baseline: String,
-        /// Canary shares in percent, rising, ending at 100.
-        #[arg(long, default_value = "5,25,50,100", value_parser = crate::rollout::parse_steps)]
-        steps: std::vec::Vec<u8>,
-    },
-    /// Show the rollout's step, weights and last decision with its evidence.
-    Status,
-    /// Send all traffic to the new version now.
-    Promote,
-    /// Send all traffic back to the baseline now.
-    Rollback,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,7 +245,6 @@ mod tests {
         Keygen(ModelKeygenArgs),
         Sign(ModelSignArgs),
         Verify(ModelVerifyArgs),
-        Rollout(RolloutArgs),
     }
 
     #[test]
@@ -295,38 +261,6 @@ mod tests {
         let Cmd::Controller(a) = t.cmd else { panic!() };
         assert_eq!(a.config, Some(PathBuf::from("c.yaml")));
         assert_eq!(a.max_replicas, Some(4));
-        let t = Top::try_parse_from([
-            "s",
-            "rollout",
-            "start",
-            "--model",
-            "b",
-            "--baseline",
-            "a",
-            "--steps",
-            "10,100",
-        ])
-        .unwrap();
-        let Cmd::Rollout(RolloutArgs {
-            command: RolloutCommand::Start { steps, .. },
-            ..
-        }) = t.cmd
-        else {
-            panic!()
-        };
-        assert_eq!(steps, vec![10, 100]);
-        assert!(Top::try_parse_from([
-            "s",
-            "rollout",
-            "start",
-            "--model",
-            "b",
-            "--baseline",
-            "a",
-            "--steps",
-            "10,50"
-        ])
-        .is_err());
         assert!(Top::try_parse_from(["s", "sign", "m.gguf", "--key", "k"]).is_ok());
     }
 

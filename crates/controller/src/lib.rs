@@ -42,7 +42,7 @@ pub mod signals;
 #[cfg(feature = "runtime")]
 pub use cli::{
     run, run_keygen, run_sign, run_verify, serve, ControllerArgs, ModelKeygenArgs, ModelSignArgs,
-    ModelVerifyArgs, RolloutArgs, RolloutCommand,
+    ModelVerifyArgs,
 };
 #[cfg(feature = "runtime")]
 pub use config::ControllerConfig;
