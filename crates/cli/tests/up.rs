@@ -14,42 +14,9 @@ use std::time::{Duration, Instant};
 use common::{free_port, http, strata, workspace_root};
 use serde_json::{json, Value};
 
-/// Processes whose parent is `pid`.
+/// Process ids of `pid`'s live children.
 fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(child) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...: comm may hold spaces, so split after the last ')'.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    common::children(pid).into_iter().map(|(p, _)| p).collect()
 }
 
 fn state(addr: SocketAddr) -> Value {
@@ -337,7 +304,7 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     };
     assert!(exit.success(), "strata up exited with {exit}");
     for pid in engines {
-        assert!(!alive(pid), "engine {pid} outlived strata up");
+        assert!(!common::alive(pid), "engine {pid} outlived strata up");
     }
     let _ = std::fs::remove_dir_all(&logs);
 }

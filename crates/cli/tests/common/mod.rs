@@ -97,3 +97,43 @@ pub fn start_engine_with(extra: &[&str]) -> Engine {
 pub fn start_engine() -> Engine {
     start_engine_with(&["--kv-cache-memory", "268435456"])
 }
+
+/// Child processes of `pid` with their command lines.
+pub fn children(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let ppid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) && state != Some("Z") {
+            let cmd = std::fs::read(format!("/proc/{child}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            out.push((child, cmd));
+        }
+    }
+    out
+}
+
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
