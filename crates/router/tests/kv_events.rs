@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
@@ -30,6 +31,51 @@ fn message(seq: u64, events: Vec<KvEvent>) -> ZmqMessage {
     m.push_back(Bytes::copy_from_slice(&seq_bytes(seq)));
     m.push_back(Bytes::from(payload));
     m
+}
+
+/// Publishes each feed's event, one sequence number per round, until the router's precise
+/// index holds `blocks` blocks and every endpoint is ready (the subscription reaches the
+/// publisher asynchronously). Returns the next unused sequence number.
+async fn publish_until_indexed(
+    router: &Router,
+    feeds: &mut [(&mut PubSocket, &KvEvent)],
+    blocks: u64,
+) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seq = 0;
+    loop {
+        for (publisher, event) in feeds.iter_mut() {
+            publisher
+                .send(message(seq, vec![(*event).clone()]))
+                .await
+                .unwrap();
+        }
+        seq += 1;
+        let v = router.debug_json();
+        if v["precise_index_blocks"] == blocks
+            && v["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| e["ready"] == true)
+        {
+            return seq;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events never arrived: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Serves `router`'s proxy on loopback: its base URL and a client.
+async fn serve(router: &Router) -> (String, Client<HttpConnector, Full<Bytes>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = strata_router::proxy::app(router.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (base, Client::builder(TokioExecutor::new()).build_http())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,36 +129,9 @@ async fn events_steer_requests_to_the_replica_holding_the_prefix() {
         lora_name: None,
     };
     // The subscription reaches the publisher asynchronously: publish until it lands.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut seq = 0;
-    loop {
-        publisher
-            .send(message(seq, vec![stored.clone()]))
-            .await
-            .unwrap();
-        seq += 1;
-        let v = router.debug_json();
-        if v["precise_index_blocks"] == 4
-            && v["endpoints"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|e| e["ready"] == true)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "events never arrived: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let seq = publish_until_indexed(&router, &mut [(&mut publisher, &stored)], 4).await;
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = strata_router::proxy::app(router.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let (base, client) = serve(&router).await;
     for _ in 0..5 {
         let body = json!({"model": "m", "prompt": tokens, "max_tokens": 2}).to_string();
         let req = Request::post(format!("{base}/v1/completions"))
@@ -232,35 +251,8 @@ async fn text_prompts_are_tokenized_by_an_engine_for_the_precise_index() {
         medium: None,
         lora_name: None,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut seq = 0;
-    loop {
-        publisher
-            .send(message(seq, vec![stored.clone()]))
-            .await
-            .unwrap();
-        seq += 1;
-        let v = router.debug_json();
-        if v["precise_index_blocks"] == 3
-            && v["endpoints"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|e| e["ready"] == true)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "events never arrived: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = strata_router::proxy::app(router.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    publish_until_indexed(&router, &mut [(&mut publisher, &stored)], 3).await;
+    let (base, client) = serve(&router).await;
     for _ in 0..4 {
         // The salt is part of the first block's hash: the router must hash it too.
         let body = json!({"model": "m", "prompt": "any text", "cache_salt": "salt"}).to_string();
@@ -643,37 +635,10 @@ async fn adapter_prefixes_match_the_adapters_blocks_never_the_base_models() {
         ..RouterConfig::default()
     })
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut seq = 0;
-    loop {
-        for (publisher, event) in &mut feeds {
-            publisher
-                .send(message(seq, vec![event.clone()]))
-                .await
-                .unwrap();
-        }
-        seq += 1;
-        let v = router.debug_json();
-        if v["precise_index_blocks"] == 8
-            && v["endpoints"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|e| e["ready"] == true)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "events never arrived: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = strata_router::proxy::app(router.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut refs: Vec<(&mut PubSocket, &KvEvent)> =
+        feeds.iter_mut().map(|(p, e)| (p, &*e)).collect();
+    publish_until_indexed(&router, &mut refs, 8).await;
+    let (base, client) = serve(&router).await;
     for (model, want) in [("sql", "adapter-holder"), ("m", "base-holder")] {
         for _ in 0..4 {
             let body = json!({"model": model, "prompt": tokens, "max_tokens": 2}).to_string();
