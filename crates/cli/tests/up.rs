@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -125,30 +124,13 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     let child = &mut up.0;
     let up_pid = child.id();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
+    let banner = match common::read_until(child, "gateway:", Duration::from_secs(180)) {
+        Ok(lines) => lines,
+        Err(e) => {
+            let _ = child.kill();
+            panic!("strata up did not come up: {e}");
         }
-    });
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut banner = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                banner.push(line);
-                if banner.iter().any(|l| l.contains("gateway:")) {
-                    break;
-                }
-            }
-            Err(e) => {
-                let _ = child.kill();
-                panic!("strata up did not come up: {e}; output so far: {banner:?}");
-            }
-        }
-    }
+    };
     let text = banner.join("\n");
     assert!(
         text.contains(&format!("http://127.0.0.1:{port}/v1")),

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -64,29 +63,10 @@ impl Up {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn strata up");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let banner = common::read_until(&mut child, "controller:", Duration::from_secs(30));
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let up = Up { child, addr, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut banner = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    banner.push(line);
-                    if banner.iter().any(|l| l.contains("controller:")) {
-                        break;
-                    }
-                }
-                Err(e) => panic!("strata up did not come up: {e}; output: {banner:?}"),
-            }
-        }
+        let banner = banner.unwrap_or_else(|e| panic!("strata up did not come up: {e}"));
         let text = banner.join("\n");
         assert!(
             text.contains(&format!("http://{}/controller/status", up.addr)),

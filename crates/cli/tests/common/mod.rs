@@ -137,3 +137,40 @@ pub fn alive(pid: u32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// Reads `child`'s stdout, line by line, until a line contains `marker` (`strata up` prints
+/// its banner once it serves). Returns the lines read, or, after `timeout` or at the end of
+/// the output, an error holding them. Later output keeps being drained so the child never
+/// blocks on a full pipe.
+pub fn read_until(
+    child: &mut Child,
+    marker: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().ok_or("stdout is not piped")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(marker);
+                lines.push(line);
+                if done {
+                    return Ok(lines);
+                }
+            }
+            Err(e) => return Err(format!("no line with {marker:?} ({e}); output: {lines:?}")),
+        }
+    }
+}
