@@ -3,21 +3,42 @@
 //! candle's quantized matmul quantizes the activations to 8 bits before its integer dot
 //! products, and has no SIMD path for Q4_1; both cost accuracy or speed on the default
 //! model. Here the weights stay in their GGUF blocks (Q4_0, Q4_1 or Q8_0: 0.56–1.06 bytes a
-//! weight, so decode reads 4–7× less memory than f32) and are expanded to f32 in registers,
-//! block by block, right before the FMAs: the result is the f32 product with the stored
-//! weights, as exact as a dequantized GEMM up to summation order.
+//! weight, so decode reads 4–7× less memory than f32) and are expanded to f32 right before
+//! the FMAs: the result is the f32 product with the stored weights.
 //!
 //! `y[m][n] = Σ_k x[m][k] · w[n][k]` for `x: [M, K]` and `w: [N, K]`. Work is split over
-//! weight rows across the rayon pool; each weight block is expanded once per tile of up to
-//! [`M_TILE`] activation rows.
+//! chunks of weight rows across the rayon pool. Two paths, chosen by the number of
+//! activation rows `M`:
+//!
+//! - **Few rows** (decode, `M <` [`PANEL_MIN_M`]): each weight block is expanded in
+//!   registers and used at once, [`NR_DECODE`] weight rows at a time so that enough
+//!   independent FMA chains are in flight to hide their latency.
+//! - **Many rows** (prefill, batched decode): each task expands its chunk of weight rows
+//!   once into an f32 panel (kept in L2), then runs a register-tiled micro-kernel of
+//!   [`MR`] activation rows × [`NR`] weight rows over it.
+//!
+//! Both paths compute every output with the same arithmetic in the same order: one 8-lane
+//! accumulator per output, FMAs over `k` in ascending order, then the same horizontal sum.
+//! An output therefore does not depend on how many other rows share the step, which is what
+//! makes greedy decoding identical alone and in a batch.
 
 use half::f16;
 use rayon::prelude::*;
 
 /// Weights per block for every supported type.
 pub const BLOCK: usize = 32;
-/// Activation rows that share one expansion of a weight block.
-pub const M_TILE: usize = 4;
+/// Activation rows at and above which weights are expanded into an f32 panel first.
+pub const PANEL_MIN_M: usize = 4;
+/// Micro-kernel tile of the panel path: activation rows …
+pub const MR: usize = 4;
+/// … times weight rows (`MR × NR` accumulators, plus `NR` weight vectors, fit the 16
+/// AVX2 registers).
+pub const NR: usize = 3;
+/// Weight rows whose blocks are expanded together on the few-rows path.
+pub const NR_DECODE: usize = 4;
+/// Weight rows per task on the panel path (a multiple of [`NR`]); the panel takes
+/// `PANEL_ROWS × K × 4` bytes (110 KiB at K = 576, 288 KiB at K = 1536).
+pub const PANEL_ROWS: usize = 48;
 
 /// GGUF block types this module multiplies directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +80,14 @@ pub enum BlockError {
     #[error("expected {expected} bytes of blocks, got {got}")]
     Len { expected: usize, got: usize },
 }
+
+/// The output matrix, written by several tasks at once, each to its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint column ranges of the buffer, which outlives the parallel
+// loop (it is joined before `matmul` returns).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
 
 impl BlockMatrix {
     pub fn new(
@@ -129,52 +158,88 @@ impl BlockMatrix {
 
     /// `x: [m, cols]` → `[m, rows]`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        debug_assert_eq!(x.len(), m * self.cols);
+        assert_eq!(x.len(), m * self.cols, "activation shape");
         let n = self.rows;
-        // Transposed result: one contiguous run of `m` outputs per weight row.
-        let mut yt = vec![0f32; n * m];
-        let rb = self.row_bytes();
-        let rows_per_task = (n / (rayon::current_num_threads() * 8)).clamp(1, 256);
-        yt.par_chunks_mut(m * rows_per_task)
-            .enumerate()
-            .for_each(|(task, out)| {
-                let first = task * rows_per_task;
-                for (r, out_row) in out.chunks_exact_mut(m).enumerate() {
-                    let row = &self.data[(first + r) * rb..(first + r + 1) * rb];
-                    row_dot(self.kind, row, x, self.cols, out_row);
-                }
-            });
-        if m == 1 {
-            return yt;
-        }
         let mut y = vec![0f32; m * n];
-        for (j, col) in yt.chunks_exact(m).enumerate() {
-            for (i, &v) in col.iter().enumerate() {
-                y[i * n + j] = v;
+        if m == 0 || n == 0 {
+            return y;
+        }
+        let panel = m >= PANEL_MIN_M;
+        let rows_per_task = if panel {
+            PANEL_ROWS
+        } else {
+            // Enough tasks to balance the pool, each a whole number of register tiles.
+            (n / (rayon::current_num_threads() * 8))
+                .clamp(1, 256)
+                .next_multiple_of(NR_DECODE)
+        };
+        let out = OutPtr(y.as_mut_ptr());
+        let tasks = n.div_ceil(rows_per_task);
+        (0..tasks).into_par_iter().for_each(|task| {
+            let first = task * rows_per_task;
+            let rows = rows_per_task.min(n - first);
+            // SAFETY: task `task` writes only columns `first..first + rows` of the `m × n`
+            // output, and every task's range is disjoint.
+            unsafe { self.chunk(x, m, first, rows, out, panel) };
+        });
+        y
+    }
+
+    /// Computes output columns `first..first + rows` for every activation row.
+    ///
+    /// # Safety
+    /// `out` points to an `m × self.rows` buffer that no one else writes in these columns.
+    unsafe fn chunk(
+        &self,
+        x: &[f32],
+        m: usize,
+        first: usize,
+        rows: usize,
+        out: OutPtr,
+        panel: bool,
+    ) {
+        let rb = self.row_bytes();
+        let data = &self.data[first * rb..(first + rows) * rb];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx2_fma() {
+                // SAFETY: AVX2, FMA and F16C are present (checked above); shapes as documented.
+                let y = out.0.add(first);
+                if panel {
+                    PANEL.with_borrow_mut(|buf| {
+                        avx2::panel_chunk(self.kind, data, rows, x, m, self.cols, buf, y, self.rows)
+                    });
+                } else {
+                    avx2::decode_chunk(self.kind, data, rows, x, m, self.cols, y, self.rows);
+                }
+                return;
             }
         }
-        y
+        let _ = panel;
+        let mut col = vec![0f32; m];
+        for (r, row) in data.chunks_exact(rb).enumerate() {
+            row_dot_scalar(self.kind, row, x, self.cols, &mut col);
+            for (i, v) in col.iter().enumerate() {
+                *out.0.add(i * self.rows + first + r) = *v;
+            }
+        }
     }
 }
 
-/// Dot products of one weight row with every activation row: `out[i] = w · x[i]`.
-fn row_dot(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx2_fma() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            unsafe { avx2::row_dot(kind, row, x, k, out) };
-            return;
-        }
-    }
-    row_dot_scalar(kind, row, x, k, out);
+thread_local! {
+    /// Each pool thread's f32 panel of expanded weights.
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_fma() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
 }
 
 fn read_f16(b: &[u8], at: usize) -> f32 {
@@ -208,6 +273,7 @@ fn expand_scalar(kind: BlockType, block: &[u8], w: &mut [f32; BLOCK]) {
     }
 }
 
+/// Dot products of one weight row with every activation row: `out[i] = w · x[i]`.
 fn row_dot_scalar(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
     out.fill(0.0);
     let mut w = [0f32; BLOCK];
@@ -222,52 +288,84 @@ fn row_dot_scalar(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{read_f16, BlockType, BLOCK, M_TILE};
+    use super::{BlockType, BLOCK, MR, NR, NR_DECODE};
     use std::arch::x86_64::*;
 
-    /// Expands one block into four vectors of eight weights (elements 0..8, 8..16, 16..24,
-    /// 24..32).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn expand(kind: BlockType, block: &[u8]) -> [__m256; 4] {
-        let d = _mm256_set1_ps(read_f16(block, 0));
-        match kind {
-            BlockType::Q4_0 | BlockType::Q4_1 => {
-                let (off, bias) = match kind {
-                    BlockType::Q4_1 => (4, _mm256_set1_ps(read_f16(block, 2))),
-                    _ => (2, _mm256_set1_ps(-8.0 * read_f16(block, 0))),
-                };
-                // SAFETY: the block holds 16 bytes of nibbles at `off` (length checked by
-                // the caller's chunking).
-                let qs = _mm_loadu_si128(block.as_ptr().add(off) as *const __m128i);
-                let mask = _mm_set1_epi8(0x0F);
-                let lo = _mm_and_si128(qs, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-                let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                [
-                    _mm256_fmadd_ps(cvt(lo), d, bias),
-                    _mm256_fmadd_ps(cvt(_mm_srli_si128(lo, 8)), d, bias),
-                    _mm256_fmadd_ps(cvt(hi), d, bias),
-                    _mm256_fmadd_ps(cvt(_mm_srli_si128(hi, 8)), d, bias),
-                ]
-            }
-            BlockType::Q8_0 => {
-                let p = block.as_ptr().add(2);
-                let cvt = |at: usize| {
-                    _mm256_mul_ps(
-                        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                            p.add(at) as *const __m128i
-                        ))),
-                        d,
-                    )
-                };
-                [cvt(0), cvt(8), cvt(16), cvt(24)]
-            }
+    /// How one block type expands into f32: both paths get their weights from here, so
+    /// they multiply identical values.
+    trait Expand {
+        const BYTES: usize;
+        /// Expands the block at `p` into four vectors of eight weights (elements 0..8,
+        /// 8..16, 16..24, 24..32).
+        ///
+        /// # Safety
+        /// AVX2, FMA and F16C; `p` points at `BYTES` readable bytes.
+        unsafe fn expand(p: *const u8) -> [__m256; 4];
+    }
+
+    /// The block's f16 at byte `at`, in all eight lanes.
+    #[inline(always)]
+    unsafe fn splat_f16(p: *const u8, at: usize) -> __m256 {
+        let bits = (p.add(at) as *const u16).read_unaligned();
+        _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
+    }
+
+    /// Nibbles as `d · q + bias`, low nibbles first.
+    #[inline(always)]
+    unsafe fn expand_nibbles(qs: *const u8, d: __m256, bias: __m256) -> [__m256; 4] {
+        let qs = _mm_loadu_si128(qs as *const __m128i);
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(qs, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+        let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        [
+            _mm256_fmadd_ps(cvt(lo), d, bias),
+            _mm256_fmadd_ps(cvt(_mm_srli_si128(lo, 8)), d, bias),
+            _mm256_fmadd_ps(cvt(hi), d, bias),
+            _mm256_fmadd_ps(cvt(_mm_srli_si128(hi, 8)), d, bias),
+        ]
+    }
+
+    pub struct Q4_0;
+    pub struct Q4_1;
+    pub struct Q8_0;
+
+    impl Expand for Q4_0 {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn expand(p: *const u8) -> [__m256; 4] {
+            let d = splat_f16(p, 0);
+            expand_nibbles(p.add(2), d, _mm256_mul_ps(_mm256_set1_ps(-8.0), d))
         }
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    impl Expand for Q4_1 {
+        const BYTES: usize = 20;
+        #[inline(always)]
+        unsafe fn expand(p: *const u8) -> [__m256; 4] {
+            expand_nibbles(p.add(4), splat_f16(p, 0), splat_f16(p, 2))
+        }
+    }
+
+    impl Expand for Q8_0 {
+        const BYTES: usize = 34;
+        #[inline(always)]
+        unsafe fn expand(p: *const u8) -> [__m256; 4] {
+            let d = splat_f16(p, 0);
+            let q = p.add(2);
+            let cvt = |at: usize| {
+                _mm256_mul_ps(
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        q.add(at) as *const __m128i
+                    ))),
+                    d,
+                )
+            };
+            [cvt(0), cvt(8), cvt(16), cvt(24)]
+        }
+    }
+
+    #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -275,32 +373,257 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
+    /// Few activation rows: weight blocks expanded in registers, `NR_DECODE` weight rows
+    /// and up to two activation rows per pass.
+    ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `row` holds `k / 32` blocks of `kind` and `x`
-    /// holds `out.len()` rows of `k` floats.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn row_dot(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f32]) {
-        let bb = kind.block_bytes();
-        let nblocks = k / BLOCK;
-        let m = out.len();
-        let mut i0 = 0;
-        while i0 < m {
-            let tile = (m - i0).min(M_TILE);
-            let mut acc = [_mm256_setzero_ps(); M_TILE];
-            for b in 0..nblocks {
-                let w = expand(kind, &row[b * bb..(b + 1) * bb]);
-                for (t, a) in acc.iter_mut().enumerate().take(tile) {
-                    let xp = x.as_ptr().add((i0 + t) * k + b * BLOCK);
-                    let mut s = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xp), *a);
-                    s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xp.add(8)), s);
-                    s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xp.add(16)), s);
-                    *a = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xp.add(24)), s);
+    /// AVX2, FMA and F16C; `data` holds `rows` rows of `k / 32` blocks of `kind`; `x` holds
+    /// `m` rows of `k` floats; `y` points at column 0 of this chunk in an output of row
+    /// stride `ldy`, writable for `m` rows and `rows` columns.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn decode_chunk(
+        kind: BlockType,
+        data: &[u8],
+        rows: usize,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let (w, x) = (data.as_ptr(), x.as_ptr());
+        match kind {
+            BlockType::Q4_0 => decode_chunk_of::<Q4_0>(w, rows, x, m, k, y, ldy),
+            BlockType::Q4_1 => decode_chunk_of::<Q4_1>(w, rows, x, m, k, y, ldy),
+            BlockType::Q8_0 => decode_chunk_of::<Q8_0>(w, rows, x, m, k, y, ldy),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_chunk_of<E: Expand>(
+        w: *const u8,
+        rows: usize,
+        x: *const f32,
+        m: usize,
+        k: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let rb = k / BLOCK * E::BYTES;
+        let mut i = 0;
+        while i < m {
+            let two = m - i >= 2;
+            let (xp, yp) = (x.add(i * k), y.add(i * ldy));
+            let mut j = 0;
+            while j + NR_DECODE <= rows {
+                if two {
+                    decode_2x4::<E>(w.add(j * rb), rb, xp, k, yp.add(j), ldy);
+                } else {
+                    decode_1x4::<E>(w.add(j * rb), rb, xp, k, yp.add(j));
+                }
+                j += NR_DECODE;
+            }
+            while j < rows {
+                decode_1x1::<E>(w.add(j * rb), xp, k, yp.add(j));
+                if two {
+                    decode_1x1::<E>(w.add(j * rb), xp.add(k), k, yp.add(ldy + j));
+                }
+                j += 1;
+            }
+            i += if two { 2 } else { 1 };
+        }
+    }
+
+    /// `acc += w · x` over one block: four FMAs in ascending `k`.
+    macro_rules! fma_block {
+        ($acc:expr, $w:expr, $xp:expr) => {{
+            let xp = $xp;
+            let mut s = _mm256_fmadd_ps($w[0], _mm256_loadu_ps(xp), $acc);
+            s = _mm256_fmadd_ps($w[1], _mm256_loadu_ps(xp.add(8)), s);
+            s = _mm256_fmadd_ps($w[2], _mm256_loadu_ps(xp.add(16)), s);
+            $acc = _mm256_fmadd_ps($w[3], _mm256_loadu_ps(xp.add(24)), s);
+        }};
+    }
+
+    /// One activation row × one weight row.
+    #[inline(always)]
+    unsafe fn decode_1x1<E: Expand>(w: *const u8, x: *const f32, k: usize, y: *mut f32) {
+        let mut a = _mm256_setzero_ps();
+        for b in 0..k / BLOCK {
+            let v = E::expand(w.add(b * E::BYTES));
+            fma_block!(a, v, x.add(b * BLOCK));
+        }
+        *y = hsum(a);
+    }
+
+    /// One activation row × four weight rows (`rb` bytes apart): four independent chains.
+    #[inline(always)]
+    unsafe fn decode_1x4<E: Expand>(w: *const u8, rb: usize, x: *const f32, k: usize, y: *mut f32) {
+        let z = _mm256_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        for b in 0..k / BLOCK {
+            let (wb, xb) = (w.add(b * E::BYTES), x.add(b * BLOCK));
+            let v = E::expand(wb);
+            fma_block!(a0, v, xb);
+            let v = E::expand(wb.add(rb));
+            fma_block!(a1, v, xb);
+            let v = E::expand(wb.add(2 * rb));
+            fma_block!(a2, v, xb);
+            let v = E::expand(wb.add(3 * rb));
+            fma_block!(a3, v, xb);
+        }
+        *y = hsum(a0);
+        *y.add(1) = hsum(a1);
+        *y.add(2) = hsum(a2);
+        *y.add(3) = hsum(a3);
+    }
+
+    /// Two activation rows (`k` floats apart) × four weight rows: each expansion used twice.
+    #[inline(always)]
+    unsafe fn decode_2x4<E: Expand>(
+        w: *const u8,
+        rb: usize,
+        x: *const f32,
+        k: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let z = _mm256_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        let (mut b0, mut b1, mut b2, mut b3) = (z, z, z, z);
+        for b in 0..k / BLOCK {
+            let (wb, xb) = (w.add(b * E::BYTES), x.add(b * BLOCK));
+            let v = E::expand(wb);
+            fma_block!(a0, v, xb);
+            fma_block!(b0, v, xb.add(k));
+            let v = E::expand(wb.add(rb));
+            fma_block!(a1, v, xb);
+            fma_block!(b1, v, xb.add(k));
+            let v = E::expand(wb.add(2 * rb));
+            fma_block!(a2, v, xb);
+            fma_block!(b2, v, xb.add(k));
+            let v = E::expand(wb.add(3 * rb));
+            fma_block!(a3, v, xb);
+            fma_block!(b3, v, xb.add(k));
+        }
+        for (j, (a, b)) in [(a0, b0), (a1, b1), (a2, b2), (a3, b3)]
+            .into_iter()
+            .enumerate()
+        {
+            *y.add(j) = hsum(a);
+            *y.add(ldy + j) = hsum(b);
+        }
+    }
+
+    /// Many activation rows: the chunk's weights are expanded once into `panel`
+    /// (`rows × k` f32), then multiplied in `MR × NR` register tiles.
+    ///
+    /// # Safety
+    /// As [`decode_chunk`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn panel_chunk(
+        kind: BlockType,
+        data: &[u8],
+        rows: usize,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        panel: &mut Vec<f32>,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        panel.clear();
+        panel.reserve(rows * k);
+        let (w, p) = (data.as_ptr(), panel.as_mut_ptr());
+        let blocks = rows * k / BLOCK;
+        match kind {
+            BlockType::Q4_0 => expand_panel::<Q4_0>(w, blocks, p),
+            BlockType::Q4_1 => expand_panel::<Q4_1>(w, blocks, p),
+            BlockType::Q8_0 => expand_panel::<Q8_0>(w, blocks, p),
+        }
+        // SAFETY: every one of the `rows × k` floats was written above (blocks are
+        // contiguous, row after row).
+        panel.set_len(rows * k);
+        panel_gemm(x.as_ptr(), m, k, panel.as_ptr(), rows, y, ldy);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn expand_panel<E: Expand>(w: *const u8, blocks: usize, p: *mut f32) {
+        for b in 0..blocks {
+            let v = E::expand(w.add(b * E::BYTES));
+            let at = p.add(b * BLOCK);
+            _mm256_storeu_ps(at, v[0]);
+            _mm256_storeu_ps(at.add(8), v[1]);
+            _mm256_storeu_ps(at.add(16), v[2]);
+            _mm256_storeu_ps(at.add(24), v[3]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn panel_gemm(
+        x: *const f32,
+        m: usize,
+        k: usize,
+        p: *const f32,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let mut i = 0;
+        while i < m {
+            let mr = (m - i).min(MR);
+            let xp = x.add(i * k);
+            let mut j = 0;
+            while j < rows {
+                let nr = (rows - j).min(NR);
+                let (wp, yp) = (p.add(j * k), y.add(i * ldy + j));
+                match (mr, nr) {
+                    (4, 3) => panel_tile::<4, 3>(xp, wp, k, yp, ldy),
+                    (4, 2) => panel_tile::<4, 2>(xp, wp, k, yp, ldy),
+                    (4, _) => panel_tile::<4, 1>(xp, wp, k, yp, ldy),
+                    (3, 3) => panel_tile::<3, 3>(xp, wp, k, yp, ldy),
+                    (3, 2) => panel_tile::<3, 2>(xp, wp, k, yp, ldy),
+                    (3, _) => panel_tile::<3, 1>(xp, wp, k, yp, ldy),
+                    (2, 3) => panel_tile::<2, 3>(xp, wp, k, yp, ldy),
+                    (2, 2) => panel_tile::<2, 2>(xp, wp, k, yp, ldy),
+                    (2, _) => panel_tile::<2, 1>(xp, wp, k, yp, ldy),
+                    (_, 3) => panel_tile::<1, 3>(xp, wp, k, yp, ldy),
+                    (_, 2) => panel_tile::<1, 2>(xp, wp, k, yp, ldy),
+                    _ => panel_tile::<1, 1>(xp, wp, k, yp, ldy),
+                }
+                j += nr;
+            }
+            i += mr;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn panel_tile<const M: usize, const N: usize>(
+        x: *const f32,
+        w: *const f32,
+        k: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); N]; M];
+        let mut kk = 0;
+        while kk < k {
+            let mut wv = [_mm256_setzero_ps(); N];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(w.add(j * k + kk));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(i * k + kk));
+                for (a, wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(*wj, xv, *a);
                 }
             }
-            for t in 0..tile {
-                out[i0 + t] = hsum(acc[t]);
+            kk += 8;
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, a) in row.iter().enumerate() {
+                *y.add(i * ldy + j) = hsum(*a);
             }
-            i0 += tile;
         }
     }
 }

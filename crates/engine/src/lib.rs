@@ -5,6 +5,7 @@
 //! batched forward over the paged [`kv`] cache, [`sampler`] and [`stop`] finish each token),
 //! and each sequence's events flow back to its handler. See `docs/ARCHITECTURE.md`.
 
+pub mod attention;
 pub mod chat_template;
 pub mod engine;
 pub mod gguf;

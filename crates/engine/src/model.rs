@@ -11,8 +11,8 @@ use std::str::FromStr;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-use rayon::prelude::*;
 
+use crate::attention::{attend, AttnShape, TokenCtx};
 use crate::gguf::{GgufFile, LlamaConfig, ModelError};
 use crate::kernels::{BlockMatrix, BlockType};
 use crate::kv::cache::KvCache;
@@ -263,8 +263,20 @@ impl Llama {
             .to_vec1()?;
 
         let mut attn = vec![0f32; n_tok * h];
-        let scale = 1.0 / (hd as f32).sqrt();
-        let group = nh / nkv;
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            block_size: cache.block_size,
+        };
+        let ctx: Vec<TokenCtx<'_>> = positions
+            .iter()
+            .zip(&seq_of)
+            .map(|(&pos, &s)| TokenCtx {
+                pos,
+                block_table: seqs[s].block_table,
+            })
+            .collect();
         for (l, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, cfg.rms_eps);
             let mut qkv = layer.qkv.forward(&normed, n_tok)?;
@@ -280,39 +292,7 @@ impl Llama {
                 vc[slot * kv_dim..(slot + 1) * kv_dim]
                     .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
             }
-            let (kc, vc) = (&cache.keys[l], &cache.values[l]);
-            let block_size = cache.block_size;
-            attn.par_chunks_mut(hd).enumerate().for_each_init(
-                Vec::new,
-                |scores: &mut Vec<f32>, (idx, out)| {
-                    let (t, head) = (idx / nh, idx % nh);
-                    let kvh = head / group;
-                    let pos = positions[t];
-                    let table = seqs[seq_of[t]].block_table;
-                    let qv = &q[t * h + head * hd..t * h + (head + 1) * hd];
-                    scores.clear();
-                    let mut max = f32::NEG_INFINITY;
-                    for j in 0..=pos {
-                        let slot = table[j / block_size] as usize * block_size + j % block_size;
-                        let off = slot * kv_dim + kvh * hd;
-                        let s = dot(qv, &kc[off..off + hd]) * scale;
-                        max = max.max(s);
-                        scores.push(s);
-                    }
-                    let mut sum = 0.0;
-                    for s in scores.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
-                    }
-                    let inv = 1.0 / sum;
-                    out.fill(0.0);
-                    for (j, &p) in scores.iter().enumerate() {
-                        let slot = table[j / block_size] as usize * block_size + j % block_size;
-                        let off = slot * kv_dim + kvh * hd;
-                        axpy(p * inv, &vc[off..off + hd], out);
-                    }
-                },
-            );
+            attend(shape, &q, &cache.keys[l], &cache.values[l], &ctx, &mut attn);
             let o = matmul(&layer.wo, &attn, n_tok)?;
             add_in_place(&mut x, &o);
 
@@ -483,43 +463,9 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// Dot product with eight independent accumulators so the compiler vectorizes it.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-#[inline]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (o, v) in y.iter_mut().zip(x) {
-        *o += alpha * v;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dot_matches_naive() {
-        let a: Vec<f32> = (0..67).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let b: Vec<f32> = (0..67).map(|i| (i as f32).sin()).collect();
-        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert!((dot(&a, &b) - naive).abs() < 1e-3);
-    }
 
     #[test]
     fn rms_norm_unit_rows() {
