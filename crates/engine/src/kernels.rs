@@ -445,6 +445,16 @@ mod avx2 {
         }};
     }
 
+    /// Asks for the same block position of the next four weight rows (the next tile), so
+    /// that streaming weights from memory overlaps this tile's arithmetic. A prefetch never
+    /// faults, so the address may run past the matrix.
+    #[inline(always)]
+    unsafe fn prefetch_next_tile(wb: *const u8, rb: usize) {
+        for r in NR_DECODE..2 * NR_DECODE {
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(r * rb) as *const i8);
+        }
+    }
+
     /// One activation row × one weight row.
     #[inline(always)]
     unsafe fn decode_1x1<E: Expand>(w: *const u8, x: *const f32, k: usize, y: *mut f32) {
@@ -463,6 +473,7 @@ mod avx2 {
         let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
         for b in 0..k / BLOCK {
             let (wb, xb) = (w.add(b * E::BYTES), x.add(b * BLOCK));
+            prefetch_next_tile(wb, rb);
             let v = E::expand(wb);
             fma_block!(a0, v, xb);
             let v = E::expand(wb.add(rb));
@@ -493,6 +504,7 @@ mod avx2 {
         let (mut b0, mut b1, mut b2, mut b3) = (z, z, z, z);
         for b in 0..k / BLOCK {
             let (wb, xb) = (w.add(b * E::BYTES), x.add(b * BLOCK));
+            prefetch_next_tile(wb, rb);
             let v = E::expand(wb);
             fma_block!(a0, v, xb);
             fma_block!(b0, v, xb.add(k));
