@@ -124,7 +124,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[i] += x[i] * y[i];
         }
     }
-    acc.iter().sum::<f32>() + tail
+    // A pairwise tree: shorter dependency chain than a running sum.
+    let s = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    ((s[0] + s[2]) + (s[1] + s[3])) + tail
 }
 
 #[inline]
@@ -219,12 +226,18 @@ mod tests {
 
     #[test]
     fn matches_reference_over_scattered_blocks_and_is_batch_invariant() {
+        for head_dim in [16, 64] {
+            check_against_reference(head_dim);
+        }
+    }
+
+    fn check_against_reference(head_dim: usize) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let shape = AttnShape {
             n_head: 6,
             n_kv_head: 2,
-            head_dim: 16,
+            head_dim,
             block_size: 4,
         };
         let slots = 16 * shape.block_size;

@@ -310,19 +310,20 @@ mod avx2 {
         _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
     }
 
-    /// Nibbles as `d · q + bias`, low nibbles first.
+    /// Nibbles as `d · q + bias`: byte `j` holds element `j` (low nibble) and element
+    /// `j + 16` (high nibble). Each half of the bytes is widened to 32-bit lanes once; the
+    /// mask gives the low nibbles and a shift the high ones.
     #[inline(always)]
     unsafe fn expand_nibbles(qs: *const u8, d: __m256, bias: __m256) -> [__m256; 4] {
-        let qs = _mm_loadu_si128(qs as *const __m128i);
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(qs, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-        let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+        let t0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs as *const __m128i));
+        let t1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs.add(8) as *const __m128i));
+        let mask = _mm256_set1_epi32(0x0F);
+        let f = |v: __m256i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, bias);
         [
-            _mm256_fmadd_ps(cvt(lo), d, bias),
-            _mm256_fmadd_ps(cvt(_mm_srli_si128(lo, 8)), d, bias),
-            _mm256_fmadd_ps(cvt(hi), d, bias),
-            _mm256_fmadd_ps(cvt(_mm_srli_si128(hi, 8)), d, bias),
+            f(_mm256_and_si256(t0, mask)),
+            f(_mm256_and_si256(t1, mask)),
+            f(_mm256_srli_epi32(t0, 4)),
+            f(_mm256_srli_epi32(t1, 4)),
         ]
     }
 
