@@ -13,6 +13,11 @@
 # max req/s with CONC (default 64) closed-loop clients with the gateway's CPU seconds per
 # request (from /proc/PID/stat). `uptime` is printed before every round: the machine is
 # shared, so read the numbers with the load average next to them.
+#
+# BACKEND=fixed (default) answers every POST with one constant 4-token chat completion
+# (with usage) and no timers; BACKEND=mock uses strata-mock, whose zero-delay sleep still
+# waits for the runtime's next 1 ms timer tick and so adds jitter to both sides.
+# The backend and the load generator each get LOAD_WORKERS (default 1) tokio workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -21,12 +26,16 @@ RATE=${RATE:-2000}
 CONC=${CONC:-64}
 GW_CPU=${GW_CPU:-1}
 LOAD_CPUS=${LOAD_CPUS:-0}
+BACKEND=${BACKEND:-fixed}
+LOAD_WORKERS=${LOAD_WORKERS:-1}
 OUT=target/gateway-overhead
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 
 [ "${SKIP_BUILD:-0}" = 1 ] || cargo build -q --release -p strata-gateway --example gateway_bench
 BIN=target/release/examples/gateway_bench
+# The gateway may come from another build of the same example (A/B runs: GW_BIN=old copy).
+GW_BIN=${GW_BIN:-$BIN}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { for _ in $(seq 1 600); do curl -s -o /dev/null "$1" && return 0; sleep 0.1; done; echo "no answer from $1" >&2; return 1; }
@@ -39,7 +48,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 MOCK_PORT=$(free_port); GW_PORT=$(free_port)
-taskset -c "$LOAD_CPUS" $BIN mock --port "$MOCK_PORT" 2>/dev/null & PIDS+=($!)
+taskset -c "$LOAD_CPUS" $BIN --workers "$LOAD_WORKERS" "$BACKEND" --port "$MOCK_PORT" 2>/dev/null & PIDS+=($!)
 wait_http "http://127.0.0.1:$MOCK_PORT/health"
 
 cat > "$OUT/gateway.yaml" <<YAML
@@ -54,7 +63,7 @@ limits:
   default_tenant: {rpm: 1000000000, tpm: 1000000000000}
 YAML
 rm -f "$OUT/gateway.db"*
-taskset -c "$GW_CPU" $BIN --workers 1 gateway --config "$OUT/gateway.yaml" --port "$GW_PORT" \
+taskset -c "$GW_CPU" $GW_BIN --workers 1 gateway --config "$OUT/gateway.yaml" --port "$GW_PORT" \
   --db "$OUT/gateway.db" --create-key-for bench > "$OUT/gateway.out" 2>"$OUT/gateway.err" & GW_PID=$!; PIDS+=($GW_PID)
 wait_http "http://127.0.0.1:$GW_PORT/health"
 GW_KEY=$(grep -o 'sk-strata-[0-9a-f-]*' "$OUT/gateway.out")
@@ -64,7 +73,7 @@ run() { # name url key pid args...
   local name=$1 url=$2 key=$3 pid=$4; shift 4
   local t0 t1 res
   t0=$( [ "$pid" = - ] && echo 0 || cpu_ticks "$pid")
-  res=$(taskset -c "$LOAD_CPUS" $BIN load --url "$url" --key "$key" --seconds "$SECS" "$@")
+  res=$(taskset -c "$LOAD_CPUS" $BIN --workers "$LOAD_WORKERS" load --url "$url" --key "$key" --seconds "$SECS" "$@")
   t1=$( [ "$pid" = - ] && echo 0 || cpu_ticks "$pid")
   echo "{\"round\":$ROUND,\"name\":\"$name\",\"args\":\"$*\",\"cpu_ticks\":$((t1 - t0)),\"load\":\"$LOADAVG\",\"result\":$res}" >> "$OUT/results.jsonl"
   echo "round $ROUND $name $*: $res"
@@ -90,6 +99,9 @@ gw = [r for r in rate if r['name'] == 'strata']
 p50 = [r['result']['p50_ms'] - base[r['round']]['p50_ms'] for r in gw]
 p99 = [r['result']['p99_ms'] - base[r['round']]['p99_ms'] for r in gw]
 print(f"{gw[0]['args']}: direct p50/p99 {fmt(med([b['p50_ms'] for b in base.values()]),' ms')} / {fmt(med([b['p99_ms'] for b in base.values()]),' ms')}")
+print(f"{gw[0]['args']}: through the gateway p50/p99 {fmt(med([r['result']['p50_ms'] for r in gw]),' ms')} / {fmt(med([r['result']['p99_ms'] for r in gw]),' ms')}")
+cpu_rate = [r['cpu_ticks'] / tck / max(1, r['result']['requests']) * 1e6 for r in gw]
+print(f"{gw[0]['args']}: gateway CPU/request {fmt(med(cpu_rate),' us')}; load generator late sends p99 {fmt(med([r['result'].get('late_p99_ms') or 0 for r in rate]),' ms')}")
 print(f"{gw[0]['args']}: gateway added p50 {fmt(med(p50),' ms')}, added p99 {fmt(med(p99),' ms')}, achieved {fmt(med([r['result']['rps'] for r in gw]),' req/s')}, errors {sum(r['result']['errors'] for r in gw)}")
 mx = [r for r in rows if r['args'].startswith('--concurrency')]
 cpu = [r['cpu_ticks'] / tck / max(1, r['result']['requests']) * 1e6 for r in mx]

@@ -709,7 +709,9 @@ pub struct ResolvedUpstream {
     pub router: Option<EmbeddedRouter>,
     /// The forwarded routes' URLs, parsed once at load (chat, completions, embeddings);
     /// empty for `kind: router`.
-    pub route_urls: Vec<reqwest::Url>,
+    pub route_urls: Vec<axum::http::Uri>,
+    /// `Authorization: Bearer <api_key>`, built once at load.
+    pub auth_header: Option<axum::http::HeaderValue>,
 }
 
 impl Resolved {
@@ -770,6 +772,7 @@ impl Resolved {
                         api_key: None,
                         router: Some(embedded),
                         route_urls: Vec::new(),
+                        auth_header: None,
                     },
                 );
                 continue;
@@ -786,9 +789,18 @@ impl Resolved {
             let base_url = u.base_url.trim_end_matches('/').to_string();
             let route_urls = ROUTE_PATHS
                 .iter()
-                .map(|p| reqwest::Url::parse(&format!("{base_url}{p}")))
+                .map(|p| format!("{base_url}{p}").parse::<axum::http::Uri>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| invalid(format!("upstream `{}`: bad base_url: {e}", u.name)))?;
+            let auth_header = match &api_key {
+                Some(k) => Some(crate::upstream::bearer(k).ok_or_else(|| {
+                    invalid(format!(
+                        "upstream `{}`: the API key cannot be sent in a header",
+                        u.name
+                    ))
+                })?),
+                None => None,
+            };
             upstreams.insert(
                 u.name.clone(),
                 ResolvedUpstream {
@@ -797,6 +809,7 @@ impl Resolved {
                     api_key,
                     router: None,
                     route_urls,
+                    auth_header,
                 },
             );
         }

@@ -15,6 +15,8 @@
 //! * [`stream_guard`]: output guardrails on streamed answers (hold-back window).
 //! * [`state`]: [`state::Gateway`], the shared state and in-memory mirror of keys and spend.
 //! * [`server`]: routes, admin API, serving and config watching.
+//! * [`upstream`]: the upstream HTTP client (hyper's pooled HTTP/1.1 client; reqwest for
+//!   `https://` with the `tls` feature), URIs and auth parsed at load.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`cli`]: [`GatewayArgs`], [`run`], [`KeysArgs`], [`run_keys`].
 
@@ -32,6 +34,7 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod stream_guard;
+pub mod upstream;
 
 pub use cli::{run, run_keys, GatewayArgs, KeysArgs, KeysCommand};
 pub use config::{Config, ConfigHandle};

@@ -18,6 +18,9 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::{Stream, StreamExt};
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 use strata_api::types::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest};
 use strata_api::{parse_json, ApiError, SseDecoder};
@@ -32,6 +35,7 @@ use crate::routing::{self, Failure, Next};
 use crate::state::{unix_now, Gateway, KeyEntry};
 use crate::store::UsageEvent;
 use crate::stream_guard::StreamGuard;
+use crate::upstream::{BodyError, SendError, UpstreamBody};
 
 /// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
@@ -308,33 +312,11 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
         return too_large();
     };
 
-    // Shape: the typed parse names the faulty field; the forwarded body stays as sent.
-    let shape = match route {
-        Route::Chat => parse_json::<ChatCompletionRequest>(&bytes).and_then(|r| {
-            if r.messages.is_empty() {
-                Err(ApiError::invalid(
-                    "messages",
-                    "`messages` must not be empty.",
-                ))
-            } else {
-                Ok(())
-            }
-        }),
-        Route::Completions => parse_json::<CompletionRequest>(&bytes).map(|_| ()),
-        Route::Embeddings => parse_json::<EmbeddingRequest>(&bytes).map(|_| ()),
-    };
-    if let Err(e) = shape {
-        return reject(&gw, "invalid", e);
-    }
-    let mut body: Value = match serde_json::from_slice(&bytes) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
-            return reject(
-                &gw,
-                "invalid",
-                ApiError::invalid_no_param("Request body must be a JSON object."),
-            )
-        }
+    // Shape: the body is parsed once; the typed check runs over that parse and names the
+    // faulty field. The forwarded body stays as sent unless the gateway must change it.
+    let mut body = match check_shape(route, &bytes) {
+        Ok(v) => v,
+        Err(e) => return reject(&gw, "invalid", e),
     };
     let Some(requested) = body
         .get("model")
@@ -400,13 +382,17 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
             );
         }
     }
-    if let Err(reason) = resolved.guardrails.apply_request(&mut body) {
-        return reject(
-            &gw,
-            "guardrail",
-            ApiError::invalid_no_param(reason).with_code("guardrail_blocked"),
-        );
-    }
+    // Whether the forwarded body must be written anew rather than sent as received.
+    let mut rewritten = match resolved.guardrails.apply_request(&mut body) {
+        Ok(changed) => changed,
+        Err(reason) => {
+            return reject(
+                &gw,
+                "guardrail",
+                ApiError::invalid_no_param(reason).with_code("guardrail_blocked"),
+            );
+        }
+    };
 
     // Budget.
     if let Some(msg) = gw.budget_exhausted(&key) {
@@ -544,7 +530,10 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
                 .entry("stream_options")
                 .or_insert_with(|| Value::Object(Default::default()));
             if let Some(o) = opts.as_object_mut() {
-                o.insert("include_usage".into(), Value::Bool(true));
+                if o.get("include_usage") != Some(&Value::Bool(true)) {
+                    o.insert("include_usage".into(), Value::Bool(true));
+                    rewritten = true;
+                }
             }
         }
     }
@@ -575,10 +564,15 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
         let Some(up) = resolved.upstreams.get(&att.upstream) else {
             continue;
         };
-        body["model"] = Value::String(att.upstream_model.clone());
-        let payload = match serde_json::to_vec(&body) {
-            Ok(p) => Bytes::from(p),
-            Err(_) => continue,
+        // The body as received when only its `model` could differ and does not.
+        let payload = if !rewritten && att.upstream_model == requested {
+            bytes.clone()
+        } else {
+            body["model"] = Value::String(att.upstream_model.clone());
+            match serde_json::to_vec(&body) {
+                Ok(p) => Bytes::from(p),
+                Err(_) => continue,
+            }
         };
         for n in 0..=att.retries {
             if n > 0 {
@@ -750,7 +744,7 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
 /// A try that got response headers; `lease` holds the replica chosen by an embedded
 /// router (in flight until dropped).
 struct Answer {
-    resp: reqwest::Response,
+    resp: axum::http::Response<UpstreamBody>,
     lease: Option<Replica>,
 }
 
@@ -786,11 +780,10 @@ impl Drop for Replica {
     }
 }
 
-fn classify_send_error(e: &reqwest::Error) -> Failure {
-    if e.is_timeout() {
-        Failure::Timeout
-    } else {
-        Failure::Connect
+fn classify_send_error(e: &SendError) -> Failure {
+    match e {
+        SendError::Timeout => Failure::Timeout,
+        SendError::Connect(_) => Failure::Connect,
     }
 }
 
@@ -803,22 +796,24 @@ async fn send_direct(
     request_id: &HeaderValue,
     per_try: Duration,
 ) -> Result<Answer, Failure> {
-    // Parsed at load; a clone is cheaper than parsing the URL again.
-    let url = match up.route_urls.get(route.index()) {
-        Some(u) => u.clone(),
-        None => reqwest::Url::parse(&format!("{}{}", up.base_url, route.path()))
-            .map_err(|_| Failure::Connect)?,
+    // Parsed at load (the fallback only serves a hand-built upstream).
+    let parsed;
+    let uri = match up.route_urls.get(route.index()) {
+        Some(u) => u,
+        None => {
+            parsed = format!("{}{}", up.base_url, route.path())
+                .parse::<axum::http::Uri>()
+                .map_err(|_| Failure::Connect)?;
+            &parsed
+        }
     };
-    let mut rb = gw
-        .client
-        .post(url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(REQUEST_ID_HEADER, request_id.clone())
-        .body(payload.clone());
-    if let Some(k) = &up.api_key {
-        rb = rb.bearer_auth(k);
-    }
-    match tokio::time::timeout(per_try, rb.send()).await {
+    let send = gw.client.post_json(
+        uri,
+        payload.clone(),
+        (REQUEST_ID_HEADER, request_id),
+        up.auth_header.as_ref(),
+    );
+    match tokio::time::timeout(per_try, send).await {
         Err(_) => Err(Failure::Timeout),
         Ok(Err(e)) => Err(classify_send_error(&e)),
         Ok(Ok(resp)) => Ok(Answer { resp, lease: None }),
@@ -885,13 +880,15 @@ async fn send_via_router(
         if left.is_zero() {
             return Err(Failure::Timeout);
         }
-        let rb = gw
-            .client
-            .post(format!("{url}{}", route.path()))
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(REQUEST_ID_HEADER, request_id.clone())
-            .body(payload.clone());
-        match tokio::time::timeout(left, rb.send()).await {
+        let Ok(uri) = format!("{url}{}", route.path()).parse::<axum::http::Uri>() else {
+            lease.failure();
+            last = Failure::Connect;
+            continue;
+        };
+        let send =
+            gw.client
+                .post_json(&uri, payload.clone(), (REQUEST_ID_HEADER, request_id), None);
+        match tokio::time::timeout(left, send).await {
             Err(_) => {
                 lease.failure();
                 return Err(Failure::Timeout);
@@ -960,40 +957,107 @@ fn prompt_prefix_text(body: &Value) -> String {
     out
 }
 
-/// Reads a whole upstream body, bounded in size and time.
+/// Reads a whole upstream body, bounded in size and time. A body that arrives in one
+/// piece is returned without a copy.
 async fn read_limited(
-    mut resp: reqwest::Response,
+    resp: axum::http::Response<UpstreamBody>,
     limit: usize,
     deadline: Instant,
 ) -> Result<(u16, Option<HeaderValue>, Bytes), Failure> {
     let status = resp.status().as_u16();
     let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let mut buf = Vec::new();
+    let mut body = resp.into_body();
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, resp.chunk()).await {
+        match tokio::time::timeout(left, body.frame()).await {
             Err(_) => return Err(Failure::Timeout),
-            Ok(Err(_)) => return Err(Failure::Connect),
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(chunk))) => {
-                if buf.len() + chunk.len() > limit {
+            Ok(Some(Err(_))) => return Err(Failure::Connect),
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => {
+                let Ok(chunk) = frame.into_data() else {
+                    continue; // trailers
+                };
+                len += chunk.len();
+                if len > limit {
                     return Err(Failure::Status(502, "upstream response too large".into()));
                 }
-                buf.extend_from_slice(&chunk);
+                chunks.push(chunk);
             }
         }
     }
-    Ok((status, ct, Bytes::from(buf)))
+    let bytes = match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => Bytes::from(chunks.concat()),
+    };
+    Ok((status, ct, bytes))
 }
 
-fn usage_of(v: &Value) -> Option<(u64, u64)> {
-    let u = v.get("usage")?;
-    let input = u.get("prompt_tokens")?.as_u64()?;
-    let output = u
-        .get("completion_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    Some((input, output))
+/// The body checked against the route's request type, parsed once. On failure the
+/// error is the one [`parse_json`] gives (it names the faulty field).
+fn check_shape(route: Route, bytes: &[u8]) -> Result<Value, ApiError> {
+    fn typed<T: DeserializeOwned>(value: &Value, bytes: &[u8]) -> Result<T, ApiError> {
+        T::deserialize(value).map_err(|e| {
+            parse_json::<T>(bytes)
+                .err()
+                .unwrap_or_else(|| ApiError::invalid_no_param(format!("Invalid request body: {e}")))
+        })
+    }
+    let value: Value = match serde_json::from_slice(bytes) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            let err = match route {
+                Route::Chat => parse_json::<ChatCompletionRequest>(bytes).err(),
+                Route::Completions => parse_json::<CompletionRequest>(bytes).err(),
+                Route::Embeddings => parse_json::<EmbeddingRequest>(bytes).err(),
+            };
+            return Err(err.unwrap_or_else(|| {
+                ApiError::invalid_no_param("Request body must be a JSON object.")
+            }));
+        }
+    };
+    match route {
+        Route::Chat => {
+            let r: ChatCompletionRequest = typed(&value, bytes)?;
+            if r.messages.is_empty() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "`messages` must not be empty.",
+                ));
+            }
+        }
+        Route::Completions => {
+            typed::<CompletionRequest>(&value, bytes)?;
+        }
+        Route::Embeddings => {
+            typed::<EmbeddingRequest>(&value, bytes)?;
+        }
+    }
+    Ok(value)
+}
+
+/// The token counts of an answer's (or a stream chunk's) `usage`, read without building
+/// the rest of the document: other fields are skipped, not kept.
+#[derive(Deserialize)]
+struct UsageOnly {
+    #[serde(default)]
+    usage: Option<UsageCounts>,
+}
+
+#[derive(Deserialize)]
+struct UsageCounts {
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// `(prompt_tokens, completion_tokens)` of an answer; `None` when it is not JSON or has
+/// no usable `usage` (then the estimate is charged).
+fn usage_from_json(bytes: &[u8]) -> Option<(u64, u64)> {
+    let u = serde_json::from_slice::<UsageOnly>(bytes).ok()?.usage?;
+    Some((u.prompt_tokens, u.completion_tokens.unwrap_or(0)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1008,10 +1072,9 @@ async fn finish_json(
     cache_key: Option<[u8; 32]>,
     public_model: String,
 ) -> Response {
-    let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let usage = parsed.as_ref().and_then(usage_of);
+    let usage = usage_from_json(&bytes);
     if !resolved.guardrails.is_empty() {
-        if let Some(mut v) = parsed {
+        if let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
             match resolved.guardrails.apply_response(&mut v) {
                 Ok(true) => {
                     if let Ok(b) = serde_json::to_vec(&v) {
@@ -1051,7 +1114,7 @@ async fn finish_json(
 /// Wraps an upstream byte stream: passes every chunk through untouched and watches the
 /// SSE events for `usage`; settles when finished or dropped.
 struct UsageWatch {
-    inner: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    inner: Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>,
     decoder: Option<SseDecoder>,
     usage: Option<(u64, u64)>,
     settle: Option<Settle>,
@@ -1078,10 +1141,8 @@ impl UsageWatch {
                         self.saw_done = true;
                     }
                     if ev.data.contains("\"usage\"") && !ev.is_done() {
-                        if let Ok(v) = serde_json::from_str::<Value>(&ev.data) {
-                            if let Some(u) = usage_of(&v) {
-                                self.usage = Some(u);
-                            }
+                        if let Some(u) = usage_from_json(ev.data.as_bytes()) {
+                            self.usage = Some(u);
                         }
                     }
                 }
@@ -1160,7 +1221,7 @@ impl Drop for UsageWatch {
 }
 
 fn stream_response(
-    resp: reqwest::Response,
+    resp: axum::http::Response<UpstreamBody>,
     settle: Settle,
     extra: HeaderMap,
     lease: Option<Replica>,
@@ -1169,7 +1230,7 @@ fn stream_response(
     let status = resp.status();
     let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let watch = UsageWatch {
-        inner: Box::pin(resp.bytes_stream()),
+        inner: Box::pin(resp.into_body().into_data_stream()),
         decoder: Some(SseDecoder::new()),
         usage: None,
         settle: Some(settle),

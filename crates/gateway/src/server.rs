@@ -483,6 +483,13 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
     // always handled (never the default action, which would end the process).
     let hangup = hangup_signal();
     let watcher = tokio::spawn(watch_config(gw.clone(), hangup));
+    // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
+    // segment, e.g. between the chunks of a stream).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = rx.await;

@@ -62,6 +62,15 @@ enum WriterMsg {
 /// `strata_gateway_ledger_backpressure_total`).
 pub const LEDGER_QUEUE: usize = 65_536;
 
+/// How long a ledger row may wait in memory before the usage writer commits it. The writer
+/// lets rows gather this long instead of waking for every row: one transaction per
+/// interval rather than one per request (live spend is in memory at once; only the
+/// durable copy waits). [`Gateway::flush_usage`], a full queue and shutdown wake it early.
+pub const LEDGER_FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Rows per ledger transaction at most.
+const LEDGER_BATCH: usize = 4096;
+
 /// Options that are not part of `gateway.yaml`.
 #[derive(Debug, Clone, Default)]
 pub struct GatewayOptions {
@@ -79,12 +88,14 @@ pub struct Gateway {
     pub limiter: Limiter,
     pub cache: Option<ResponseCache>,
     pub metrics: Metrics,
-    pub client: reqwest::Client,
+    pub client: crate::upstream::UpstreamClient,
     pub admin_key: Option<String>,
     pub rng: Mutex<StdRng>,
     request_prefix: u32,
     request_seq: std::sync::atomic::AtomicU64,
     writer: Mutex<Option<std_mpsc::SyncSender<WriterMsg>>>,
+    /// The usage writer, to wake it (flush, full queue, shutdown).
+    writer_wake: std::thread::Thread,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -136,13 +147,7 @@ impl Gateway {
         } else {
             None
         };
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(1024)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .connect_timeout(Duration::from_secs(5))
-            .build()
+        let client = crate::upstream::UpstreamClient::new(Duration::from_secs(5))
             .map_err(|e| StateError::Client(e.to_string()))?;
         let (tx, rx) = std_mpsc::sync_channel(LEDGER_QUEUE);
         let writer_store = store.clone();
@@ -168,6 +173,7 @@ impl Gateway {
             request_seq: std::sync::atomic::AtomicU64::new(0),
             rng: Mutex::new(rng),
             writer: Mutex::new(Some(tx)),
+            writer_wake: handle.thread().clone(),
             writer_thread: Mutex::new(Some(handle)),
         });
         gw.refresh_from_store()?;
@@ -319,8 +325,9 @@ impl Gateway {
             match tx.try_send(WriterMsg::Usage(ev)) {
                 Ok(()) | Err(std_mpsc::TrySendError::Disconnected(_)) => {}
                 Err(std_mpsc::TrySendError::Full(msg)) => {
-                    // Lossless: wait for the writer (it drains in batches of 512).
+                    // Lossless: wake the writer and wait for room.
                     self.metrics.ledger_backpressure.inc();
+                    self.writer_wake.unpark();
                     let _ = tx.send(msg);
                 }
             }
@@ -333,6 +340,7 @@ impl Gateway {
         let writer = self.writer.lock().clone();
         let sent = writer.is_some_and(|w| w.send(WriterMsg::Flush(tx)).is_ok());
         if sent {
+            self.writer_wake.unpark();
             let _ = rx.recv_timeout(Duration::from_secs(10));
         }
     }
@@ -340,6 +348,7 @@ impl Gateway {
     /// Stops the usage writer after it drains its queue.
     pub fn close(&self) {
         self.writer.lock().take();
+        self.writer_wake.unpark();
         if let Some(h) = self.writer_thread.lock().take() {
             let _ = h.join();
         }
@@ -456,27 +465,66 @@ pub fn usd_to_micros(usd: f64) -> i64 {
     (usd * 1e6).round() as i64
 }
 
+/// The ledger writer thread. It sleeps in `recv` while no row is queued (no periodic
+/// wake-ups when idle); once a row arrives it lets rows gather for
+/// [`LEDGER_FLUSH_INTERVAL`] (cut short by a flush, a full queue or shutdown), drains the
+/// queue, commits the rows in one transaction and then answers the flushes queued behind
+/// them. It exits, after a last write, once every sender is gone.
 fn usage_writer(store: Arc<dyn Store>, rx: std_mpsc::Receiver<WriterMsg>) {
-    const BATCH: usize = 512;
-    let mut batch = Vec::with_capacity(BATCH);
+    lower_thread_priority();
+    let mut batch = Vec::with_capacity(LEDGER_BATCH);
     let mut flushes = Vec::new();
-    while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                WriterMsg::Usage(ev) => batch.push(ev),
-                WriterMsg::Flush(done) => flushes.push(done),
-            }
-            if batch.len() < BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
-        if let Err(e) = store.record_usage(&batch) {
+    let write = |batch: &mut Vec<UsageEvent>| {
+        if let Err(e) = store.record_usage(batch) {
             tracing::error!(error = %e, rows = batch.len(), "usage ledger write failed");
         }
         batch.clear();
+    };
+    let mut open = true;
+    while open {
+        match rx.recv() {
+            Ok(WriterMsg::Usage(ev)) => {
+                batch.push(ev);
+                // While the writer sleeps here, senders queue without waking it.
+                std::thread::park_timeout(LEDGER_FLUSH_INTERVAL);
+            }
+            Ok(WriterMsg::Flush(done)) => flushes.push(done),
+            Err(_) => open = false,
+        }
+        while open {
+            match rx.try_recv() {
+                Ok(WriterMsg::Usage(ev)) => {
+                    batch.push(ev);
+                    if batch.len() >= LEDGER_BATCH {
+                        write(&mut batch);
+                    }
+                }
+                Ok(WriterMsg::Flush(done)) => flushes.push(done),
+                Err(std_mpsc::TryRecvError::Empty) => break,
+                Err(std_mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        if !batch.is_empty() {
+            write(&mut batch);
+        }
         for f in flushes.drain(..) {
             let _ = f.send(());
         }
     }
 }
+
+/// Background work yields to the request path: the writer runs at a lower scheduling
+/// priority (nice 10), so a request that becomes ready preempts a ledger commit instead of
+/// queueing behind it. Best effort: a failure leaves the default priority.
+#[cfg(target_os = "linux")]
+fn lower_thread_priority() {
+    // SAFETY: `setpriority` takes plain integers and touches no memory of ours; on Linux,
+    // `who = 0` with `PRIO_PROCESS` names the calling thread only.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+    if rc != 0 {
+        tracing::debug!("could not lower the usage writer's priority");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_thread_priority() {}
