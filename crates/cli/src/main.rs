@@ -75,6 +75,10 @@ struct EngineCmd {
     /// q8_0 (requantized, candle's kernels).
     #[arg(long, default_value = "gguf")]
     weights: WeightFormat,
+    /// Keep decode activations in f32 with 4-bit gguf weights: exact to the stored
+    /// weights, slower (by default they are quantized to 8 bits, as llama.cpp does).
+    #[arg(long)]
+    exact_decode: bool,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -343,6 +347,7 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
         addr,
         options: EngineOptions {
             weights: cmd.weights,
+            exact_decode: cmd.exact_decode,
             block_size: cmd.block_size,
             num_blocks: cmd.num_blocks,
             kv_cache_memory: cmd.kv_cache_memory,

@@ -50,6 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 start_pos: 0,
                 block_table: &table,
                 want_logits: true,
+                prompt_len: prompt.len(),
             }],
         )?;
         pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
@@ -70,6 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     start_pos: pos,
                     block_table: &table,
                     want_logits: true,
+                    prompt_len: 0,
                 }],
             )?;
             let logits = out[0].as_ref().ok_or("no logits")?;

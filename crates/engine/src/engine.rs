@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::KvCache;
 use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
 use crate::metrics::EngineMetrics;
 use crate::model::{Llama, SeqInput};
-use crate::sampler::Sampler;
+use crate::sampler::{SampleOutput, Sampler};
 use crate::scheduler::{BlockHashFn, Policy, Scheduler, SchedulerConfig};
 use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, Sequence, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -331,6 +332,7 @@ impl EngineLoop {
                     start_pos: start,
                     block_table: &seq.block_table,
                     want_logits: start + w.num_tokens == seq.tokens.len(),
+                    prompt_len: seq.prompt_len,
                 }
             })
             .collect();
@@ -350,20 +352,24 @@ impl EngineLoop {
             }
         };
 
-        let mut finished: Vec<(usize, FinishReason, Option<String>)> = Vec::new();
+        let running = &mut self.scheduler.running;
+        let mut row_logits: Vec<Option<Vec<f32>>> = vec![None; running.len()];
         for (w, logits) in plan.work.iter().zip(logits) {
-            let seq = &mut self.scheduler.running[w.index];
+            let seq = &mut running[w.index];
             if seq.times.first_scheduled.is_none() {
                 seq.times.first_scheduled = Some(now);
             }
             seq.num_computed += w.num_tokens;
-            let Some(mut logits) = logits else { continue };
-            let out = seq.sampler.sample(
-                &mut logits,
-                &seq.tokens[..seq.prompt_len],
-                &seq.tokens[seq.prompt_len..],
-                &self.eos_ids,
-            );
+            row_logits[w.index] = logits;
+        }
+        let mut samples = sample_all(running, row_logits, &self.eos_ids);
+
+        let mut finished: Vec<(usize, FinishReason, Option<String>)> = Vec::new();
+        for w in &plan.work {
+            let Some(out) = samples[w.index].take() else {
+                continue;
+            };
+            let seq = &mut self.scheduler.running[w.index];
             seq.tokens.push(out.token);
             self.metrics.generation_tokens.inc();
             let t = Instant::now();
@@ -473,6 +479,26 @@ impl EngineLoop {
             completion_tokens: seq.num_output(),
             cached_tokens: seq.cached_tokens,
         });
+    }
+}
+
+/// Samples the next token of every sequence given logits (`logits[i]` belongs to
+/// `running[i]`). Each sequence has its own sampler and random stream, so the sequences
+/// are sampled in parallel with the same results as one after another.
+fn sample_all(
+    running: &mut [Sequence],
+    logits: Vec<Option<Vec<f32>>>,
+    eos_ids: &[u32],
+) -> Vec<Option<SampleOutput>> {
+    let sample = |(seq, logits): (&mut Sequence, Option<Vec<f32>>)| {
+        let mut logits = logits?;
+        let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
+        Some(seq.sampler.sample(&mut logits, prompt, output, eos_ids))
+    };
+    if logits.iter().flatten().count() > 1 {
+        running.par_iter_mut().zip(logits).map(sample).collect()
+    } else {
+        running.iter_mut().zip(logits).map(sample).collect()
     }
 }
 

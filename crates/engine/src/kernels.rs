@@ -156,15 +156,36 @@ impl BlockMatrix {
         out
     }
 
-    /// `x: [m, cols]` → `[m, rows]`.
+    /// `x: [m, cols]` → `[m, rows]`, every row with f32 activations.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_split(x, m, m)
+    }
+
+    /// Whether [`BlockMatrix::matmul_split`] quantizes activations for this block type.
+    pub fn takes_q8_activations(&self) -> bool {
+        matches!(self.kind, BlockType::Q4_0 | BlockType::Q4_1)
+    }
+
+    /// `x: [m, cols]` → `[m, rows]`. Rows `0..exact` keep f32 activations; rows
+    /// `exact..m` (decode rows) are quantized to 8 bits per block of 32 first when the
+    /// weights are 4-bit ([`BlockMatrix::takes_q8_activations`]), and multiplied with
+    /// integer dot products. Either way a row's result depends only on that row and on
+    /// which of the two groups it is in, never on how many rows share the call.
+    pub fn matmul_split(&self, x: &[f32], m: usize, exact: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.cols, "activation shape");
         let n = self.rows;
         let mut y = vec![0f32; m * n];
         if m == 0 || n == 0 {
             return y;
         }
-        let panel = m >= PANEL_MIN_M;
+        let k = self.cols;
+        let exact = if self.takes_q8_activations() {
+            exact.min(m)
+        } else {
+            m
+        };
+        let quant = (exact < m).then(|| QuantRows::new(&x[exact * k..], m - exact, k));
+        let panel = exact >= PANEL_MIN_M;
         let rows_per_task = if panel {
             PANEL_ROWS
         } else {
@@ -180,9 +201,39 @@ impl BlockMatrix {
             let rows = rows_per_task.min(n - first);
             // SAFETY: task `task` writes only columns `first..first + rows` of the `m × n`
             // output, and every task's range is disjoint.
-            unsafe { self.chunk(x, m, first, rows, out, panel) };
+            unsafe {
+                if exact > 0 {
+                    self.chunk(&x[..exact * k], exact, first, rows, out, panel);
+                }
+                if let Some(q) = &quant {
+                    self.chunk_q8(q, first, rows, OutPtr(out.0.add(exact * n)));
+                }
+            }
         });
         y
+    }
+
+    /// Computes output columns `first..first + rows` for every quantized activation row.
+    ///
+    /// # Safety
+    /// `out` points to a `q.m × self.rows` buffer that no one else writes in these columns;
+    /// the matrix is 4-bit.
+    unsafe fn chunk_q8(&self, q: &QuantRows, first: usize, rows: usize, out: OutPtr) {
+        let rb = self.row_bytes();
+        let data = &self.data[first * rb..(first + rows) * rb];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx2_fma() {
+                // SAFETY: AVX2, FMA and F16C are present (checked above); shapes as documented.
+                avx2::q8_chunk(self.kind, data, rows, q, out.0.add(first), self.rows);
+                return;
+            }
+        }
+        for (r, row) in data.chunks_exact(rb).enumerate() {
+            for i in 0..q.m {
+                *out.0.add(i * self.rows + first + r) = row_dot_q8_scalar(self.kind, row, q, i);
+            }
+        }
     }
 
     /// Computes output columns `first..first + rows` for every activation row.
@@ -232,7 +283,7 @@ thread_local! {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
+pub(crate) fn has_avx2_fma() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
@@ -284,6 +335,70 @@ fn row_dot_scalar(kind: BlockType, row: &[u8], x: &[f32], k: usize, out: &mut [f
             *o += w.iter().zip(xs).map(|(a, c)| a * c).sum::<f32>();
         }
     }
+}
+
+/// Activation rows quantized to 8 bits per block of 32: `x ≈ d · q`, `q ∈ [-127, 127]`.
+pub struct QuantRows {
+    /// Rows.
+    pub m: usize,
+    /// Floats per row (a multiple of [`BLOCK`]).
+    pub k: usize,
+    /// `m × k` quantized values.
+    q: Vec<i8>,
+    /// `m × k/32` block scales.
+    d: Vec<f32>,
+    /// `m × k/32`: `d · Σq / 8` of each block. Spread over the 8 lanes of an accumulator
+    /// it adds up to the block's `d · Σq` (a division by 8 is exact).
+    s8: Vec<f32>,
+}
+
+impl QuantRows {
+    /// Quantizes `m` rows of `k` floats (round to nearest, scale from the block's largest
+    /// magnitude). Each row depends on nothing but itself.
+    pub fn new(x: &[f32], m: usize, k: usize) -> Self {
+        let nb = k / BLOCK;
+        let mut q = vec![0i8; m * k];
+        let mut d = Vec::with_capacity(m * nb);
+        let mut s8 = Vec::with_capacity(m * nb);
+        for (xs, qs) in x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)) {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (o, v) in qs.iter_mut().zip(xs) {
+                // |v · inv| ≤ 127 up to rounding; the clamp keeps a NaN or overflow in range.
+                let r = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                sum += i32::from(r);
+                *o = r;
+            }
+            d.push(scale);
+            s8.push(scale * sum as f32 / 8.0);
+        }
+        Self { m, k, q, d, s8 }
+    }
+}
+
+/// The dot product of one 4-bit weight row with quantized activation row `i`: the same
+/// terms as the SIMD kernel (for machines without AVX2).
+fn row_dot_q8_scalar(kind: BlockType, row: &[u8], q: &QuantRows, i: usize) -> f32 {
+    let nb = q.k / BLOCK;
+    let mut acc = 0f32;
+    for (b, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
+        let d = read_f16(block, 0);
+        let (mn, qs) = match kind {
+            BlockType::Q4_1 => (read_f16(block, 2), &block[4..20]),
+            _ => (-8.0 * d, &block[2..18]),
+        };
+        let xq = &q.q[i * q.k + b * BLOCK..i * q.k + (b + 1) * BLOCK];
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += i32::from(qs[j] & 0x0F) * i32::from(xq[j]);
+            isum += i32::from(qs[j] >> 4) * i32::from(xq[j + 16]);
+        }
+        acc += mn * q.s8[i * nb + b] * 8.0;
+        acc += isum as f32 * (d * q.d[i * nb + b]);
+    }
+    acc
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -639,6 +754,178 @@ mod avx2 {
             }
         }
     }
+
+    /// How a 4-bit block feeds the integer dot product: its 32 values as unsigned bytes in
+    /// element order, its scale `d`, and its offset per unit of `Σx` (`m` for Q4_1, `−8d`
+    /// for Q4_0), both in all eight lanes.
+    trait Unpack {
+        const BYTES: usize;
+        /// # Safety
+        /// AVX2 and F16C; `p` points at `BYTES` readable bytes.
+        unsafe fn unpack(p: *const u8) -> (__m256i, __m256, __m256);
+    }
+
+    /// Byte `j` of the 16 at `qs` holds element `j` (low nibble) and `j + 16` (high).
+    #[inline(always)]
+    unsafe fn nibbles_in_order(qs: *const u8) -> __m256i {
+        let raw = _mm_loadu_si128(qs as *const __m128i);
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(raw, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    impl Unpack for Q4_0 {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn unpack(p: *const u8) -> (__m256i, __m256, __m256) {
+            let d = splat_f16(p, 0);
+            (
+                nibbles_in_order(p.add(2)),
+                d,
+                _mm256_mul_ps(_mm256_set1_ps(-8.0), d),
+            )
+        }
+    }
+
+    impl Unpack for Q4_1 {
+        const BYTES: usize = 20;
+        #[inline(always)]
+        unsafe fn unpack(p: *const u8) -> (__m256i, __m256, __m256) {
+            (nibbles_in_order(p.add(4)), splat_f16(p, 0), splat_f16(p, 2))
+        }
+    }
+
+    /// Raw view of [`super::QuantRows`], moved row by row.
+    #[derive(Clone, Copy)]
+    struct QX {
+        q: *const i8,
+        d: *const f32,
+        s8: *const f32,
+        k: usize,
+    }
+
+    impl QX {
+        #[inline(always)]
+        unsafe fn row(self, i: usize) -> Self {
+            let nb = self.k / BLOCK;
+            Self {
+                q: self.q.add(i * self.k),
+                d: self.d.add(i * nb),
+                s8: self.s8.add(i * nb),
+                k: self.k,
+            }
+        }
+    }
+
+    /// Quantized activation rows: weight rows in tiles of `NR_DECODE`, activation rows in
+    /// pairs.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `kind` is Q4_0 or Q4_1; `data` holds `rows` rows of `q.k / 32`
+    /// blocks; `y` points at column 0 of this chunk in an output of row stride `ldy`,
+    /// writable for `q.m` rows and `rows` columns.
+    pub unsafe fn q8_chunk(
+        kind: BlockType,
+        data: &[u8],
+        rows: usize,
+        q: &super::QuantRows,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let x = QX {
+            q: q.q.as_ptr(),
+            d: q.d.as_ptr(),
+            s8: q.s8.as_ptr(),
+            k: q.k,
+        };
+        match kind {
+            BlockType::Q4_1 => q8_chunk_of::<Q4_1>(data.as_ptr(), rows, x, q.m, y, ldy),
+            _ => q8_chunk_of::<Q4_0>(data.as_ptr(), rows, x, q.m, y, ldy),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_chunk_of<U: Unpack>(
+        w: *const u8,
+        rows: usize,
+        x: QX,
+        m: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let rb = x.k / BLOCK * U::BYTES;
+        let mut i = 0;
+        while i < m {
+            let (xr, yp) = (x.row(i), y.add(i * ldy));
+            let two = m - i >= 2;
+            let mut j = 0;
+            while j + NR_DECODE <= rows {
+                let (wj, yj) = (w.add(j * rb), yp.add(j));
+                if two {
+                    q8_tile::<U, 2, NR_DECODE>(wj, rb, xr, yj, ldy);
+                } else {
+                    q8_tile::<U, 1, NR_DECODE>(wj, rb, xr, yj, ldy);
+                }
+                j += NR_DECODE;
+            }
+            while j < rows {
+                let (wj, yj) = (w.add(j * rb), yp.add(j));
+                if two {
+                    q8_tile::<U, 2, 1>(wj, rb, xr, yj, ldy);
+                } else {
+                    q8_tile::<U, 1, 1>(wj, rb, xr, yj, ldy);
+                }
+                j += 1;
+            }
+            i += if two { 2 } else { 1 };
+        }
+    }
+
+    /// `M` quantized activation rows × `N` weight rows (`rb` bytes apart). Per output and
+    /// block, in this order: `acc += m_w · s8_x` (the offset term, spread over the lanes),
+    /// then `acc += (d_w · d_x) · Σ q_w q_x`, the sum exact in integers (`maddubs`, `madd`).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // indices name tile coordinates
+    unsafe fn q8_tile<U: Unpack, const M: usize, const N: usize>(
+        w: *const u8,
+        rb: usize,
+        x: QX,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); N]; M];
+        for b in 0..x.k / BLOCK {
+            let wb = w.add(b * U::BYTES);
+            if N == NR_DECODE {
+                prefetch_next_tile(wb, rb);
+            }
+            let mut xq = [_mm256_setzero_si256(); M];
+            let mut dx = [_mm256_setzero_ps(); M];
+            let mut sx = [_mm256_setzero_ps(); M];
+            for i in 0..M {
+                let r = x.row(i);
+                xq[i] = _mm256_loadu_si256(r.q.add(b * BLOCK) as *const __m256i);
+                dx[i] = _mm256_set1_ps(*r.d.add(b));
+                sx[i] = _mm256_set1_ps(*r.s8.add(b));
+            }
+            for j in 0..N {
+                let (qw, dw, mw) = U::unpack(wb.add(j * rb));
+                for i in 0..M {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, xq[i]), ones);
+                    let a = _mm256_fmadd_ps(mw, sx[i], acc[i][j]);
+                    acc[i][j] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[i]), a);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, a) in row.iter().enumerate() {
+                *y.add(i * ldy + j) = hsum(*a);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -730,6 +1017,91 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn quantized_rows_stay_close_to_the_dequantized_product() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1] {
+            let w = random_blocks(kind, 37, 96, 5);
+            let m = 5;
+            let x: Vec<f32> = (0..m * 96).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let want = reference(&w, &x, m);
+            // Rows 0..2 f32, rows 2..5 quantized.
+            let got = w.matmul_split(&x, m, 2);
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                let tol = if i < 2 * w.rows { 1e-4 } else { 1e-2 };
+                assert!(
+                    (g - r).abs() <= tol * scale,
+                    "{kind:?} output {i}: {g} vs {r}"
+                );
+            }
+            // The integer path against its scalar twin (same terms, other summation order).
+            let q = QuantRows::new(&x[2 * 96..], 3, 96);
+            let rb = w.row_bytes();
+            for i in 0..3 {
+                for n in 0..w.rows {
+                    let s = row_dot_q8_scalar(kind, &w.data[n * rb..(n + 1) * rb], &q, i);
+                    let g = got[(2 + i) * w.rows + n];
+                    assert!(
+                        (s - g).abs() <= 1e-5 * scale,
+                        "{kind:?} {i},{n}: {s} vs {g}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_rows_alone_are_bit_identical_to_a_batch() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1] {
+            let w = random_blocks(kind, 37, 128, 13);
+            let m = 11;
+            let x: Vec<f32> = (0..m * 128).map(|_| rng.random_range(-2.0..2.0)).collect();
+            // Every split of the batch: the quantized rows must not notice their company.
+            for exact in [0, 3, 4, 6] {
+                let batch = w.matmul_split(&x, m, exact);
+                for i in exact..m {
+                    let alone = w.matmul_split(&x[i * 128..(i + 1) * 128], 1, 0);
+                    for j in 0..w.rows {
+                        assert_eq!(
+                            alone[j].to_bits(),
+                            batch[i * w.rows + j].to_bits(),
+                            "{kind:?} exact={exact} row {i} col {j}"
+                        );
+                    }
+                }
+                let f32_rows = w.matmul(&x[..exact * 128], exact);
+                assert_eq!(&batch[..exact * w.rows], &f32_rows[..], "{kind:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_weights_keep_f32_activations_in_a_split_call() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let w = random_blocks(BlockType::Q8_0, 9, 64, 3);
+        let x: Vec<f32> = (0..3 * 64).map(|_| rng.random_range(-1.0..1.0)).collect();
+        assert!(!w.takes_q8_activations());
+        assert_eq!(w.matmul_split(&x, 3, 0), w.matmul(&x, 3));
+    }
+
+    #[test]
+    fn quantizing_zero_and_non_finite_rows_stays_in_range() {
+        let mut x = vec![0f32; 64];
+        x[40] = f32::NAN;
+        x[41] = 1.0;
+        let q = QuantRows::new(&x, 1, 64);
+        assert_eq!(q.d[0], 0.0);
+        assert!(q.q[..32].iter().all(|&v| v == 0));
+        assert_eq!(q.s8[0], 0.0);
+        // The NaN poisons its block's scale, but every stored value stays in range.
+        assert!(q.q.iter().all(|&v| (-127..=127).contains(&v)));
+        let q = QuantRows::new(&[0.5f32; 32], 1, 32);
+        assert_eq!(q.q[0], 127);
+        assert_eq!(q.s8[0], 0.5 / 127.0 * (127.0 * 32.0) / 8.0);
     }
 
     #[test]

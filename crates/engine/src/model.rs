@@ -16,6 +16,8 @@ use crate::attention::{attend, AttnShape, TokenCtx};
 use crate::gguf::{GgufFile, LlamaConfig, ModelError};
 use crate::kernels::{BlockMatrix, BlockType};
 use crate::kv::cache::KvCache;
+use crate::sampler::fast_exp;
+use rayon::prelude::*;
 
 /// How weight matrices are held in memory and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +28,9 @@ pub enum WeightFormat {
     /// the activations to 8 bits.
     Q8_0,
     /// Kept in the file's own blocks. Q4_0, Q4_1 and Q8_0 are multiplied by Strata's
-    /// kernels ([`crate::kernels`]) with f32 activations; other types by candle's.
+    /// kernels ([`crate::kernels`]): prompt rows with f32 activations; decode rows of 4-bit
+    /// weights with 8-bit activations unless [`Llama::q8_decode`] is off. Other types by
+    /// candle's.
     Gguf,
 }
 
@@ -87,12 +91,22 @@ pub struct SeqInput<'a> {
     pub block_table: &'a [u32],
     /// Whether to compute logits for the last token.
     pub want_logits: bool,
+    /// Positions from here on hold generated tokens: their rows are decode rows (see
+    /// [`Llama::q8_decode`]). The role follows the position, so a sequence recomputed
+    /// after preemption gets the same keys and values as the first time.
+    pub prompt_len: usize,
 }
 
 /// A loaded llama model.
 pub struct Llama {
     pub config: LlamaConfig,
     pub format: WeightFormat,
+    /// Decode rows of 4-bit block weights quantize their activations to 8 bits per block
+    /// of 32 for integer dot products (as llama.cpp does for every row), about twice the
+    /// arithmetic rate of expanding the weights to f32. Prompt rows always stay in f32.
+    /// A row's kernel depends on its role, not on the batch, so outputs stay identical
+    /// alone and batched. On by default; off is exact to the stored weights.
+    pub q8_decode: bool,
     embed: Tensor,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
@@ -191,6 +205,7 @@ impl Llama {
         let (rope_cos, rope_sin) = rope_tables(cfg.context_len, hd, cfg.rope_theta);
         Ok(Self {
             config: cfg,
+            q8_decode: format == WeightFormat::Gguf,
             format,
             embed,
             layers,
@@ -221,12 +236,14 @@ impl Llama {
                 "KV cache shape does not match the model".into(),
             ));
         }
-        // Per token: its position and cache slot; per sequence: where its tokens start.
+        // Per token: its position and cache slot, prompt rows first, then decode rows (the
+        // matrix products take the two groups apart); per sequence: its last token's row.
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut seq_of = Vec::new();
-        for (s, seq) in seqs.iter().enumerate() {
+        let mut last_row = vec![usize::MAX; seqs.len()];
+        for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
                 return Err(ModelError::Unsupported(format!(
                     "sequence of {} tokens exceeds the context length {}",
@@ -234,21 +251,37 @@ impl Llama {
                     cfg.context_len
                 )));
             }
-            for (i, &t) in seq.tokens.iter().enumerate() {
-                if t as usize >= cfg.vocab_size {
-                    return Err(ModelError::Unsupported(format!(
-                        "token id {t} is outside the vocabulary ({})",
-                        cfg.vocab_size
-                    )));
+        }
+        let mut exact = 0;
+        for decode_rows in [false, true] {
+            for (s, seq) in seqs.iter().enumerate() {
+                for (i, &t) in seq.tokens.iter().enumerate() {
+                    let pos = seq.start_pos + i;
+                    if (self.q8_decode && pos >= seq.prompt_len) != decode_rows {
+                        continue;
+                    }
+                    if t as usize >= cfg.vocab_size {
+                        return Err(ModelError::Unsupported(format!(
+                            "token id {t} is outside the vocabulary ({})",
+                            cfg.vocab_size
+                        )));
+                    }
+                    let slot = cache.slot(seq.block_table, pos).ok_or_else(|| {
+                        ModelError::Unsupported(format!(
+                            "block table does not cover position {pos}"
+                        ))
+                    })?;
+                    if i + 1 == seq.tokens.len() {
+                        last_row[s] = ids.len();
+                    }
+                    ids.push(t);
+                    positions.push(pos);
+                    slots.push(slot);
+                    seq_of.push(s);
                 }
-                let pos = seq.start_pos + i;
-                let slot = cache.slot(seq.block_table, pos).ok_or_else(|| {
-                    ModelError::Unsupported(format!("block table does not cover position {pos}"))
-                })?;
-                ids.push(t);
-                positions.push(pos);
-                slots.push(slot);
-                seq_of.push(s);
+            }
+            if !decode_rows {
+                exact = ids.len();
             }
         }
         let n_tok = ids.len();
@@ -279,7 +312,7 @@ impl Llama {
             .collect();
         for (l, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.attn_norm, cfg.rms_eps);
-            let mut qkv = layer.qkv.forward(&normed, n_tok)?;
+            let mut qkv = layer.qkv.forward(&normed, n_tok, exact)?;
             let v = qkv.pop().unwrap_or_default();
             let mut k = qkv.pop().unwrap_or_default();
             let mut q = qkv.pop().unwrap_or_default();
@@ -293,28 +326,24 @@ impl Llama {
                     .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
             }
             attend(shape, &q, &cache.keys[l], &cache.values[l], &ctx, &mut attn);
-            let o = matmul(&layer.wo, &attn, n_tok)?;
+            let o = matmul(&layer.wo, &attn, n_tok, exact)?;
             add_in_place(&mut x, &o);
 
             let normed = rms_norm(&x, &layer.ffn_norm, cfg.rms_eps);
-            let mut gu = layer.gate_up.forward(&normed, n_tok)?;
-            let up = gu.pop().unwrap_or_default();
-            let mut gate = gu.pop().unwrap_or_default();
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-            let d = matmul(&layer.down, &gate, n_tok)?;
+            let act = layer
+                .gate_up
+                .swiglu(&normed, n_tok, exact, cfg.ffn_hidden)?;
+            let d = matmul(&layer.down, &act, n_tok, exact)?;
             add_in_place(&mut x, &d);
         }
 
         // Logits only for the last token of sequences that want them.
         let mut rows = Vec::new();
         let mut which = Vec::new();
-        let mut end = 0;
         for (s, seq) in seqs.iter().enumerate() {
-            end += seq.tokens.len();
-            if seq.want_logits && !seq.tokens.is_empty() {
-                rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+            let r = last_row[s];
+            if seq.want_logits && r != usize::MAX {
+                rows.extend_from_slice(&x[r * h..(r + 1) * h]);
                 which.push(s);
             }
         }
@@ -323,7 +352,7 @@ impl Llama {
             return Ok(out);
         }
         let normed = rms_norm(&rows, &self.output_norm, cfg.rms_eps);
-        let logits = matmul(&self.lm_head, &normed, which.len())?;
+        let logits = matmul(&self.lm_head, &normed, which.len(), which.len())?;
         let v = cfg.vocab_size;
         for (r, s) in which.into_iter().enumerate() {
             out[s] = Some(logits[r * v..(r + 1) * v].to_vec());
@@ -336,18 +365,18 @@ impl Llama {
     fn apply_rope(&self, x: &mut [f32], positions: &[usize], n_heads: usize) {
         let hd = self.config.head_dim;
         let half = hd / 2;
-        let width = n_heads * hd;
-        for (t, &pos) in positions.iter().enumerate() {
+        for_rows(x, n_heads * hd, |t, row| {
+            let pos = positions[t];
             let cos = &self.rope_cos[pos * half..(pos + 1) * half];
             let sin = &self.rope_sin[pos * half..(pos + 1) * half];
-            for head in x[t * width..(t + 1) * width].chunks_exact_mut(hd) {
+            for head in row.chunks_exact_mut(hd) {
                 for i in 0..half {
                     let (a, b) = (head[2 * i], head[2 * i + 1]);
                     head[2 * i] = a * cos[i] - b * sin[i];
                     head[2 * i + 1] = a * sin[i] + b * cos[i];
                 }
             }
-        }
+        });
     }
 }
 
@@ -393,12 +422,13 @@ fn proj(ws: Vec<QTensor>, format: WeightFormat) -> Result<Proj, ModelError> {
 }
 
 impl Proj {
-    /// `x` is `[rows, in]`; returns one `[rows, out_i]` buffer per projection.
-    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+    /// `x` is `[rows, in]`; returns one `[rows, out_i]` buffer per projection. Rows from
+    /// `exact` on are decode rows.
+    fn forward(&self, x: &[f32], rows: usize, exact: usize) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
-            Proj::Separate(mats) => mats.iter().map(|m| matmul(m, x, rows)).collect(),
+            Proj::Separate(mats) => mats.iter().map(|m| matmul(m, x, rows, exact)).collect(),
             Proj::Fused { mat, splits } => {
-                let y = matmul(mat, x, rows)?;
+                let y = matmul(mat, x, rows, exact)?;
                 let total: usize = splits.iter().sum();
                 let mut outs: Vec<Vec<f32>> = splits
                     .iter()
@@ -417,9 +447,66 @@ impl Proj {
     }
 }
 
-fn matmul(m: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+/// `x: [rows, in]` times the matrix; rows from `exact` on are decode rows.
+impl Proj {
+    /// `silu(gate) · up` for `x: [rows, in]` (this projection being gate and up):
+    /// `[rows, ffn]`, straight from the fused product when there is one.
+    fn swiglu(
+        &self,
+        x: &[f32],
+        rows: usize,
+        exact: usize,
+        ffn: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let gu = match self {
+            Proj::Fused { mat, .. } => matmul(mat, x, rows, exact)?,
+            Proj::Separate(_) => {
+                let parts = self.forward(x, rows, exact)?;
+                let mut gu = Vec::with_capacity(rows * 2 * ffn);
+                for r in 0..rows {
+                    for part in &parts {
+                        gu.extend_from_slice(&part[r * ffn..(r + 1) * ffn]);
+                    }
+                }
+                gu
+            }
+        };
+        if gu.len() != rows * 2 * ffn {
+            return Err(ModelError::Unsupported(
+                "gate and up projections do not match the feed-forward size".into(),
+            ));
+        }
+        let mut out = vec![0f32; rows * ffn];
+        for_rows(&mut out, ffn, |t, o| {
+            let (gate, up) = gu[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
+            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                *o = g / (1.0 + fast_exp(-g)) * u;
+            }
+        });
+        Ok(out)
+    }
+}
+
+/// Rows at and above which row-wise work is split over the pool.
+const PAR_MIN_ROWS: usize = 8;
+
+/// Calls `f(t, row)` for each row of `out` (`width` floats each); rows are independent, so
+/// they run in parallel when there are enough of them.
+fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() >= PAR_MIN_ROWS * width {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(t, row)| f(t, row));
+    } else {
+        for (t, row) in out.chunks_mut(width).enumerate() {
+            f(t, row);
+        }
+    }
+}
+
+fn matmul(m: &Linear, x: &[f32], rows: usize, exact: usize) -> Result<Vec<f32>, ModelError> {
     match m {
-        Linear::Blocks(b) => Ok(b.matmul(x, rows)),
+        Linear::Blocks(b) => Ok(b.matmul_split(x, rows, exact)),
         Linear::Candle(q) => {
             let k = x.len() / rows.max(1);
             let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
@@ -448,12 +535,15 @@ fn rope_tables(context_len: usize, head_dim: usize, theta: f32) -> (Vec<f32>, Ve
 /// RMSNorm over rows of `weight.len()`.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let n = weight.len();
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(n) {
+    let mut out = vec![0f32; x.len()];
+    for_rows(&mut out, n, |t, o| {
+        let row = &x[t * n..(t + 1) * n];
         let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
         let inv = 1.0 / (ms + eps).sqrt();
-        out.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
-    }
+        for ((o, v), w) in o.iter_mut().zip(row).zip(weight) {
+            *o = v * inv * w;
+        }
+    });
     out
 }
 

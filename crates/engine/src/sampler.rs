@@ -618,7 +618,7 @@ fn log_sum_exp(logits: &[f32], max: f32) -> f64 {
 
 /// `exp(x)` in f32 (Cephes-style range reduction and polynomial, ~1 ulp), written without
 /// library calls so that loops over a row vectorize. Exactly 1 at 0; 0 below -87 and for NaN.
-fn fast_exp(x: f32) -> f32 {
+pub(crate) fn fast_exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

@@ -51,6 +51,9 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     pub weights: WeightFormat,
+    /// Keep decode rows' activations in f32 (exact to the stored 4-bit weights, slower);
+    /// see [`Llama::q8_decode`].
+    pub exact_decode: bool,
     pub block_size: usize,
     /// Blocks in the KV cache; derived from `kv_cache_memory` when `None`.
     pub num_blocks: Option<usize>,
@@ -81,6 +84,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             weights: WeightFormat::Gguf,
+            exact_decode: false,
             block_size: 16,
             num_blocks: None,
             kv_cache_memory: 1 << 30,
@@ -167,7 +171,8 @@ pub fn load(
         Tokenizer::from_gguf(&file.content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let template = ChatTemplate::from_gguf(&file.content)
         .map_err(|e| ModelError::Tokenizer(format!("chat template: {e}")))?;
-    let model = Llama::from_gguf(&mut file, opts.weights)?;
+    let mut model = Llama::from_gguf(&mut file, opts.weights)?;
+    model.q8_decode &= !opts.exact_decode;
     let cfg = &model.config;
     let bytes_per_block =
         KvCache::bytes_per_block(cfg.n_layer, opts.block_size, model.kv_slot_width());
@@ -188,6 +193,7 @@ pub fn load(
     tracing::info!(
         model = %model_path.display(),
         weights = %opts.weights,
+        q8_decode = model.q8_decode,
         layers = cfg.n_layer,
         vocab = cfg.vocab_size,
         num_blocks,

@@ -123,6 +123,7 @@ fn logits(model: &Llama, prompt: &[u32]) -> Vec<f32> {
                 start_pos: 0,
                 block_table: &[2, 0, 3, 1],
                 want_logits: true,
+                prompt_len: prompt.len(),
             }],
         )
         .expect("forward");

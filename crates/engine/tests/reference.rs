@@ -1,7 +1,9 @@
 //! The engine against the reference oracle (`tools/reference/oracle.py`): transformers
 //! running the same GGUF dequantized to f32. With f32 weights every greedy token and every
-//! top-5 logit must match; with the weights kept in their GGUF blocks (the default, fast
-//! mode) the free-running greedy continuations must match too.
+//! top-5 logit must match; with the weights kept in their GGUF blocks and exact decode the
+//! free-running greedy continuations must match too. With 8-bit decode activations (the
+//! default) the logits must stay within a stated distance of the reference, and the greedy
+//! token must agree wherever the reference's own margin is wider than twice that.
 
 mod common;
 
@@ -56,6 +58,7 @@ fn run_case(model: &Llama, case: &Case) -> Vec<Vec<f32>> {
                 start_pos: 0,
                 block_table: &table,
                 want_logits: true,
+                prompt_len: case.prompt_ids.len(),
             }],
         )
         .expect("prefill");
@@ -71,6 +74,7 @@ fn run_case(model: &Llama, case: &Case) -> Vec<Vec<f32>> {
                     start_pos: pos,
                     block_table: &table,
                     want_logits: true,
+                    prompt_len: case.prompt_ids.len(),
                 }],
             )
             .expect("decode");
@@ -131,7 +135,8 @@ fn f32_weights_match_reference_tokens_and_logits() {
 #[test]
 fn gguf_block_weights_match_greedy_continuations() {
     let fx = fixture();
-    let model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
+    let mut model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
+    model.q8_decode = false;
     let mut matched = 0;
     let mut report = Vec::new();
     for case in &fx.cases {
@@ -157,6 +162,7 @@ fn gguf_block_weights_match_greedy_continuations() {
                         start_pos: start,
                         block_table: &table,
                         want_logits: true,
+                        prompt_len: case.prompt_ids.len(),
                     }],
                 )
                 .expect("forward");
@@ -186,4 +192,58 @@ fn gguf_block_weights_match_greedy_continuations() {
         fx.cases.len(),
         report.join("\n")
     );
+}
+
+/// How far 8-bit decode activations may move a logit relative to the reference's top logit
+/// (logit units; softmax and greedy only see these differences, and the default model's
+/// top logits are 10–30). Measured worst on the fixture: 0.53.
+const Q8_DECODE_LOGIT_TOLERANCE: f32 = 0.6;
+
+#[test]
+fn q8_decode_stays_near_the_reference_and_agrees_outside_near_ties() {
+    let fx = fixture();
+    let model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
+    assert!(
+        model.q8_decode,
+        "8-bit decode is the default for 4-bit weights"
+    );
+    let mut worst = 0f32;
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for case in &fx.cases {
+        // Teacher-forced, so every step sees the reference's context; rows after the
+        // first are decode rows.
+        let rows = run_case(&model, case);
+        for (i, (row, step)) in rows.iter().zip(&case.steps).enumerate() {
+            let (top, top_logit) = step.top5[0];
+            for &(id, logit) in &step.top5[1..] {
+                let ours = row[id as usize] - row[top as usize];
+                let err = (ours - (logit - top_logit)).abs();
+                worst = worst.max(err);
+                if err > Q8_DECODE_LOGIT_TOLERANCE {
+                    failures.push(format!(
+                        "{} step {i}: logit of {id} is {ours} from the top, reference {}",
+                        case.name,
+                        logit - top_logit
+                    ));
+                }
+            }
+            // Within the tolerance, greedy can only flip where the reference's own top two
+            // are closer than it.
+            let margin = top_logit - step.top5[1].1;
+            if margin > Q8_DECODE_LOGIT_TOLERANCE {
+                checked += 1;
+                let got = argmax(row);
+                if got != case.greedy_ids[i] {
+                    failures.push(format!(
+                        "{} step {i}: greedy {got}, reference {} (margin {margin})",
+                        case.name, case.greedy_ids[i]
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("8-bit decode: worst error {worst:.3} (relative to the top logit); {checked} steps outside near-ties");
+    assert!(checked > 100, "too few steps to judge: {checked}");
+    assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
 }
