@@ -52,8 +52,9 @@ load() { # port concurrency label extra...
 }
 
 for c in "${LEVELS[@]}"; do
-    # f32 KV for c sequences of IN+OUT tokens, with 10% headroom.
-    kv=$(( c * (IN + OUT_LEN) * 30 * 3 * 64 * 2 * 4 * 11 / 10 ))
+    # KV for c sequences of IN+OUT tokens (30 layers, 3 KV heads of 64, keys and values,
+    # f16 entries as both servers keep them by default), with 10% headroom.
+    kv=$(( c * (IN + OUT_LEN) * 30 * 3 * 64 * 2 * 2 * 11 / 10 ))
     for r in $(seq "$ROUNDS"); do
         read -r pid port < <(start_strata "$c" "$kv"); wait_ready "$port"
         load "$port" "$c" "strata-c$c-r$r"

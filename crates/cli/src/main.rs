@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use strata_engine::kv::cache::KvDtype;
 use strata_engine::model::WeightFormat;
 use strata_engine::model_cache::{ModelCache, PullEvent, DEFAULT_MODEL, KNOWN_MODELS};
 use strata_engine::scheduler::Policy;
@@ -79,6 +80,9 @@ struct EngineCmd {
     /// weights, slower (by default they are quantized to 8 bits, as llama.cpp does).
     #[arg(long)]
     exact_decode: bool,
+    /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16 or f32.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: KvDtypeArg,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -166,6 +170,21 @@ enum ModelCmd {
     Sign(strata_controller::ModelSignArgs),
     /// Check a model against its signed manifest; non-zero exit saying what differs.
     Verify(strata_controller::ModelVerifyArgs),
+}
+
+/// `--kv-cache-dtype`: `auto` or an entry type.
+#[derive(Debug, Clone, Copy)]
+struct KvDtypeArg(Option<KvDtype>);
+
+impl std::str::FromStr for KvDtypeArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            Ok(Self(None))
+        } else {
+            s.parse().map(|d| Self(Some(d)))
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -348,6 +367,7 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
         options: EngineOptions {
             weights: cmd.weights,
             exact_decode: cmd.exact_decode,
+            kv_cache_dtype: cmd.kv_cache_dtype.0,
             block_size: cmd.block_size,
             num_blocks: cmd.num_blocks,
             kv_cache_memory: cmd.kv_cache_memory,

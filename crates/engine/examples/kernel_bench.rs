@@ -1,5 +1,6 @@
 //! Times the block kernels on the default model's shapes (no model file needed):
-//! `cargo run --release -p strata-engine --example kernel_bench -- [M ...]`.
+//! `cargo run --release -p strata-engine --example kernel_bench -- [M ...]`. Q4_1 runs
+//! twice: f32 activations (`q4_1`) and 8-bit decode activations (`q4_1/q8`).
 use std::time::Instant;
 
 use strata_engine::kernels::{BlockMatrix, BlockType};
@@ -36,20 +37,27 @@ fn main() {
                 }
             }
             let w = BlockMatrix::new(kind, n, k, data).expect("blocks");
-            for &m in &ms {
+            let modes: &[(&str, bool)] = if w.takes_q8_activations() {
+                &[("", false), ("/q8", true)]
+            } else {
+                &[("", false)]
+            };
+            for (&m, &(suffix, q8)) in ms.iter().flat_map(|m| modes.iter().map(move |q| (m, q))) {
                 if n == 49152 && m > 64 {
                     continue;
                 }
                 let x: Vec<f32> = (0..m * k).map(|_| (rnd() % 1000) as f32 / 1000.0).collect();
                 let reps = (2_000_000_000 / (m * n * k)).clamp(3, 2000);
-                let _ = w.matmul(&x, m);
+                let exact = if q8 { 0 } else { m };
+                let _ = w.matmul_split(&x, m, exact);
                 let t = Instant::now();
                 for _ in 0..reps {
-                    std::hint::black_box(w.matmul(&x, m));
+                    std::hint::black_box(w.matmul_split(&x, m, exact));
                 }
                 let s = t.elapsed().as_secs_f64() / reps as f64;
+                let name = format!("{name}{suffix}");
                 println!(
-                    "{name} n={n:>5} k={k:>4} m={m:>3}: {:>9.1} us  {:>6.1} GFLOP/s  {:>5.1} GB/s weights",
+                    "{name:<7} n={n:>5} k={k:>4} m={m:>3}: {:>9.1} us  {:>6.1} GFLOP/s  {:>5.1} GB/s weights",
                     s * 1e6,
                     2.0 * (m * n * k) as f64 / s / 1e9,
                     w.size_bytes() as f64 / s / 1e9

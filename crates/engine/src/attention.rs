@@ -13,7 +13,46 @@
 //! keys and values: never on which other tokens share the step, so batching does not change
 //! results.
 
+use half::f16;
 use rayon::prelude::*;
+
+use crate::kv::cache::KvBuf;
+
+/// A KV-cache entry type attention reads.
+pub trait KvElem: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    /// Eight consecutive entries as f32.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; `p` points at eight readable entries.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
 
 /// The shapes attention needs.
 #[derive(Debug, Clone, Copy)]
@@ -38,20 +77,25 @@ pub struct TokenCtx<'a> {
 pub fn attend(
     shape: AttnShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &KvBuf,
+    values: &KvBuf,
     tokens: &[TokenCtx<'_>],
     out: &mut [f32],
 ) {
-    attend_with(shape, q, keys, values, tokens, out, true);
+    match (keys, values) {
+        (KvBuf::F16(k), KvBuf::F16(v)) => attend_with(shape, q, k, v, tokens, out, true),
+        (KvBuf::F32(k), KvBuf::F32(v)) => attend_with(shape, q, k, v, tokens, out, true),
+        (KvBuf::F16(k), KvBuf::F32(v)) => attend_with(shape, q, k, v, tokens, out, true),
+        (KvBuf::F32(k), KvBuf::F16(v)) => attend_with(shape, q, k, v, tokens, out, true),
+    }
 }
 
-/// [`attend`], with the SIMD path allowed or not (tests check both).
-fn attend_with(
+/// [`attend`] over typed entries, with the SIMD path allowed or not (tests check both).
+fn attend_with<K: KvElem, V: KvElem>(
     shape: AttnShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[K],
+    values: &[V],
     tokens: &[TokenCtx<'_>],
     out: &mut [f32],
     simd: bool,
@@ -147,7 +191,13 @@ fn pairwise8(a: [f32; 8]) -> f32 {
 }
 
 /// Portable path (no AVX2, or a head size that is not a multiple of 8).
-fn attend_group(h: &Head<'_>, keys: &[f32], values: &[f32], s: &mut Scratch, out: &mut [f32]) {
+fn attend_group<K: KvElem, V: KvElem>(
+    h: &Head<'_>,
+    keys: &[K],
+    values: &[V],
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
     let (hd, n_ctx) = (h.hd, s.offs.len());
     s.scores.clear();
     s.scores.resize(h.group * n_ctx, 0.0);
@@ -174,7 +224,7 @@ fn attend_group(h: &Head<'_>, keys: &[f32], values: &[f32], s: &mut Scratch, out
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{softmax_rows, Head, Scratch};
+    use super::{softmax_rows, Head, KvElem, Scratch};
     use std::arch::x86_64::*;
 
     /// Query heads scored together against each key: three rows × four keys of 8-lane
@@ -188,11 +238,11 @@ mod avx2 {
     /// # Safety
     /// AVX2 and FMA; `h.hd` is a multiple of 8; `s.offs[j] + h.hd` is within `keys` and
     /// `values` for every `j`; `out` holds `h.group × h.hd` floats.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn attend_group(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn attend_group<K: KvElem, V: KvElem>(
         h: &Head<'_>,
-        keys: &[f32],
-        values: &[f32],
+        keys: &[K],
+        values: &[V],
         s: &mut Scratch,
         out: &mut [f32],
     ) {
@@ -205,9 +255,9 @@ mod avx2 {
             let r = (h.group - g).min(ROWS);
             let (qg, sg) = (q.add(g * hd), sc.add(g * n_ctx));
             match r {
-                3 => score_rows::<3>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
-                2 => score_rows::<2>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
-                _ => score_rows::<1>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+                3 => score_rows::<K, 3>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+                2 => score_rows::<K, 2>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+                _ => score_rows::<K, 1>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
             }
             g += r;
         }
@@ -220,17 +270,17 @@ mod avx2 {
             let mut d = 0;
             while d + 32 <= hd {
                 match r {
-                    3 => pv_pass::<3, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
-                    2 => pv_pass::<2, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
-                    _ => pv_pass::<1, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    3 => pv_pass::<V, 3, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    2 => pv_pass::<V, 2, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    _ => pv_pass::<V, 1, 4>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
                 }
                 d += 32;
             }
             while d < hd {
                 match r {
-                    3 => pv_pass::<3, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
-                    2 => pv_pass::<2, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
-                    _ => pv_pass::<1, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    3 => pv_pass::<V, 3, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    2 => pv_pass::<V, 2, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
+                    _ => pv_pass::<V, 1, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
                 }
                 d += 8;
             }
@@ -249,10 +299,10 @@ mod avx2 {
     /// position, keys four at a time (a short last group repeats its last key).
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // indices name tile coordinates
-    unsafe fn score_rows<const R: usize>(
+    unsafe fn score_rows<K: KvElem, const R: usize>(
         q: *const f32,
         hd: usize,
-        keys: *const f32,
+        keys: *const K,
         offs: &[usize],
         scale: f32,
         scores: *mut f32,
@@ -273,7 +323,7 @@ mod avx2 {
                     qv[r] = _mm256_loadu_ps(q.add(r * hd + d));
                 }
                 for kk in 0..4 {
-                    let kv = _mm256_loadu_ps(k[kk].add(d));
+                    let kv = K::load8(k[kk].add(d));
                     for r in 0..R {
                         acc[r][kk] = _mm256_fmadd_ps(qv[r], kv, acc[r][kk]);
                     }
@@ -293,10 +343,10 @@ mod avx2 {
     /// Output columns `d..d + 8C` of `R` rows: `Σ_j p[r][j] · v_j`, times `inv[r]`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    unsafe fn pv_pass<const R: usize, const C: usize>(
+    unsafe fn pv_pass<V: KvElem, const R: usize, const C: usize>(
         p: *const f32,
         n_ctx: usize,
-        values: *const f32,
+        values: *const V,
         offs: &[usize],
         d: usize,
         inv: &[f32],
@@ -309,7 +359,7 @@ mod avx2 {
             for r in 0..R {
                 let pr = _mm256_set1_ps(*p.add(r * n_ctx + j));
                 for c in 0..C {
-                    acc[r][c] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v.add(8 * c)), acc[r][c]);
+                    acc[r][c] = _mm256_fmadd_ps(pr, V::load8(v.add(8 * c)), acc[r][c]);
                 }
             }
         }
@@ -341,18 +391,18 @@ fn for_each_slot(table: &[u32], block_size: usize, n_ctx: usize, mut f: impl FnM
 
 /// Dot product with eight independent accumulators so the compiler vectorizes it.
 #[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.to_f32())
         .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * y[i].to_f32();
         }
     }
     // A pairwise tree: shorter dependency chain than a running sum.
@@ -366,9 +416,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+fn axpy<E: KvElem>(alpha: f32, x: &[E], y: &mut [f32]) {
     for (o, v) in y.iter_mut().zip(x) {
-        *o += alpha * v;
+        *o += alpha * v.to_f32();
     }
 }
 
@@ -468,23 +518,41 @@ mod tests {
                         head_dim,
                         block_size: 4,
                     };
-                    check_against_reference(shape, simd);
+                    check_against_reference(shape, simd, false);
+                    check_against_reference(shape, simd, true);
                 }
             }
         }
     }
 
-    fn check_against_reference(shape: AttnShape, simd: bool) {
+    /// With `half`, the cache holds f16 entries and the reference gets the same rounded
+    /// values.
+    fn check_against_reference(shape: AttnShape, simd: bool, half: bool) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let slots = 16 * shape.block_size;
         let kv_dim = shape.n_kv_head * shape.head_dim;
-        let k: Vec<f32> = (0..slots * kv_dim)
+        let mut k: Vec<f32> = (0..slots * kv_dim)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        let v: Vec<f32> = (0..slots * kv_dim)
+        let mut v: Vec<f32> = (0..slots * kv_dim)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
+        let (k16, v16): (Vec<f16>, Vec<f16>) = (
+            k.iter().map(|&x| f16::from_f32(x)).collect(),
+            v.iter().map(|&x| f16::from_f32(x)).collect(),
+        );
+        if half {
+            k = k16.iter().map(|x| x.to_f32()).collect();
+            v = v16.iter().map(|x| x.to_f32()).collect();
+        }
+        let run = |q: &[f32], toks: &[TokenCtx<'_>], out: &mut [f32]| {
+            if half {
+                attend_with(shape, q, &k16, &v16, toks, out, simd);
+            } else {
+                attend_with(shape, q, &k, &v, toks, out, simd);
+            }
+        };
         // Two sequences with scattered, interleaved blocks.
         let table_a = [7u32, 2, 11, 5, 0];
         let table_b = [3u32, 9, 14];
@@ -506,23 +574,18 @@ mod tests {
             .map(|_| rng.random_range(-2.0..2.0))
             .collect();
         let mut out = vec![0f32; toks.len() * width];
-        attend_with(shape, &q, &k, &v, &toks, &mut out, simd);
+        run(&q, &toks, &mut out);
         let want = reference(shape, &q, &k, &v, &toks);
         for (g, w) in out.iter().zip(&want) {
-            assert!((g - w).abs() < 1e-5, "{shape:?} simd={simd}: {g} vs {w}");
+            assert!(
+                (g - w).abs() < 1e-5,
+                "{shape:?} simd={simd} half={half}: {g} vs {w}"
+            );
         }
         // Each token alone gives bit-identical output.
         for (t, tok) in toks.iter().enumerate() {
             let mut alone = vec![0f32; width];
-            attend_with(
-                shape,
-                &q[t * width..(t + 1) * width],
-                &k,
-                &v,
-                &[*tok],
-                &mut alone,
-                simd,
-            );
+            run(&q[t * width..(t + 1) * width], &[*tok], &mut alone);
             for (a, b) in alone.iter().zip(&out[t * width..(t + 1) * width]) {
                 assert_eq!(a.to_bits(), b.to_bits());
             }

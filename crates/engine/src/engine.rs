@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 use crate::kv::block_pool::{HashKey, PoolEvent};
-use crate::kv::cache::KvCache;
+use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
 use crate::metrics::EngineMetrics;
 use crate::model::{Llama, SeqInput};
@@ -32,6 +32,8 @@ use crate::tokenizer::Tokenizer;
 pub struct EngineConfig {
     pub block_size: usize,
     pub num_blocks: usize,
+    /// How KV-cache entries are stored.
+    pub kv_dtype: KvDtype,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     /// Waiting requests beyond this are refused (HTTP 429).
@@ -184,11 +186,12 @@ impl EngineLoop {
         shared: Arc<Shared>,
         kv_events: Option<KvEventSink>,
     ) -> Self {
-        let cache = KvCache::new(
+        let cache = KvCache::with_dtype(
             model.config.n_layer,
             config.num_blocks,
             config.block_size,
             model.kv_slot_width(),
+            config.kv_dtype,
         );
         let scheduler = Scheduler::new(
             SchedulerConfig {

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use crate::attention::{attend, AttnShape, TokenCtx};
 use crate::gguf::{GgufFile, LlamaConfig, ModelError};
 use crate::kernels::{BlockMatrix, BlockType};
-use crate::kv::cache::KvCache;
+use crate::kv::cache::{KvCache, KvDtype};
 use crate::sampler::fast_exp;
 use rayon::prelude::*;
 
@@ -216,7 +216,16 @@ impl Llama {
         })
     }
 
-    /// Floats one KV-cache slot holds per layer (keys or values).
+    /// The KV-cache entry type when none is asked for: f32 with f32 weights (the exact
+    /// reference mode), f16 otherwise.
+    pub fn default_kv_dtype(&self) -> KvDtype {
+        match self.format {
+            WeightFormat::F32 => KvDtype::F32,
+            _ => KvDtype::F16,
+        }
+    }
+
+    /// Numbers one KV-cache slot holds per layer (keys or values).
     pub fn kv_slot_width(&self) -> usize {
         self.config.n_kv_head * self.config.head_dim
     }
@@ -320,10 +329,8 @@ impl Llama {
             self.apply_rope(&mut k, &positions, nkv);
             let (kc, vc) = (&mut cache.keys[l], &mut cache.values[l]);
             for (t, &slot) in slots.iter().enumerate() {
-                kc[slot * kv_dim..(slot + 1) * kv_dim]
-                    .copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
-                vc[slot * kv_dim..(slot + 1) * kv_dim]
-                    .copy_from_slice(&v[t * kv_dim..(t + 1) * kv_dim]);
+                kc.write(slot * kv_dim, &k[t * kv_dim..(t + 1) * kv_dim]);
+                vc.write(slot * kv_dim, &v[t * kv_dim..(t + 1) * kv_dim]);
             }
             attend(shape, &q, &cache.keys[l], &cache.values[l], &ctx, &mut attn);
             let o = matmul(&layer.wo, &attn, n_tok, exact)?;

@@ -37,7 +37,7 @@ use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::{self, EngineConfig, EngineHandle, SubmitError};
 use crate::gguf::{GgufFile, ModelError};
 use crate::kv::block_pool::{HashKey, PoolEvent};
-use crate::kv::cache::KvCache;
+use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::BlockHash;
 use crate::kv_events::{self, KvEvent, KvEventPublisher, KvEventsConfig};
 use crate::metrics::EngineMetrics;
@@ -54,6 +54,9 @@ pub struct EngineOptions {
     /// Keep decode rows' activations in f32 (exact to the stored 4-bit weights, slower);
     /// see [`Llama::q8_decode`].
     pub exact_decode: bool,
+    /// KV-cache entries: f16 or f32; `None` (auto) takes the model's default (f32 with f32
+    /// weights, f16 otherwise).
+    pub kv_cache_dtype: Option<KvDtype>,
     pub block_size: usize,
     /// Blocks in the KV cache; derived from `kv_cache_memory` when `None`.
     pub num_blocks: Option<usize>,
@@ -85,6 +88,7 @@ impl Default for EngineOptions {
         Self {
             weights: WeightFormat::Gguf,
             exact_decode: false,
+            kv_cache_dtype: None,
             block_size: 16,
             num_blocks: None,
             kv_cache_memory: 1 << 30,
@@ -174,8 +178,15 @@ pub fn load(
     let mut model = Llama::from_gguf(&mut file, opts.weights)?;
     model.q8_decode &= !opts.exact_decode;
     let cfg = &model.config;
-    let bytes_per_block =
-        KvCache::bytes_per_block(cfg.n_layer, opts.block_size, model.kv_slot_width());
+    let kv_dtype = opts
+        .kv_cache_dtype
+        .unwrap_or_else(|| model.default_kv_dtype());
+    let bytes_per_block = KvCache::bytes_per_block(
+        cfg.n_layer,
+        opts.block_size,
+        model.kv_slot_width(),
+        kv_dtype,
+    );
     let num_blocks = opts
         .num_blocks
         .unwrap_or((opts.kv_cache_memory / bytes_per_block as u64) as usize);
@@ -199,6 +210,7 @@ pub fn load(
         num_blocks,
         block_size = opts.block_size,
         kv_cache_bytes = num_blocks * bytes_per_block,
+        kv_cache_dtype = %kv_dtype,
         max_model_len,
         "model loaded"
     );
@@ -211,6 +223,7 @@ pub fn load(
         EngineConfig {
             block_size: opts.block_size,
             num_blocks,
+            kv_dtype,
             max_num_seqs: opts.max_num_seqs,
             max_num_batched_tokens: opts.max_num_batched_tokens,
             max_waiting: opts.max_waiting,
