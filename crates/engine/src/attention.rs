@@ -162,6 +162,17 @@ struct Scratch {
     inv: Vec<f32>,
 }
 
+impl Scratch {
+    /// Sizes the score buffer for `group` rows over this task's positions, all zero;
+    /// returns the number of positions.
+    fn zero_scores(&mut self, group: usize) -> usize {
+        let n_ctx = self.offs.len();
+        self.scores.clear();
+        self.scores.resize(group * n_ctx, 0.0);
+        n_ctx
+    }
+}
+
 /// Turns each row of scores into `exp(s − max)` in place and records `1 / Σ` per row. The
 /// sum runs in eight lanes over a row of fixed length, so it does not depend on the batch.
 fn softmax_rows(scores: &mut [f32], n_ctx: usize, inv: &mut Vec<f32>) {
@@ -198,9 +209,7 @@ fn attend_group<K: KvElem, V: KvElem>(
     s: &mut Scratch,
     out: &mut [f32],
 ) {
-    let (hd, n_ctx) = (h.hd, s.offs.len());
-    s.scores.clear();
-    s.scores.resize(h.group * n_ctx, 0.0);
+    let (hd, n_ctx) = (h.hd, s.zero_scores(h.group));
     for (j, &off) in s.offs.iter().enumerate() {
         let k = &keys[off..off + hd];
         for (g, qh) in h.q.chunks_exact(hd).enumerate() {
@@ -236,7 +245,7 @@ mod avx2 {
     /// in the batch.
     ///
     /// # Safety
-    /// AVX2 and FMA; `h.hd` is a multiple of 8; `s.offs[j] + h.hd` is within `keys` and
+    /// AVX2, FMA and F16C; `h.hd` is a multiple of 8; `s.offs[j] + h.hd` is within `keys` and
     /// `values` for every `j`; `out` holds `h.group × h.hd` floats.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn attend_group<K: KvElem, V: KvElem>(
@@ -246,9 +255,7 @@ mod avx2 {
         s: &mut Scratch,
         out: &mut [f32],
     ) {
-        let (hd, n_ctx) = (h.hd, s.offs.len());
-        s.scores.clear();
-        s.scores.resize(h.group * n_ctx, 0.0);
+        let (hd, n_ctx) = (h.hd, s.zero_scores(h.group));
         let (q, sc) = (h.q.as_ptr(), s.scores.as_mut_ptr());
         let mut g = 0;
         while g < h.group {
