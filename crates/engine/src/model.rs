@@ -237,6 +237,18 @@ impl Llama {
         cache: &mut KvCache,
         seqs: &[SeqInput<'_>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        // The step runs on a pool thread, so its ~6 parallel sections per layer fork from
+        // inside the pool: without this, each one would hand work from the caller's
+        // thread to the pool and put the caller to sleep until it is done (a thread wake-up
+        // per section, hundreds per step).
+        rayon::scope(|_| self.forward_in_pool(cache, seqs))
+    }
+
+    fn forward_in_pool(
+        &self,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
         let cfg = &self.config;
         let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
         let kv_dim = nkv * hd;
