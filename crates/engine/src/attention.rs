@@ -197,6 +197,7 @@ fn softmax_rows(scores: &mut [f32], n_ctx: usize, inv: &mut Vec<f32>) {
     }
 }
 
+/// Sum of eight lanes as a pairwise tree: a shorter dependency chain than a running sum.
 fn pairwise8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
@@ -412,14 +413,7 @@ pub fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
             acc[i] += x[i] * y[i].to_f32();
         }
     }
-    // A pairwise tree: shorter dependency chain than a running sum.
-    let s = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    ((s[0] + s[2]) + (s[1] + s[3])) + tail
+    pairwise8(acc) + tail
 }
 
 #[inline]

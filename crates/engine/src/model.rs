@@ -263,7 +263,7 @@ impl Llama {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut seq_of = Vec::new();
-        let mut last_row = vec![usize::MAX; seqs.len()];
+        let mut last_row: Vec<Option<usize>> = vec![None; seqs.len()];
         for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
                 return Err(ModelError::Unsupported(format!(
@@ -293,7 +293,7 @@ impl Llama {
                         ))
                     })?;
                     if i + 1 == seq.tokens.len() {
-                        last_row[s] = ids.len();
+                        last_row[s] = Some(ids.len());
                     }
                     ids.push(t);
                     positions.push(pos);
@@ -360,8 +360,7 @@ impl Llama {
         let mut rows = Vec::new();
         let mut which = Vec::new();
         for (s, seq) in seqs.iter().enumerate() {
-            let r = last_row[s];
-            if seq.want_logits && r != usize::MAX {
+            if let (true, Some(r)) = (seq.want_logits, last_row[s]) {
                 rows.extend_from_slice(&x[r * h..(r + 1) * h]);
                 which.push(s);
             }
