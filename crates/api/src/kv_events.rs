@@ -27,8 +27,8 @@
 //!   defaults that are at their default (`extra_keys`, `group_idx`, ...) are omitted
 //!   (`omit_defaults=True`); required ones are written even when `None`.
 //!
-//!   **This differs from PROTOCOLS.md §4**, which describes events as positional tagged
-//!   arrays. vLLM used `array_like=True` on events until vllm-project/vllm#42892 (merged
+//!   Older releases encoded events as positional tagged arrays (`docs/PROTOCOLS.md` §4).
+//!   vLLM used `array_like=True` on events until vllm-project/vllm#42892 (merged
 //!   2026-06) switched them to maps; current releases and llm-d (since
 //!   llm-d/llm-d-kv-cache#661, which accepts both) use maps. [`EventEncoding::Map`] is the
 //!   default; [`EventEncoding::Array`] still produces the older 8-element tagged arrays
@@ -142,8 +142,7 @@ pub enum EventEncoding {
     /// Tagged maps, `{"type": "BlockStored", "block_hashes": ..., ...}`: current vLLM.
     #[default]
     Map,
-    /// Tagged positional arrays, `["BlockStored", hashes, ...]`: vLLM before #42892 and
-    /// PROTOCOLS.md §4.
+    /// Tagged positional arrays, `["BlockStored", hashes, ...]`: vLLM before #42892.
     Array,
 }
 

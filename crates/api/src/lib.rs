@@ -1,7 +1,7 @@
 //! OpenAI-compatible wire types, validation into typed values, OpenAI-shaped errors and SSE.
 //!
 //! `strata-api` sits at the bottom of Strata's dependency graph: the engine, the router and
-//! the gateway all speak the same client API (see `PROTOCOLS.md` §1), so its shapes live
+//! the gateway all speak the same client API (see `docs/PROTOCOLS.md` §1), so its shapes live
 //! here once. The crate does no I/O and has no async; it only turns bytes into checked
 //! values and values into bytes:
 //!
@@ -13,18 +13,33 @@
 //! * [`validate`]: [`parse_json`] with field-level error reporting, then
 //!   [`validate_chat`] / [`validate_completion`] into [`SamplingParams`] and friends, and
 //!   [`check_context`] once the prompt is tokenized.
-//! * [`sse`]: Server-Sent Events encoding for responses and an incremental decoder for
-//!   reading upstream streams.
+//! * [`sse`]: Server-Sent Events encoding for responses, an incremental decoder for
+//!   reading upstream streams, and [`sse::StreamWatch`], which judges a passing stream.
+//! * [`prometheus`]: the text exposition format and histogram arithmetic;
+//!   [`model_server`]: engine kinds, their metric names (vLLM's defined once) and the one
+//!   [`model_server::LoadSample`] every reader of `/metrics` makes.
+//! * [`kv_events`], [`block_hash`]: vLLM's KV-event wire codec and prefix-cache hashes.
+//! * [`stats`]: the one sample-percentile definition.
+//! * `http` (feature `http`): `IntoResponse for ApiError`, route fallbacks, the shutdown
+//!   signal, shared by every HTTP front.
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod block_hash;
 pub mod error;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod kv_events;
+pub mod model_server;
+pub mod prometheus;
 pub mod sse;
+pub mod stats;
 pub mod types;
 pub mod validate;
 
 pub use error::{ApiError, ErrorDetail, ErrorKind, ErrorResponse};
-pub use sse::{SseDecoder, SseError, SseEvent};
+pub use sse::{SseDecoder, SseError, SseEvent, StreamWatch};
 pub use types::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, CompletionChoice,

@@ -306,6 +306,100 @@ impl SseDecoder {
     }
 }
 
+/// Watches an OpenAI-style event stream that passes through a proxy untouched: it decodes the
+/// bytes as SSE events (so a terminator split across network chunks is still seen, and text
+/// that merely contains `[DONE]` is not mistaken for it) and remembers what a proxy needs to
+/// judge the stream when it ends: whether `data: [DONE]` arrived, and the last `usage`.
+///
+/// A stream that is not SSE at all, or whose event outgrows the decoder's limit, leaves the
+/// watch [`StreamWatch::undecidable`]: a proxy cannot tell how it ended and should not blame
+/// the upstream for it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamWatch {
+    decoder: SseDecoder,
+    done: bool,
+    undecidable: bool,
+    events: u64,
+    usage: Option<crate::types::Usage>,
+}
+
+impl StreamWatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads one chunk of the stream; returns how many data events it completed.
+    pub fn feed(&mut self, chunk: &[u8]) -> usize {
+        if self.undecidable {
+            return 0;
+        }
+        match self.decoder.feed(chunk) {
+            Ok(events) => {
+                for ev in &events {
+                    self.event(ev);
+                }
+                events.len()
+            }
+            Err(_) => {
+                self.undecidable = true;
+                0
+            }
+        }
+    }
+
+    /// The stream ended: an unterminated last event still counts (a proxy would rather see
+    /// it than drop it).
+    pub fn finish(&mut self) {
+        if self.undecidable {
+            return;
+        }
+        if let Some(ev) = self.decoder.finish() {
+            self.event(&ev);
+        }
+    }
+
+    fn event(&mut self, ev: &SseEvent) {
+        self.events += 1;
+        if ev.is_done() {
+            self.done = true;
+        } else if !self.done && ev.data.contains("\"usage\"") {
+            #[derive(serde::Deserialize)]
+            struct WithUsage {
+                usage: Option<crate::types::Usage>,
+            }
+            if let Ok(WithUsage { usage: Some(u) }) = ev.json::<WithUsage>() {
+                self.usage = Some(u);
+            }
+        }
+    }
+
+    /// `data: [DONE]` has arrived.
+    pub fn saw_done(&self) -> bool {
+        self.done
+    }
+
+    /// The bytes were not an event stream the decoder could follow.
+    pub fn undecidable(&self) -> bool {
+        self.undecidable
+    }
+
+    /// Whether a stream that has ended now ended the way a finished one does: with
+    /// `[DONE]`, or in a form that cannot be judged.
+    pub fn ended_well(&self) -> bool {
+        self.done || self.undecidable
+    }
+
+    /// Events seen so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// The last `usage` object the stream carried (`stream_options.include_usage`).
+    pub fn usage(&self) -> Option<&crate::types::Usage> {
+        self.usage.as_ref()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,5 +554,49 @@ mod tests {
     fn invalid_utf8_replaced() {
         let events = decode_all(b"data: \xFF\n\n");
         assert_eq!(events, vec![data("\u{FFFD}")]);
+    }
+
+    fn watch_bytewise(stream: &[u8]) -> StreamWatch {
+        let mut w = StreamWatch::new();
+        for b in stream {
+            w.feed(std::slice::from_ref(b));
+        }
+        w.finish();
+        w
+    }
+
+    #[test]
+    fn watch_sees_a_terminator_split_at_every_byte() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\ndata: [DONE]\n\n";
+        for split in 0..stream.len() {
+            let mut w = StreamWatch::new();
+            w.feed(&stream[..split]);
+            w.feed(&stream[split..]);
+            w.finish();
+            assert!(w.saw_done(), "split at {split}");
+            assert_eq!(w.usage().map(|u| u.total_tokens), Some(5));
+        }
+        let w = watch_bytewise(stream);
+        assert!(w.saw_done() && w.ended_well());
+        assert_eq!(w.events(), 3);
+    }
+
+    #[test]
+    fn watch_is_not_fooled_by_done_inside_text() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"say [DONE] now\"}}]}\n\n";
+        let w = watch_bytewise(stream);
+        assert!(!w.saw_done());
+        assert!(
+            !w.ended_well(),
+            "a stream cut after a chunk that quotes [DONE] broke"
+        );
+    }
+
+    #[test]
+    fn watch_gives_up_on_what_is_not_sse() {
+        let mut w = StreamWatch::new();
+        w.decoder = SseDecoder::with_max_buffer(8);
+        w.feed(b"0123456789abcdef");
+        assert!(w.undecidable() && w.ended_well() && !w.saw_done());
     }
 }

@@ -251,23 +251,155 @@ fn response_format_text_accepted() {
 }
 
 #[test]
-fn response_format_json_object_not_supported() {
-    let err = assert_invalid(
-        chat_with(json!({"response_format": {"type": "json_object"}})),
-        Some("response_format"),
+fn response_format_json_object_and_json_schema_become_constraints() {
+    use strata_api::validate::StructuredOutput;
+    let c = chat_with(json!({"response_format": {"type": "json_object"}})).unwrap();
+    assert_eq!(c.sampling.structured, Some(StructuredOutput::JsonObject));
+    let c = chat_with(json!({"response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}
+    }}))
+    .unwrap();
+    assert_eq!(
+        c.sampling.structured,
+        Some(StructuredOutput::JsonSchema {
+            name: Some("x".into()),
+            schema: json!({"type": "object"}),
+            strict: true
+        })
     );
-    assert!(err.message.contains("not supported"));
+    let c = completion_with(json!({"guided_choice": ["yes", "no"]})).unwrap();
+    assert_eq!(
+        c.sampling.structured,
+        Some(StructuredOutput::Choice(vec!["yes".into(), "no".into()]))
+    );
+    let c = completion_with(json!({"guided_regex": "[0-9]{3}"})).unwrap();
+    assert_eq!(
+        c.sampling.structured,
+        Some(StructuredOutput::Regex("[0-9]{3}".into()))
+    );
+    // vLLM takes the schema as a string too, and the newer `structured_outputs` spelling.
+    let c = chat_with(json!({"guided_json": "{\"type\": \"integer\"}"})).unwrap();
+    assert!(matches!(
+        c.sampling.structured,
+        Some(StructuredOutput::JsonSchema { ref schema, .. }) if schema == &json!({"type": "integer"})
+    ));
+    let c = chat_with(json!({"structured_outputs": {"choice": ["a"]}})).unwrap();
+    assert_eq!(
+        c.sampling.structured,
+        Some(StructuredOutput::Choice(vec!["a".into()]))
+    );
+    let c = chat_with(json!({"response_format": {"type": "text"}})).unwrap();
+    assert_eq!(c.sampling.structured, None);
 }
 
 #[test]
-fn response_format_json_schema_not_supported() {
+fn response_format_json_schema_shape_errors_name_the_field() {
+    for (body, param) in [
+        (
+            json!({"type": "json_schema"}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": 5}),
+            "response_format.json_schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}),
+            "response_format.json_schema.name",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}}),
+            "response_format.json_schema.strict",
+        ),
+    ] {
+        assert_invalid(chat_with(json!({ "response_format": body })), Some(param));
+    }
+}
+
+#[test]
+fn guided_fields_are_checked() {
+    assert_invalid(chat_with(json!({"guided_json": 3})), Some("guided_json"));
     assert_invalid(
-        chat_with(json!({"response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "x", "schema": {"type": "object"}}
-        }})),
-        Some("response_format"),
+        chat_with(json!({"guided_json": "{nope"})),
+        Some("guided_json"),
     );
+    assert_invalid(chat_with(json!({"guided_regex": ""})), Some("guided_regex"));
+    assert_invalid(
+        chat_with(json!({"guided_regex": "a".repeat(5000)})),
+        Some("guided_regex"),
+    );
+    assert_invalid(
+        chat_with(json!({"guided_choice": []})),
+        Some("guided_choice"),
+    );
+    assert_invalid(
+        chat_with(json!({"guided_choice": ["ok", ""]})),
+        Some("guided_choice[1]"),
+    );
+    let many: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+    assert_invalid(
+        chat_with(json!({"guided_choice": many})),
+        Some("guided_choice"),
+    );
+    let err = assert_invalid(
+        chat_with(json!({"guided_grammar": "root ::= \"a\""})),
+        Some("guided_grammar"),
+    );
+    assert!(err.message.contains("not supported"));
+    assert_invalid(
+        chat_with(json!({"structured_outputs": {"grammar": "x"}})),
+        Some("structured_outputs.grammar"),
+    );
+    assert_invalid(
+        chat_with(json!({"structured_outputs": {"colour": "x"}})),
+        Some("structured_outputs.colour"),
+    );
+    assert_invalid(
+        chat_with(json!({"structured_outputs": {"regex": "a", "choice": ["b"]}})),
+        Some("structured_outputs"),
+    );
+    // Two constraints at once: refused, naming the second.
+    assert_invalid(
+        chat_with(json!({
+            "response_format": {"type": "json_object"},
+            "guided_regex": "a+"
+        })),
+        Some("guided_regex"),
+    );
+}
+
+#[test]
+fn oversized_or_too_deep_schemas_are_refused() {
+    let mut props = serde_json::Map::new();
+    for i in 0..2000 {
+        props.insert(format!("field_{i:05}"), json!({"type": "string"}));
+    }
+    let err = assert_invalid(
+        chat_with(json!({"guided_json": {"type": "object", "properties": props}})),
+        Some("guided_json"),
+    );
+    assert!(err.message.contains("bytes"), "{}", err.message);
+    let mut deep = json!({"type": "string"});
+    for _ in 0..40 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let err = assert_invalid(
+        completion_with(json!({"response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "deep", "schema": deep}
+        }})),
+        Some("response_format.json_schema.schema"),
+    );
+    assert!(err.message.contains("levels"), "{}", err.message);
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub struct CompletionRequest {
     /// Token id (as a string) to additive bias, -100..=100.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<BTreeMap<String, f64>>,
-    /// Output format; only `text` is supported for now.
+    /// Output format: `text`, `json_object` or `json_schema`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
     /// End-user id, for logs.
@@ -111,6 +111,27 @@ pub struct CompletionRequest {
     /// Add BOS etc. when tokenizing a text prompt (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub add_special_tokens: Option<bool>,
+    /// vLLM: constrain the output to JSON matching this schema (an object, or a JSON
+    /// string holding one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM: constrain the output to this regular expression.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<String>,
+    /// vLLM: the output is exactly one of these strings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM: a context-free grammar (refused: not supported).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<String>,
+    /// vLLM's newer spelling of the guided fields: `{"json" | "regex" | "choice" |
+    /// "json_object": ...}`, kept raw for validation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<serde_json::Value>,
+    /// Strata: `false` opts this request out of speculative decoding (default: the
+    /// engine's setting).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<bool>,
 }
 
 /// One choice of a completion or completion chunk.

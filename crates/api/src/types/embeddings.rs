@@ -33,6 +33,14 @@ pub struct EmbeddingRequest {
     /// End-user id, for logs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// vLLM's extension: cut each input to this many tokens instead of refusing a long one
+    /// (`-1`: the model's limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's extension: add the model's special tokens (`[CLS]`, `[SEP]`) to text inputs.
+    /// Default true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub add_special_tokens: Option<bool>,
 }
 
 /// An embedding, as numbers or as base64 text.

@@ -3,7 +3,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::sampling::{chat_logprobs, response_format, RawSampling, SamplingParams};
+use super::sampling::{chat_logprobs, RawSampling, SamplingParams};
+use super::structured::{structured_output, GuidedFields};
 use crate::error::ApiError;
 use crate::types::{
     ChatCompletionRequest, ContentPart, MessageContent, RequestMessage, Role, StreamOptions,
@@ -74,7 +75,16 @@ pub fn validate_chat(req: ChatCompletionRequest) -> Result<ValidatedChat, ApiErr
     let stream = req.stream.unwrap_or(false);
     let (include_usage, continuous_usage_stats) =
         stream_flags(stream, req.stream_options.as_ref())?;
-    response_format(req.response_format.as_ref())?;
+    let structured = structured_output(
+        req.response_format.as_ref(),
+        GuidedFields {
+            guided_json: req.guided_json,
+            guided_regex: req.guided_regex,
+            guided_choice: req.guided_choice,
+            guided_grammar: req.guided_grammar,
+            structured_outputs: req.structured_outputs,
+        },
+    )?;
     let (add_generation_prompt, continue_final_message) =
         generation_prompt_flags(req.add_generation_prompt, req.continue_final_message)?;
     if let Some(tools) = &req.tools {
@@ -94,7 +104,7 @@ pub fn validate_chat(req: ChatCompletionRequest) -> Result<ValidatedChat, ApiErr
         }
     }
 
-    let sampling = RawSampling {
+    let mut sampling = RawSampling {
         temperature: req.temperature,
         top_p: req.top_p,
         n: req.n,
@@ -119,6 +129,8 @@ pub fn validate_chat(req: ChatCompletionRequest) -> Result<ValidatedChat, ApiErr
         logprobs: chat_logprobs(req.logprobs, req.top_logprobs)?,
     }
     .validate()?;
+    sampling.structured = structured;
+    sampling.speculative = req.speculative.unwrap_or(true);
 
     Ok(ValidatedChat {
         model: req.model,

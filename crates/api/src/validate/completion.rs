@@ -1,7 +1,8 @@
 //! Legacy completion requests into typed values.
 
 use super::chat::stream_flags;
-use super::sampling::{completion_logprobs, response_format, RawSampling, SamplingParams};
+use super::sampling::{completion_logprobs, RawSampling, SamplingParams};
+use super::structured::{structured_output, GuidedFields};
 use crate::error::ApiError;
 use crate::types::{CompletionRequest, Prompt};
 
@@ -39,18 +40,28 @@ pub struct ValidatedCompletion {
 }
 
 /// Checks a completion request: exactly one non-empty prompt, sampling, streaming flags and
-/// unsupported features (`suffix`, `best_of` other than `n`, structured output).
+/// unsupported features (`suffix`, `best_of` other than `n`), and any structured-output
+/// constraint.
 pub fn validate_completion(req: CompletionRequest) -> Result<ValidatedCompletion, ApiError> {
     let prompt = single_prompt(req.prompt)?;
     let stream = req.stream.unwrap_or(false);
     let (include_usage, continuous_usage_stats) =
         stream_flags(stream, req.stream_options.as_ref())?;
-    response_format(req.response_format.as_ref())?;
+    let structured = structured_output(
+        req.response_format.as_ref(),
+        GuidedFields {
+            guided_json: req.guided_json,
+            guided_regex: req.guided_regex,
+            guided_choice: req.guided_choice,
+            guided_grammar: req.guided_grammar,
+            structured_outputs: req.structured_outputs,
+        },
+    )?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported."));
     }
 
-    let sampling = RawSampling {
+    let mut sampling = RawSampling {
         temperature: req.temperature,
         top_p: req.top_p,
         n: req.n,
@@ -75,6 +86,8 @@ pub fn validate_completion(req: CompletionRequest) -> Result<ValidatedCompletion
         logprobs: completion_logprobs(req.logprobs)?,
     }
     .validate()?;
+    sampling.structured = structured;
+    sampling.speculative = req.speculative.unwrap_or(true);
 
     if let Some(best_of) = req.best_of {
         if best_of != i64::from(sampling.n) {

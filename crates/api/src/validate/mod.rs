@@ -20,8 +20,10 @@
 mod chat;
 mod completion;
 mod context;
+mod embeddings;
 mod json;
 mod sampling;
+mod structured;
 
 pub use chat::{
     validate_chat, validate_messages, validate_tokenize, ChatMessage, TokenizeInput, ValidatedChat,
@@ -29,5 +31,12 @@ pub use chat::{
 };
 pub use completion::{validate_completion, PromptInput, ValidatedCompletion};
 pub use context::check_context;
+pub use embeddings::{
+    validate_embeddings, EmbeddingInput, Truncation, ValidatedEmbeddings, MAX_EMBEDDING_INPUTS,
+};
 pub use json::parse_json;
 pub use sampling::{SamplingParams, MAX_LOGIT_BIAS, MAX_N, MAX_STOP, MAX_TOP_LOGPROBS};
+pub use structured::{
+    StructuredOutput, MAX_CHOICES, MAX_CHOICE_BYTES, MAX_REGEX_BYTES, MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_DEPTH,
+};

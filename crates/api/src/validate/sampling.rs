@@ -10,8 +10,9 @@ use serde_json::Number;
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
+use super::structured::StructuredOutput;
 use crate::error::ApiError;
-use crate::types::{ResponseFormat, Stop};
+use crate::types::Stop;
 
 /// Largest `n` (choices per request) accepted.
 pub const MAX_N: u32 = 16;
@@ -76,6 +77,10 @@ pub struct SamplingParams {
     /// Additive logit biases `(token id, bias)` with bias in -100..=100, sorted by token
     /// id.
     pub logit_bias: Vec<(u32, f32)>,
+    /// A grammar the output must follow (`response_format`, `guided_*`), if any.
+    pub structured: Option<StructuredOutput>,
+    /// Whether the engine may speculate for this request. Default true.
+    pub speculative: bool,
 }
 
 impl Default for SamplingParams {
@@ -102,6 +107,8 @@ impl Default for SamplingParams {
             priority: 0,
             cache_salt: None,
             logit_bias: Vec::new(),
+            structured: None,
+            speculative: true,
         }
     }
 }
@@ -199,6 +206,8 @@ impl RawSampling {
             priority: priority(self.priority)?,
             cache_salt: cache_salt(self.cache_salt)?,
             logit_bias: logit_bias(self.logit_bias)?,
+            structured: None,
+            speculative: true,
         })
     }
 }
@@ -401,23 +410,6 @@ fn logit_bias(value: Option<BTreeMap<String, f64>>) -> Result<Vec<(u32, f32)>, A
         }
     });
     Ok(biases)
-}
-
-/// `response_format`: only plain text for now.
-pub(crate) fn response_format(value: Option<&ResponseFormat>) -> Result<(), ApiError> {
-    match value.map(|f| f.kind.as_str()) {
-        None | Some("text") => Ok(()),
-        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::invalid(
-            "response_format",
-            format!("response_format type '{kind}' is not supported yet; only 'text' is."),
-        )),
-        Some(kind) => Err(ApiError::invalid(
-            "response_format",
-            format!(
-                "Unknown response_format type '{kind}'; expected 'text', 'json_object' or 'json_schema'."
-            ),
-        )),
-    }
 }
 
 /// Chat spelling: `logprobs: true` plus optional `top_logprobs`.
