@@ -10,6 +10,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== default model"
 cargo run --quiet --locked -p strata-cli -- model pull
+echo "== embedding model"
+cargo run --quiet --locked -p strata-cli -- model pull all-minilm-l6-v2
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --locked --no-fail-fast "$@"

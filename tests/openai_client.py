@@ -109,4 +109,65 @@ except openai.BadRequestError as e:
     assert e.status_code == 400
     assert e.body["param"] == "messages", e.body
 
+# Structured outputs: the SDK's parse() turns a pydantic model into a strict json_schema
+# response_format and parses the answer back into the model.
+from typing import List, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Landmark(BaseModel):
+    name: str = Field(max_length=40)
+    kind: Literal["museum", "tower", "church", "park"]
+
+
+class City(BaseModel):
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+    population: int = Field(ge=0, le=100_000_000)
+    landmarks: List[Landmark] = Field(max_length=3)
+
+
+for temperature in (0, 1):
+    completion = client.beta.chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        response_format=City,
+        max_tokens=300,
+        temperature=temperature,
+        seed=11,
+    )
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "stop", completion.choices[0]
+    assert isinstance(message.parsed, City), message
+    assert all(l.kind in ("museum", "tower", "church", "park") for l in message.parsed.landmarks)
+    assert City.model_validate_json(message.content) == message.parsed
+
+# vLLM's guided_choice through extra_body
+pick = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+    max_tokens=8,
+    temperature=1.0,
+    extra_body={"guided_choice": ["yes", "no"]},
+)
+assert pick.choices[0].message.content in ("yes", "no"), pick.choices[0].message.content
+
+# A schema keyword that cannot be enforced is a 400 naming it
+try:
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=4,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "if": {}, "then": {}}},
+        },
+    )
+    raise AssertionError("unenforceable schema accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400
+    assert e.body["param"] == "response_format", e.body
+    assert '"if"' in e.body["message"], e.body
+
 print("openai client: all checks passed")

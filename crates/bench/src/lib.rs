@@ -38,6 +38,9 @@
 //! # Ok(()) }
 //! ```
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod args;
 mod cli;
 pub mod client;

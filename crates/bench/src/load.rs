@@ -305,7 +305,7 @@ async fn sleep_until_or_closed(shared: &Shared, at: Instant) -> bool {
 }
 
 /// The gap to the next arrival.
-fn gap(rate: f64, arrival: Arrival, rng: &mut StdRng) -> Duration {
+pub fn gap(rate: f64, arrival: Arrival, rng: &mut StdRng) -> Duration {
     let mean = 1.0 / rate;
     let secs = match arrival {
         Arrival::Constant => mean,

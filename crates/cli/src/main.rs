@@ -47,8 +47,12 @@ enum Command {
     Controller(Box<strata_controller::ControllerArgs>),
     /// Canary rollouts in a running `strata up`: start, status, promote, rollback.
     Rollout(Box<strata_controller::rollout_client::RolloutClientArgs>),
-    /// Simulate a deployment in virtual time.
-    Sim,
+    /// Simulate a deployment in virtual time: the real router, engine scheduler and
+    /// autoscaler over a step-time model (`strata sim calibrate` fits this machine).
+    Sim(Box<strata_sim::SimArgs>),
+    /// The cheapest fleet (replicas x tensor parallelism) meeting latency objectives, by
+    /// simulation.
+    Plan(Box<strata_sim::PlanArgs>),
     /// Load-test an OpenAI-compatible server.
     Bench(Box<strata_bench::BenchArgs>),
     /// Manage the local model cache, and sign and verify models.
@@ -132,6 +136,15 @@ struct EngineCmd {
     /// KV-event topic (default `kv@<host:port>@<model>`).
     #[arg(long)]
     kv_events_topic: Option<String>,
+    /// Prompt-lookup speculative decoding, as vLLM spells it: `{"method": "ngram",
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`.
+    #[arg(long, value_name = "JSON", value_parser = parse_speculative_config)]
+    speculative_config: Option<strata_engine::spec_decode::SpecConfig>,
+    /// Default sampling parameters for fields a request leaves out: `auto` (the model's
+    /// own: a generation_config.json beside it, or its GGUF sampling metadata), `vllm`
+    /// (none), or a folder holding generation_config.json, or a JSON file.
+    #[arg(long, default_value = "auto")]
+    generation_config: String,
     /// Refuse to load the model unless it verifies against its signed manifest with this
     /// public key (from `strata model keygen`; the manifest from `strata model sign`).
     #[arg(long, value_name = "FILE.pub")]
@@ -190,17 +203,14 @@ impl std::str::FromStr for KvDtypeArg {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
-    let unbuilt = |role: &str| {
-        eprintln!("strata {role}: not built yet");
-        ExitCode::from(2)
-    };
     let result = match cli.command {
         Command::Up(args) => block_on(strata_stack::run(*args)),
         Command::Router(args) => block_on(strata_router::run(*args)),
         Command::Gateway(args) => block_on(strata_gateway::run(*args)),
         Command::Controller(args) => block_on(strata_controller::run(*args)),
         Command::Rollout(args) => block_on(strata_controller::rollout_client::run(*args)),
-        Command::Sim => return unbuilt("sim"),
+        Command::Sim(args) => strata_sim::run_sim(*args).map_err(anyhow::Error::from),
+        Command::Plan(args) => strata_sim::run_plan(*args).map_err(anyhow::Error::from),
         Command::Bench(args) => block_on(strata_bench::run(*args)),
         Command::Keys(args) => block_on(strata_gateway::run_keys(*args)),
         Command::Model { command } => model(command),
@@ -314,6 +324,7 @@ fn mock_engine(cmd: EngineCmd, addr: SocketAddr) -> anyhow::Result<()> {
         replica: None,
         block_size: cmd.block_size as u32,
         num_blocks: cmd.num_blocks.unwrap_or(1024) as u32,
+        ..strata_mock::MockConfig::default()
     };
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -327,6 +338,10 @@ fn mock_engine(cmd: EngineCmd, addr: SocketAddr) -> anyhow::Result<()> {
         mock.shutdown().await;
         Ok(())
     })
+}
+
+fn parse_speculative_config(s: &str) -> Result<strata_engine::spec_decode::SpecConfig, String> {
+    strata_engine::spec_decode::SpecConfig::parse(s).map_err(|e| e.to_string())
 }
 
 fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
@@ -384,6 +399,8 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
             kv_events_endpoint: cmd.kv_events_endpoint,
             kv_events_replay_endpoint: cmd.kv_events_replay_endpoint,
             kv_events_topic: cmd.kv_events_topic,
+            speculative: cmd.speculative_config,
+            generation_config: cmd.generation_config,
         },
     };
     runtime()?.block_on(strata_engine::server::run(config))?;

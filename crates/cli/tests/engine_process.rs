@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{http, start_engine, strata, workspace_root};
+use common::{http, start_engine, start_engine_with, strata, workspace_root};
 
 #[test]
 fn openai_python_client_drives_chat_completions_and_streaming() {
@@ -65,9 +65,65 @@ fn ctrl_c_finishes_in_flight_requests_and_exits_zero() {
 }
 
 #[test]
-fn unbuilt_roles_say_so_and_exit_2() {
-    let out = strata().arg("sim").output().expect("run strata");
-    assert_eq!(out.status.code(), Some(2), "strata sim");
+fn shutdown_is_bounded_by_the_grace_period() {
+    let mut engine = start_engine_with(&[
+        "--kv-cache-memory",
+        "268435456",
+        "--shutdown-grace-secs",
+        "1",
+    ]);
+    let addr = engine.addr;
+    // A request far longer than the grace period.
+    let body = r#"{"prompt":"Once upon a time","max_tokens":6000,"ignore_eos":true,"stream":true}"#;
+    let client = std::thread::spawn(move || http(addr, "POST", "/v1/completions", body));
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = engine.child.id().to_string();
+    let term = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("send SIGTERM");
+    assert!(term.success());
+    let signalled = Instant::now();
+    let deadline = signalled + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = engine.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the engine still runs 10 s after SIGTERM with a 1 s grace period"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = signalled.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "it waited for the grace: {took:?}"
+    );
+    // The aborted stream ended (the client is not left hanging), before its 6000 tokens.
+    let answer = client.join().expect("client thread");
+    if let Some((status, body)) = answer {
+        assert_eq!(status, 200);
+        assert!(!body.contains("\"finish_reason\":\"length\""), "{body}");
+    }
+}
+
+#[test]
+fn sim_runs_and_bad_profiles_are_clear_errors() {
+    let out = strata()
+        .args(["sim", "--seed", "7"])
+        .output()
+        .expect("run strata sim");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "strata sim: {stdout}");
+    assert!(stdout.contains("strata bench: sim:"), "{stdout}");
+    assert!(stdout.contains("0 failed"), "{stdout}");
+    let out = strata()
+        .args(["sim", "--hardware", "nonsense"])
+        .output()
+        .expect("run strata sim");
+    assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not built yet"), "strata sim: {err}");
+    assert!(err.contains("unknown hardware profile `nonsense`"), "{err}");
 }

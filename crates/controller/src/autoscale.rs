@@ -424,7 +424,7 @@ pub struct Evidence {
 
 /// The policy's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Decision {
+pub struct ScaleDecision {
     /// Replicas to run.
     pub desired: u32,
     /// The count before this decision.
@@ -436,7 +436,7 @@ pub struct Decision {
     pub evidence: Evidence,
 }
 
-impl fmt::Display for Decision {
+impl fmt::Display for ScaleDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let e = &self.evidence;
         let what = match self.reason {
@@ -523,7 +523,7 @@ pub fn decide(
     prev: &State,
     signals: &Signals,
     now: Duration,
-) -> (Decision, State) {
+) -> (ScaleDecision, State) {
     if cfg.policy == PolicyKind::Threshold {
         return decide_threshold(cfg, prev, signals, now);
     }
@@ -597,7 +597,7 @@ pub fn decide(
             st.last_change_at = Some(now);
         }
         st.desired = desired;
-        Decision {
+        ScaleDecision {
             desired,
             previous: current,
             reason,
@@ -798,7 +798,7 @@ fn decide_threshold(
     prev: &State,
     signals: &Signals,
     now: Duration,
-) -> (Decision, State) {
+) -> (ScaleDecision, State) {
     let t = &cfg.threshold;
     let mut st = prev.clone();
     let current = prev.desired;
@@ -877,7 +877,7 @@ fn decide_threshold(
         st.last_change_at = Some(now);
     }
     st.desired = desired;
-    let d = Decision {
+    let d = ScaleDecision {
         desired,
         previous: current,
         reason,
@@ -913,7 +913,7 @@ mod tests {
         /// Seconds a replica takes to become ready.
         ready_after: f64,
         pending: Vec<(f64, u32)>,
-        log: Vec<(f64, Decision)>,
+        log: Vec<(f64, ScaleDecision)>,
     }
 
     impl Sim {
@@ -929,7 +929,7 @@ mod tests {
             }
         }
 
-        fn tick(&mut self, t: f64, load: Option<Load>, held: u32) -> Decision {
+        fn tick(&mut self, t: f64, load: Option<Load>, held: u32) -> ScaleDecision {
             // Replicas asked for earlier become ready after `ready_after`.
             self.pending.retain(|&(at, n)| {
                 if at <= t {
@@ -977,7 +977,7 @@ mod tests {
                 .count()
         }
 
-        fn last(&self) -> Decision {
+        fn last(&self) -> ScaleDecision {
             self.log.last().unwrap().1
         }
     }

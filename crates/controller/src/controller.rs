@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::autoscale::{self, AutoscaleConfig, Decision, Signals, State};
+use crate::autoscale::{self, AutoscaleConfig, ScaleDecision, Signals, State};
 use crate::driver::{
     local::log_event, Driver, ReplicaEvent, ReplicaInfo, ReplicaPhase, ReplicaRegistrar,
 };
@@ -19,7 +19,7 @@ use crate::signals::SignalSource;
 /// What one tick did.
 #[derive(Debug, Clone, Serialize)]
 pub struct TickReport {
-    pub decision: Decision,
+    pub decision: ScaleDecision,
     pub events: Vec<ReplicaEvent>,
     /// The driver's error, when it failed this tick.
     pub driver_error: Option<String>,

@@ -20,31 +20,14 @@ struct AppState {
     status: Arc<Mutex<Status>>,
 }
 
-fn error(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        e.to_json_string(),
-    )
-        .into_response()
-}
-
 /// The routes.
 pub fn router(metrics: Arc<ControllerMetrics>, status: Arc<Mutex<Status>>) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .route("/status", get(render_status))
         .route("/health", get(|| async { StatusCode::OK }))
-        .fallback(|uri: axum::http::Uri| async move {
-            error(ApiError::not_found(format!("No route for {uri}.")))
-        })
-        .method_not_allowed_fallback(|| async {
-            let mut e =
-                ApiError::invalid_no_param("Method not allowed.").with_code("method_not_allowed");
-            e.status = 405;
-            error(e)
-        })
+        .fallback(strata_api::http::not_found)
+        .method_not_allowed_fallback(strata_api::http::method_not_allowed)
         .with_state(AppState { metrics, status })
 }
 
@@ -62,7 +45,7 @@ async fn render_metrics(State(s): State<AppState>) -> Response {
 async fn render_status(State(s): State<AppState>) -> Response {
     match s.status.lock() {
         Ok(st) => Json(&*st).into_response(),
-        Err(_) => error(ApiError::internal("Status unavailable.")),
+        Err(_) => ApiError::internal("Status unavailable.").into_response(),
     }
 }
 

@@ -14,6 +14,9 @@
 //! Everything but `autoscale`, `rollout` and `registry` sits behind the default `runtime`
 //! feature: `default-features = false` links only the pure policies and the registry.
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod autoscale;
 pub mod registry;
 pub mod rollout;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::autoscale::Decision;
+use crate::autoscale::ScaleDecision;
 use crate::driver::{ReplicaEvent, ReplicaInfo, ReplicaPhase};
 use crate::rollout::{Action, RolloutDecision};
 
@@ -123,7 +123,7 @@ impl ControllerMetrics {
         ControllerMetrics { registry, ..m }
     }
 
-    pub fn record_decision(&self, d: &Decision) {
+    pub fn record_decision(&self, d: &ScaleDecision) {
         self.desired.set(i64::from(d.desired));
         self.demand.set(i64::from(d.evidence.demand));
         self.panic.set(i64::from(d.panic));
@@ -227,7 +227,7 @@ mod tests {
             "{text}"
         );
         // The engines' own parser reads it back.
-        let (samples, bad) = crate::signals::parse_prometheus(&text);
+        let (samples, bad) = strata_api::prometheus::samples(&text);
         assert_eq!(bad, 0);
         assert!(samples
             .iter()

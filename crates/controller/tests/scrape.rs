@@ -44,7 +44,7 @@ async fn every_engine_kind_is_read() {
         let s = MetricsScraper::new(kind, Duration::from_secs(2));
         let m = s.scrape(&e.url()).await.unwrap();
         assert_eq!((m.waiting, m.running), (3.0, 5.0), "{kind:?}");
-        assert_eq!(m.kv_usage.is_some(), has_kv, "{kind:?}");
+        assert_eq!(m.kv_use.is_some(), has_kv, "{kind:?}");
         e.shutdown().await;
     }
 }

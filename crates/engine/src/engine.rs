@@ -20,11 +20,13 @@ use rayon::prelude::*;
 use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, FinishedRequest};
 use crate::model::{Llama, SeqInput};
 use crate::sampler::{SampleOutput, Sampler};
-use crate::scheduler::{BlockHashFn, Policy, Scheduler, SchedulerConfig};
+use crate::scheduler::{BlockHashFn, Policy, SchedulerConfig, StepPlan, StepPlanner};
 use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, Sequence, TokenLogprob};
+use crate::spec_decode::{propose, SpecConfig};
+use crate::structured::GrammarStep;
 use crate::tokenizer::Tokenizer;
 
 /// Engine sizing and policy.
@@ -44,6 +46,8 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Seed of the block hashes (vLLM's `PYTHONHASHSEED` counterpart).
     pub hash_seed: String,
+    /// Prompt-lookup speculative decoding; off when `None`.
+    pub speculative: Option<SpecConfig>,
 }
 
 /// Why a request was not accepted.
@@ -165,13 +169,14 @@ struct EngineLoop {
     model: Arc<Llama>,
     tokenizer: Arc<Tokenizer>,
     cache: KvCache,
-    scheduler: Scheduler,
+    scheduler: StepPlanner,
     metrics: Arc<EngineMetrics>,
     shared: Arc<Shared>,
     rng: StdRng,
     eos_ids: Vec<u32>,
     next_seq: u64,
     kv_events: Option<KvEventSink>,
+    speculative: Option<SpecConfig>,
 }
 
 /// Where cache changes go (the ZMQ publisher in production, a channel in tests).
@@ -193,7 +198,7 @@ impl EngineLoop {
             model.kv_slot_width(),
             config.kv_dtype,
         );
-        let scheduler = Scheduler::new(
+        let scheduler = StepPlanner::new(
             SchedulerConfig {
                 block_size: config.block_size,
                 max_num_seqs: config.max_num_seqs,
@@ -217,6 +222,7 @@ impl EngineLoop {
             eos_ids,
             next_seq: 0,
             kv_events,
+            speculative: config.speculative,
         }
     }
 
@@ -300,15 +306,87 @@ impl EngineLoop {
         // Submissions racing with this store are counted again at the next step.
         self.shared.waiting.store(waiting, Ordering::Release);
         self.shared.running.store(running, Ordering::Release);
-        self.metrics.num_requests_waiting.set(waiting as i64);
-        self.metrics.num_requests_running.set(running as i64);
+        self.metrics.set_queue(waiting, running);
         self.metrics
             .kv_cache_usage_perc
             .set(self.scheduler.pool.usage());
     }
 
+    /// Appends n-gram proposals to every decoding sequence that may speculate, so the
+    /// planner schedules them with its pending token.
+    fn propose_drafts(&mut self) {
+        let Some(spec) = self.speculative else {
+            return;
+        };
+        let ctx = self.model.config.context_len;
+        // Sequences decoding this step: extra rows cost more the more of them there are.
+        let batch = self
+            .scheduler
+            .running
+            .iter()
+            .filter(|s| s.num_pending() == 1)
+            .count();
+        for seq in self.scheduler.running.iter_mut() {
+            if !seq.speculative
+                || seq.grammar.is_some()
+                || seq.num_pending() != 1
+                || seq.num_output() == 0
+            {
+                continue;
+            }
+            let budget = seq.spec.budget(&spec, batch);
+            if budget == 0 {
+                continue;
+            }
+            // Room for every proposal plus the token sampled after them, within both
+            // max_tokens and the context.
+            let by_length = seq.max_tokens.saturating_sub(seq.num_output() + 1);
+            let by_context = ctx.saturating_sub(seq.tokens.len() + 1);
+            let drafts = propose(&seq.tokens, &spec, budget.min(by_length).min(by_context));
+            seq.num_draft = drafts.len();
+            seq.tokens.extend_from_slice(&drafts);
+        }
+    }
+
+    /// After planning: proposals of a preempted, unscheduled or partly scheduled sequence
+    /// are dropped (a partly scheduled one runs just its pending token). Returns which
+    /// running sequences carried proposals into planning, so their spare blocks can be
+    /// released after the step.
+    fn settle_drafts(&mut self, plan: &mut StepPlan) -> Vec<bool> {
+        let bs = self.scheduler.config.block_size;
+        for seq in self.scheduler.waiting.iter_mut() {
+            if seq.num_draft > 0 {
+                seq.drop_drafts();
+                seq.block_hashes.truncate(seq.tokens.len() / bs);
+            }
+        }
+        let running = &mut self.scheduler.running;
+        let mut had = vec![false; running.len()];
+        let mut planned: Vec<Option<usize>> = vec![None; running.len()];
+        for (k, w) in plan.work.iter().enumerate() {
+            planned[w.index] = Some(k);
+        }
+        for (i, seq) in running.iter_mut().enumerate() {
+            if seq.num_draft == 0 {
+                continue;
+            }
+            had[i] = true;
+            match planned[i] {
+                Some(k) if plan.work[k].num_tokens == seq.num_pending() => {}
+                Some(k) => {
+                    seq.drop_drafts();
+                    plan.work[k].num_tokens = 1;
+                }
+                None => seq.drop_drafts(),
+            }
+        }
+        had
+    }
+
     fn step(&mut self) {
-        let plan = self.scheduler.schedule();
+        self.propose_drafts();
+        let mut plan = self.scheduler.schedule();
+        let had_drafts = self.settle_drafts(&mut plan);
         if plan.num_preempted > 0 {
             self.metrics
                 .num_preemptions
@@ -323,23 +401,29 @@ impl EngineLoop {
         if plan.work.is_empty() {
             return;
         }
+        self.metrics
+            .record_step(plan.work.iter().map(|w| w.num_tokens).sum());
         let now = Instant::now();
+        let mut tails = Vec::with_capacity(plan.work.len());
         let inputs: Vec<SeqInput<'_>> = plan
             .work
             .iter()
             .map(|w| {
                 let seq = &self.scheduler.running[w.index];
                 let start = seq.num_computed;
+                let complete = start + w.num_tokens == seq.tokens.len();
+                // The pending token's row and one per proposal.
+                tails.push(if complete { 1 + seq.num_draft } else { 0 });
                 SeqInput {
                     tokens: &seq.tokens[start..start + w.num_tokens],
                     start_pos: start,
                     block_table: &seq.block_table,
-                    want_logits: start + w.num_tokens == seq.tokens.len(),
+                    want_logits: complete,
                     prompt_len: seq.prompt_len,
                 }
             })
             .collect();
-        let result = self.model.forward(&mut self.cache, &inputs);
+        let result = self.model.forward_rows(&mut self.cache, &inputs, &tails);
         drop(inputs);
         let logits = match result {
             Ok(l) => l,
@@ -356,7 +440,7 @@ impl EngineLoop {
         };
 
         let running = &mut self.scheduler.running;
-        let mut row_logits: Vec<Option<Vec<f32>>> = vec![None; running.len()];
+        let mut row_logits: Vec<Vec<Vec<f32>>> = vec![Vec::new(); running.len()];
         for (w, logits) in plan.work.iter().zip(logits) {
             let seq = &mut running[w.index];
             if seq.times.first_scheduled.is_none() {
@@ -369,63 +453,41 @@ impl EngineLoop {
 
         let mut finished: Vec<(usize, FinishReason, Option<String>)> = Vec::new();
         for w in &plan.work {
-            let Some(out) = samples[w.index].take() else {
+            let Some(sample) = samples[w.index].take() else {
                 continue;
             };
             let seq = &mut self.scheduler.running[w.index];
-            seq.tokens.push(out.token);
-            self.metrics.generation_tokens.inc();
-            let t = Instant::now();
-            match seq.times.last_token {
-                None => {
-                    seq.times.first_token = Some(t);
-                    // Like vLLM: the whole prompt, cached or not, once per request.
-                    self.metrics.prompt_tokens.inc_by(seq.prompt_len as u64);
-                    self.metrics
-                        .time_to_first_token
-                        .observe((t - seq.times.arrival).as_secs_f64());
-                }
-                Some(prev) => self
-                    .metrics
-                    .inter_token_latency
-                    .observe((t - prev).as_secs_f64()),
+            let proposed = seq.num_draft;
+            // Rows were sampled in order until one disagreed with its proposal: all
+            // but the last sampled token confirmed a proposal.
+            let accepted = sample.outs.len().saturating_sub(1).min(proposed);
+            if proposed > 0 {
+                self.metrics.spec_decode.record(proposed, accepted);
+                seq.spec.record(proposed, accepted);
             }
-            seq.times.last_token = Some(t);
-
-            let config = seq.sampler.config();
-            let is_stop_token = (!config.ignore_eos && self.eos_ids.contains(&out.token))
-                || config.stop_token_ids.contains(&out.token);
-            let wants_logprobs = config.logprobs.is_some();
-            let text = if is_stop_token {
-                String::new()
-            } else {
-                seq.decoder
-                    .push(&self.tokenizer, out.token)
-                    .unwrap_or_default()
-            };
-            let step = seq.stop.push(&text);
-            let logprob = wants_logprobs.then_some(TokenLogprob {
-                logprob: out.logprob,
-                top: out.top_logprobs,
-            });
-            let _ = seq.events.send(SeqEvent::Token {
-                token: out.token,
-                text: step.emit,
-                logprob,
-            });
-            if is_stop_token {
-                let stop = self
-                    .tokenizer
-                    .token_str(out.token)
-                    .ok()
-                    .map(|s| s.to_string());
-                finished.push((w.index, FinishReason::Stop, stop));
-            } else if let Some(s) = step.stopped {
-                finished.push((w.index, FinishReason::Stop, Some(s)));
-            } else if seq.num_output() >= seq.max_tokens
-                || seq.tokens.len() >= self.model.config.context_len
-            {
-                finished.push((w.index, FinishReason::Length, None));
+            seq.drop_drafts();
+            // Keys and values stay valid up to the last accepted proposal; the rejected
+            // ones' slots are rewritten when those positions are computed again.
+            seq.num_computed = seq.tokens.len() + accepted;
+            if let Some(err) = sample.error {
+                seq.num_computed = seq.num_computed.min(seq.tokens.len());
+                finished.push((w.index, FinishReason::Error(err), None));
+                continue;
+            }
+            let last = sample.outs.len().saturating_sub(1);
+            for (j, out) in sample.outs.into_iter().enumerate() {
+                if let Some(reason) = self.emit(w.index, out, sample.grammar_done && j == last) {
+                    finished.push((w.index, reason.0, reason.1));
+                    break;
+                }
+            }
+            let seq = &mut self.scheduler.running[w.index];
+            seq.num_computed = seq.num_computed.min(seq.tokens.len().saturating_sub(1));
+        }
+        // Give back the blocks of rejected proposals.
+        for (i, had) in had_drafts.into_iter().enumerate() {
+            if had {
+                self.scheduler.release_unneeded_blocks(i);
             }
         }
         // Name the blocks this step filled before finished sequences release theirs.
@@ -434,6 +496,80 @@ impl EngineLoop {
         for (i, reason, stop) in finished {
             let seq = self.scheduler.finish_running(i);
             self.finish(seq, reason, stop);
+        }
+    }
+
+    /// Appends one sampled token to `running[index]`, streams it and returns why the
+    /// sequence ends there, if it does. `grammar_done`: the structured-output grammar is
+    /// complete with this token.
+    fn emit(
+        &mut self,
+        index: usize,
+        out: SampleOutput,
+        grammar_done: bool,
+    ) -> Option<(FinishReason, Option<String>)> {
+        let seq = &mut self.scheduler.running[index];
+        seq.tokens.push(out.token);
+        self.metrics.generation_tokens.inc();
+        let t = Instant::now();
+        match seq.times.last_token {
+            None => {
+                seq.times.first_token = Some(t);
+                // Like vLLM: the whole prompt, cached or not, once per request.
+                self.metrics
+                    .record_prompt(seq.prompt_len, seq.cached_tokens);
+                self.metrics
+                    .time_to_first_token
+                    .observe((t - seq.times.arrival).as_secs_f64());
+            }
+            Some(prev) => self
+                .metrics
+                .inter_token_latency
+                .observe((t - prev).as_secs_f64()),
+        }
+        seq.times.last_token = Some(t);
+
+        let config = seq.sampler.config();
+        let is_eos = self.eos_ids.contains(&out.token);
+        let is_stop_token = (!config.ignore_eos && is_eos)
+            || config.stop_token_ids.contains(&out.token)
+            || (grammar_done && is_eos);
+        let wants_logprobs = config.logprobs.is_some();
+        let text = if is_stop_token {
+            String::new()
+        } else {
+            seq.decoder
+                .push(&self.tokenizer, out.token)
+                .unwrap_or_default()
+        };
+        let step = seq.stop.push(&text);
+        let logprob = wants_logprobs.then_some(TokenLogprob {
+            logprob: out.logprob,
+            top: out.top_logprobs,
+        });
+        let _ = seq.events.send(SeqEvent::Token {
+            token: out.token,
+            text: step.emit,
+            logprob,
+        });
+        if is_stop_token {
+            let stop = self
+                .tokenizer
+                .token_str(out.token)
+                .ok()
+                .map(|s| s.to_string());
+            Some((FinishReason::Stop, stop))
+        } else if let Some(s) = step.stopped {
+            Some((FinishReason::Stop, Some(s)))
+        } else if grammar_done {
+            // The grammar is complete and nothing can follow: the structured output ends.
+            Some((FinishReason::Stop, None))
+        } else if seq.num_output() >= seq.max_tokens
+            || seq.tokens.len() >= self.model.config.context_len
+        {
+            Some((FinishReason::Length, None))
+        } else {
+            None
         }
     }
 
@@ -451,6 +587,12 @@ impl EngineLoop {
         let now = Instant::now();
         let t = seq.times;
         self.metrics.record_finish(reason.as_str());
+        self.metrics.record_request(FinishedRequest {
+            prompt_tokens: seq.prompt_len,
+            generation_tokens: seq.num_output(),
+            cached_tokens: seq.cached_tokens,
+            inference_time: t.first_scheduled.map(|s| now.duration_since(s)),
+        });
         self.metrics
             .e2e_request_latency
             .observe((now - t.arrival).as_secs_f64());
@@ -485,20 +627,78 @@ impl EngineLoop {
     }
 }
 
-/// Samples the next token of every sequence given logits (`logits[i]` belongs to
-/// `running[i]`). Each sequence has its own sampler and random stream, so the sequences
-/// are sampled in parallel with the same results as one after another.
+/// One sequence's sampling result for a step.
+struct SeqSample {
+    /// Tokens sampled from the rows in order, stopping after the first that differs from
+    /// its proposal (or at the last row).
+    outs: Vec<SampleOutput>,
+    /// The structured-output grammar is complete after the last of `outs`.
+    grammar_done: bool,
+    /// The grammar failed; the sequence ends with this error.
+    error: Option<String>,
+}
+
+/// Samples one sequence's rows: row `i` is the distribution after the pending token and
+/// the first `i` proposals. Penalties see exactly the tokens a one-at-a-time decode would
+/// have seen, and each sample is one draw from the sequence's own random stream, so an
+/// accepted proposal is the token the same seed would have produced without speculation.
+fn sample_seq(seq: &mut Sequence, rows: Vec<Vec<f32>>, eos_ids: &[u32]) -> Option<SeqSample> {
+    if rows.is_empty() {
+        return None;
+    }
+    let mut result = SeqSample {
+        outs: Vec::with_capacity(rows.len()),
+        grammar_done: false,
+        error: None,
+    };
+    let proposed = seq.num_draft;
+    let base = seq.tokens.len() - proposed;
+    for (i, mut logits) in rows.into_iter().enumerate() {
+        let allowed = match seq.grammar.as_mut().map(|g| g.mask_logits(&mut logits)) {
+            None => None,
+            Some(Ok(a)) => Some(a),
+            Some(Err(e)) => {
+                result.error = Some(e.to_string());
+                return Some(result);
+            }
+        };
+        let (prompt, output) = seq.tokens[..base + i].split_at(seq.prompt_len);
+        let mut out = seq.sampler.sample(&mut logits, prompt, output, eos_ids);
+        if let (Some(g), Some(allowed)) = (seq.grammar.as_mut(), allowed) {
+            if !allowed.contains(out.token) {
+                // Sampling's own masks removed every token the grammar allows (only
+                // `min_tokens` hiding EOS can): the grammar wins.
+                out.token = allowed.best;
+            }
+            match g.accept(out.token) {
+                Ok(GrammarStep::Done) => result.grammar_done = true,
+                Ok(GrammarStep::Continue) => {}
+                Err(e) => {
+                    result.error = Some(e.to_string());
+                    return Some(result);
+                }
+            }
+        }
+        let confirms = i < proposed && seq.tokens[base + i] == out.token;
+        result.outs.push(out);
+        if !confirms {
+            break;
+        }
+    }
+    Some(result)
+}
+
+/// Samples every sequence given its logit rows (`logits[i]` belongs to `running[i]`).
+/// Each sequence has its own sampler, random stream and grammar, so the sequences are
+/// sampled (and their grammar masks computed) in parallel with the same results as one
+/// after another.
 fn sample_all(
     running: &mut [Sequence],
-    logits: Vec<Option<Vec<f32>>>,
+    logits: Vec<Vec<Vec<f32>>>,
     eos_ids: &[u32],
-) -> Vec<Option<SampleOutput>> {
-    let sample = |(seq, logits): (&mut Sequence, Option<Vec<f32>>)| {
-        let mut logits = logits?;
-        let (prompt, output) = seq.tokens.split_at(seq.prompt_len);
-        Some(seq.sampler.sample(&mut logits, prompt, output, eos_ids))
-    };
-    if logits.iter().flatten().count() > 1 {
+) -> Vec<Option<SeqSample>> {
+    let sample = |(seq, rows): (&mut Sequence, Vec<Vec<f32>>)| sample_seq(seq, rows, eos_ids);
+    if logits.iter().filter(|r| !r.is_empty()).count() > 1 {
         running.par_iter_mut().zip(logits).map(sample).collect()
     } else {
         running.iter_mut().zip(logits).map(sample).collect()

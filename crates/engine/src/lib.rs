@@ -5,13 +5,19 @@
 //! batched forward over the paged [`kv`] cache, [`sampler`] and [`stop`] finish each token),
 //! and each sequence's events flow back to its handler. See `docs/ARCHITECTURE.md`.
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod attention;
 pub mod chat_template;
+pub mod embed;
 pub mod engine;
+pub mod generation_config;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod kv_events;
+pub mod lora;
 pub mod metrics;
 pub mod model;
 pub mod model_cache;
@@ -19,5 +25,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod server;
+pub mod spec_decode;
 pub mod stop;
+pub mod structured;
 pub mod tokenizer;

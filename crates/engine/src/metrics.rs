@@ -1,8 +1,20 @@
-//! The engine's Prometheus metrics, under vLLM's names (the "model server protocol" that
-//! the Gateway API Inference Extension and llm-d read), with labels `model_name` and
-//! `engine`. Names and buckets are defined once, here.
+//! The engine's Prometheus metrics, under vLLM's names, buckets and labels (the "model
+//! server protocol" that the Gateway API Inference Extension and llm-d read, and what vLLM's
+//! own Grafana dashboards query). The names and buckets are `strata_api::model_server::vllm`,
+//! defined once for every crate; this file registers them and records what the engine
+//! thread and the HTTP server observe.
+//!
+//! Three groups, each as vLLM exports it:
+//! - `vllm:*`, labelled `model_name` and `engine`: queue, KV, prefix cache, tokens,
+//!   latencies, per-request sizes and parameters, tokens per step;
+//! - `http_requests_total{handler,method,status}` and `http_request_duration_seconds`
+//!   (`status` grouped as `2xx`, `4xx`, ... like vLLM's instrumentator);
+//! - `process_*` (CPU seconds, resident memory, open and maximum fds, start time), read
+//!   from `/proc` when the page is rendered.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -10,174 +22,669 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use strata_api::model_server::{token_buckets, vllm};
 
 type Labels = Vec<(String, String)>;
 
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-pub const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-pub const REQUEST_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
-];
+pub const TTFT_BUCKETS: &[f64] = vllm::TTFT_BUCKETS;
+pub const ITL_BUCKETS: &[f64] = vllm::ITL_BUCKETS;
+pub const REQUEST_BUCKETS: &[f64] = vllm::REQUEST_BUCKETS;
+/// `http_request_duration_seconds` (vLLM's instrumentator default; `+Inf` is implied).
+pub const HTTP_DURATION_BUCKETS: &[f64] = &[0.1, 0.5, 1.0];
+
+/// Tokens-per-step buckets: 1, 8, then 16 doubling up to the step's token budget (what vLLM
+/// uses for `iteration_tokens_total`).
+pub fn iteration_buckets(token_budget: usize) -> Vec<f64> {
+    let mut out = vec![1.0, 8.0];
+    let mut b = 16usize;
+    while b <= token_budget.max(16) {
+        out.push(b as f64);
+        b = b.saturating_mul(2);
+    }
+    out
+}
+
+/// The limits that size the token-count buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricLimits {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// Prompt + output cap: token-count histograms go up to it (1, 2, 5, 10, ...).
+    pub max_model_len: usize,
+    /// Tokens per step: the tokens-per-step histogram goes up to it.
+    pub max_num_batched_tokens: usize,
+}
+
+/// What one finished sequence reports.
+#[derive(Debug, Clone, Copy)]
+pub struct FinishedRequest {
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    /// First scheduled to finish (`None` when it never ran).
+    pub inference_time: Option<Duration>,
+}
 
 /// Every metric the engine exports.
 pub struct EngineMetrics {
     registry: Registry,
     pub num_requests_waiting: Gauge,
     pub num_requests_running: Gauge,
+    /// `reason`: `capacity` (waiting for a slot or blocks) or `deferred` (held by a
+    /// transient constraint; this engine defers nothing, so it stays 0).
+    pub num_requests_waiting_by_reason: Family<Labels, Gauge>,
     pub kv_cache_usage_perc: Gauge<f64, AtomicU64>,
     pub prefix_cache_queries: Counter,
     pub prefix_cache_hits: Counter,
     pub num_preemptions: Counter,
     pub prompt_tokens: Counter,
+    pub prompt_tokens_cached: Counter,
+    /// `source`: `local_compute`, `local_cache_hit`, `external_kv_transfer`.
+    pub prompt_tokens_by_source: Family<Labels, Counter>,
     pub generation_tokens: Counter,
     pub request_success: Family<Labels, Counter>,
+    pub iteration_tokens: Histogram,
+    pub request_prompt_tokens: Histogram,
+    pub request_generation_tokens: Histogram,
+    pub request_max_num_generation_tokens: Histogram,
+    pub request_params_n: Histogram,
+    pub request_params_max_tokens: Histogram,
+    pub request_prefill_kv_computed_tokens: Histogram,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub time_per_output_token: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
+    pub request_inference_time: Histogram,
     pub request_prefill_time: Histogram,
     pub request_decode_time: Histogram,
+    pub http_requests: Family<Labels, Counter>,
+    pub http_request_duration: Family<Labels, Histogram>,
+    process: ProcessMetrics,
+    // --- speculative decoding (PROTOCOLS §12), defined in spec_decode.rs ---
+    pub spec_decode: crate::spec_decode::SpecDecodeMetrics,
+}
+
+fn histogram(buckets: &[f64]) -> Histogram {
+    Histogram::new(buckets.iter().copied())
 }
 
 impl EngineMetrics {
+    /// Metrics sized for a default engine (context 8192, 2048 tokens per step).
     pub fn new(model_name: &str, block_size: usize, num_blocks: usize) -> Self {
-        let mut registry = Registry::with_labels(
+        Self::with_limits(
+            model_name,
+            MetricLimits {
+                block_size,
+                num_blocks,
+                max_model_len: 8192,
+                max_num_batched_tokens: 2048,
+            },
+        )
+    }
+
+    pub fn with_limits(model_name: &str, limits: MetricLimits) -> Self {
+        let tokens = token_buckets(limits.max_model_len as u64);
+        let m = Self {
+            num_requests_waiting: Gauge::default(),
+            num_requests_running: Gauge::default(),
+            num_requests_waiting_by_reason: Family::default(),
+            kv_cache_usage_perc: Gauge::default(),
+            prefix_cache_queries: Counter::default(),
+            prefix_cache_hits: Counter::default(),
+            num_preemptions: Counter::default(),
+            prompt_tokens: Counter::default(),
+            prompt_tokens_cached: Counter::default(),
+            prompt_tokens_by_source: Family::default(),
+            generation_tokens: Counter::default(),
+            request_success: Family::default(),
+            iteration_tokens: Histogram::new(iteration_buckets(limits.max_num_batched_tokens)),
+            request_prompt_tokens: histogram(&tokens),
+            request_generation_tokens: histogram(&tokens),
+            request_max_num_generation_tokens: histogram(&tokens),
+            request_params_n: histogram(vllm::PARAMS_N_BUCKETS),
+            request_params_max_tokens: histogram(&tokens),
+            request_prefill_kv_computed_tokens: histogram(&tokens),
+            time_to_first_token: histogram(TTFT_BUCKETS),
+            inter_token_latency: histogram(ITL_BUCKETS),
+            time_per_output_token: histogram(ITL_BUCKETS),
+            e2e_request_latency: histogram(REQUEST_BUCKETS),
+            request_queue_time: histogram(REQUEST_BUCKETS),
+            request_inference_time: histogram(REQUEST_BUCKETS),
+            request_prefill_time: histogram(REQUEST_BUCKETS),
+            request_decode_time: histogram(REQUEST_BUCKETS),
+            http_requests: Family::default(),
+            http_request_duration: Family::new_with_constructor(|| {
+                histogram(HTTP_DURATION_BUCKETS)
+            }),
+            process: ProcessMetrics::default(),
+            spec_decode: Default::default(),
+            registry: Registry::default(),
+        };
+        // Every series but the `http_*` and `process_*` ones carries the model and engine,
+        // as vLLM's do.
+        let mut registry = Registry::default();
+        let r = registry.sub_registry_with_labels(
             [
                 ("model_name".into(), model_name.to_string().into()),
                 ("engine".into(), "0".into()),
             ]
             .into_iter(),
         );
-        let m = Self {
-            num_requests_waiting: Gauge::default(),
-            num_requests_running: Gauge::default(),
-            kv_cache_usage_perc: Gauge::default(),
-            prefix_cache_queries: Counter::default(),
-            prefix_cache_hits: Counter::default(),
-            num_preemptions: Counter::default(),
-            prompt_tokens: Counter::default(),
-            generation_tokens: Counter::default(),
-            request_success: Family::default(),
-            time_to_first_token: Histogram::new(TTFT_BUCKETS.iter().copied()),
-            inter_token_latency: Histogram::new(ITL_BUCKETS.iter().copied()),
-            time_per_output_token: Histogram::new(ITL_BUCKETS.iter().copied()),
-            e2e_request_latency: Histogram::new(REQUEST_BUCKETS.iter().copied()),
-            request_queue_time: Histogram::new(REQUEST_BUCKETS.iter().copied()),
-            request_prefill_time: Histogram::new(REQUEST_BUCKETS.iter().copied()),
-            request_decode_time: Histogram::new(REQUEST_BUCKETS.iter().copied()),
-            registry: Registry::default(),
-        };
-        let r = &mut registry;
         r.register(
-            "vllm:num_requests_waiting",
+            vllm::NUM_REQUESTS_WAITING,
             "Requests queued, not yet scheduled",
             m.num_requests_waiting.clone(),
         );
         r.register(
-            "vllm:num_requests_running",
+            vllm::NUM_REQUESTS_RUNNING,
             "Requests in the running batch",
             m.num_requests_running.clone(),
         );
         r.register(
-            "vllm:kv_cache_usage_perc",
+            vllm::NUM_REQUESTS_WAITING_BY_REASON,
+            "Waiting requests by reason (capacity, deferred); they sum to num_requests_waiting",
+            m.num_requests_waiting_by_reason.clone(),
+        );
+        for reason in ["capacity", "deferred"] {
+            m.num_requests_waiting_by_reason
+                .get_or_create(&vec![("reason".into(), reason.into())])
+                .set(0);
+        }
+        r.register(
+            vllm::KV_CACHE_USAGE_PERC,
             "Fraction of KV-cache blocks in use (0..1)",
             m.kv_cache_usage_perc.clone(),
         );
         let info: Family<Labels, Gauge> = Family::default();
         info.get_or_create(&vec![
-            ("block_size".into(), block_size.to_string()),
-            ("num_gpu_blocks".into(), num_blocks.to_string()),
+            ("block_size".into(), limits.block_size.to_string()),
+            ("num_gpu_blocks".into(), limits.num_blocks.to_string()),
+            ("enable_prefix_caching".into(), "True".into()),
+            ("prefix_caching_hash_algo".into(), "sha256_cbor".into()),
         ])
         .set(1);
-        r.register("vllm:cache_config_info", "KV-cache configuration", info);
+        r.register(vllm::CACHE_CONFIG_INFO, "KV-cache configuration", info);
         r.register(
-            "vllm:prefix_cache_queries",
+            vllm::PREFIX_CACHE_QUERIES,
             "Prompt tokens looked up in the prefix cache",
             m.prefix_cache_queries.clone(),
         );
         r.register(
-            "vllm:prefix_cache_hits",
+            vllm::PREFIX_CACHE_HITS,
             "Prompt tokens found in the prefix cache",
             m.prefix_cache_hits.clone(),
         );
         r.register(
-            "vllm:num_preemptions",
+            vllm::NUM_PREEMPTIONS,
             "Sequences preempted to free KV blocks",
             m.num_preemptions.clone(),
         );
         r.register(
-            "vllm:prompt_tokens",
+            vllm::PROMPT_TOKENS,
             "Prompt tokens processed",
             m.prompt_tokens.clone(),
         );
         r.register(
-            "vllm:generation_tokens",
+            vllm::PROMPT_TOKENS_CACHED,
+            "Prompt tokens whose KV came from the prefix cache",
+            m.prompt_tokens_cached.clone(),
+        );
+        r.register(
+            vllm::PROMPT_TOKENS_BY_SOURCE,
+            "Prompt tokens by source (local_compute, local_cache_hit, external_kv_transfer)",
+            m.prompt_tokens_by_source.clone(),
+        );
+        for source in ["local_compute", "local_cache_hit", "external_kv_transfer"] {
+            // Present from the start (at 0), as vLLM's are.
+            m.prompt_tokens_by_source
+                .get_or_create(&vec![("source".into(), source.into())])
+                .inc_by(0);
+        }
+        r.register(
+            vllm::GENERATION_TOKENS,
             "Tokens generated",
             m.generation_tokens.clone(),
         );
+        // Every reason from the start (at 0), as vLLM's page has them: error-rate panels
+        // then read 0, not "no data".
+        for reason in ["stop", "length", "abort", "error"] {
+            m.record_finish_n(reason, 0);
+        }
         r.register(
-            "vllm:request_success",
+            vllm::REQUEST_SUCCESS,
             "Finished requests by finish reason",
             m.request_success.clone(),
         );
         r.register(
-            "vllm:time_to_first_token_seconds",
+            vllm::ITERATION_TOKENS,
+            "Tokens (prompt and output) per engine step",
+            m.iteration_tokens.clone(),
+        );
+        r.register(
+            vllm::REQUEST_PROMPT_TOKENS,
+            "Prompt tokens per request",
+            m.request_prompt_tokens.clone(),
+        );
+        r.register(
+            vllm::REQUEST_GENERATION_TOKENS,
+            "Generated tokens per request",
+            m.request_generation_tokens.clone(),
+        );
+        r.register(
+            vllm::REQUEST_MAX_NUM_GENERATION_TOKENS,
+            "Largest generated-token count over a request's sequences",
+            m.request_max_num_generation_tokens.clone(),
+        );
+        r.register(
+            vllm::REQUEST_PARAMS_N,
+            "The n of each request",
+            m.request_params_n.clone(),
+        );
+        r.register(
+            vllm::REQUEST_PARAMS_MAX_TOKENS,
+            "The max_tokens of each request",
+            m.request_params_max_tokens.clone(),
+        );
+        r.register(
+            vllm::REQUEST_PREFILL_KV_COMPUTED_TOKENS,
+            "Prompt tokens computed (not found in the prefix cache) per request",
+            m.request_prefill_kv_computed_tokens.clone(),
+        );
+        r.register(
+            vllm::TIME_TO_FIRST_TOKEN,
             "Time to first token",
             m.time_to_first_token.clone(),
         );
         r.register(
-            "vllm:inter_token_latency_seconds",
+            vllm::INTER_TOKEN_LATENCY,
             "Time between consecutive output tokens",
             m.inter_token_latency.clone(),
         );
         r.register(
-            "vllm:request_time_per_output_token_seconds",
+            vllm::TIME_PER_OUTPUT_TOKEN,
             "Mean time per output token after the first, per request",
             m.time_per_output_token.clone(),
         );
         r.register(
-            "vllm:e2e_request_latency_seconds",
+            vllm::E2E_REQUEST_LATENCY,
             "Arrival to finish",
             m.e2e_request_latency.clone(),
         );
         r.register(
-            "vllm:request_queue_time_seconds",
+            vllm::REQUEST_QUEUE_TIME,
             "Arrival to first scheduled",
             m.request_queue_time.clone(),
         );
         r.register(
-            "vllm:request_prefill_time_seconds",
+            vllm::REQUEST_INFERENCE_TIME,
+            "First scheduled to finish",
+            m.request_inference_time.clone(),
+        );
+        r.register(
+            vllm::REQUEST_PREFILL_TIME,
             "First scheduled to first token",
             m.request_prefill_time.clone(),
         );
         r.register(
-            "vllm:request_decode_time_seconds",
+            vllm::REQUEST_DECODE_TIME,
             "First token to last token",
             m.request_decode_time.clone(),
         );
+        // --- speculative decoding ---
+        m.spec_decode.register(r);
+        registry.register(
+            "http_requests",
+            "Total number of requests by method, status and handler",
+            m.http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Latency by handler and method, to the start of the response",
+            m.http_request_duration.clone(),
+        );
+        m.process.register(&mut registry);
         Self { registry, ..m }
     }
 
     /// Counts a finished request under its `finished_reason`.
     pub fn record_finish(&self, reason: &str) {
+        self.record_finish_n(reason, 1);
+    }
+
+    fn record_finish_n(&self, reason: &str, n: u64) {
         self.request_success
             .get_or_create(&vec![("finished_reason".into(), reason.into())])
+            .inc_by(n);
+    }
+
+    /// The queue gauges, with the waiting requests all waiting for capacity.
+    pub fn set_queue(&self, waiting: usize, running: usize) {
+        let waiting = i64::try_from(waiting).unwrap_or(i64::MAX);
+        self.num_requests_waiting.set(waiting);
+        self.num_requests_running
+            .set(i64::try_from(running).unwrap_or(i64::MAX));
+        self.num_requests_waiting_by_reason
+            .get_or_create(&vec![("reason".into(), "capacity".into())])
+            .set(waiting);
+    }
+
+    /// One engine step of `tokens` prompt and output tokens.
+    pub fn record_step(&self, tokens: usize) {
+        if tokens > 0 {
+            self.iteration_tokens.observe(tokens as f64);
+        }
+    }
+
+    /// A sequence produced its first token: its prompt is counted, by where its KV came from.
+    pub fn record_prompt(&self, prompt_tokens: usize, cached_tokens: usize) {
+        let cached = cached_tokens.min(prompt_tokens) as u64;
+        let computed = prompt_tokens as u64 - cached;
+        self.prompt_tokens.inc_by(prompt_tokens as u64);
+        self.prompt_tokens_cached.inc_by(cached);
+        self.prompt_tokens_by_source
+            .get_or_create(&vec![("source".into(), "local_compute".into())])
+            .inc_by(computed);
+        self.prompt_tokens_by_source
+            .get_or_create(&vec![("source".into(), "local_cache_hit".into())])
+            .inc_by(cached);
+    }
+
+    /// The parameters of an accepted request (once per request, whatever its `n`).
+    pub fn record_params(&self, n: usize, max_tokens: usize) {
+        self.request_params_n.observe(n as f64);
+        self.request_params_max_tokens.observe(max_tokens as f64);
+    }
+
+    /// A sequence finished. Each of a request's `n` choices runs as its own sequence here,
+    /// so the per-request token histograms count choices (the same thing for `n = 1`).
+    pub fn record_request(&self, r: FinishedRequest) {
+        self.request_prompt_tokens.observe(r.prompt_tokens as f64);
+        self.request_generation_tokens
+            .observe(r.generation_tokens as f64);
+        self.request_max_num_generation_tokens
+            .observe(r.generation_tokens as f64);
+        self.request_prefill_kv_computed_tokens
+            .observe(r.prompt_tokens.saturating_sub(r.cached_tokens) as f64);
+        if let Some(t) = r.inference_time {
+            self.request_inference_time.observe(t.as_secs_f64());
+        }
+    }
+
+    /// One HTTP exchange: `handler` is the matched route (`none` for unknown paths).
+    pub fn record_http(&self, handler: &str, method: &str, status: u16, elapsed: Duration) {
+        let group = format!("{}xx", status / 100);
+        self.http_requests
+            .get_or_create(&vec![
+                ("handler".into(), handler.into()),
+                ("method".into(), method.into()),
+                ("status".into(), group),
+            ])
             .inc();
+        self.http_request_duration
+            .get_or_create(&vec![
+                ("handler".into(), handler.into()),
+                ("method".into(), method.into()),
+            ])
+            .observe(elapsed.as_secs_f64());
     }
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        self.process.refresh();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The process metrics every Prometheus client library exports, read from `/proc` (Linux)
+/// each time the page is rendered; elsewhere they stay 0.
+#[derive(Default)]
+struct ProcessMetrics {
+    cpu_seconds: Counter<f64, AtomicU64>,
+    /// CPU seconds already counted, to add only the difference.
+    cpu_counted: Mutex<f64>,
+    resident_memory_bytes: Gauge,
+    open_fds: Gauge,
+    max_fds: Gauge,
+    start_time_seconds: Gauge<f64, AtomicU64>,
+    started: AtomicU64,
+}
+
+impl ProcessMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            self.cpu_seconds.clone(),
+        );
+        r.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            self.resident_memory_bytes.clone(),
+        );
+        r.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            self.open_fds.clone(),
+        );
+        r.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            self.max_fds.clone(),
+        );
+        r.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            self.start_time_seconds.clone(),
+        );
+    }
+
+    fn refresh(&self) {
+        let Some(p) = proc_self() else { return };
+        let mut counted = self.cpu_counted.lock().unwrap_or_else(|e| e.into_inner());
+        if p.cpu_seconds > *counted {
+            self.cpu_seconds.inc_by(p.cpu_seconds - *counted);
+            *counted = p.cpu_seconds;
+        }
+        drop(counted);
+        self.resident_memory_bytes
+            .set(i64::try_from(p.resident_bytes).unwrap_or(i64::MAX));
+        self.open_fds.set(p.open_fds);
+        self.max_fds.set(p.max_fds);
+        if self.started.swap(1, Ordering::AcqRel) == 0 {
+            self.start_time_seconds.set(p.start_time_secs);
+        }
+    }
+}
+
+/// What `/proc/self` says about this process.
+struct ProcSelf {
+    cpu_seconds: f64,
+    resident_bytes: u64,
+    open_fds: i64,
+    max_fds: i64,
+    start_time_secs: f64,
+}
+
+fn proc_self() -> Option<ProcSelf> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Field numbers from proc(5), minus the two before `)`: utime 14, stime 15,
+    // starttime 22, rss 24.
+    let field = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok());
+    let ticks = clock_ticks();
+    let cpu_seconds = (field(14)? + field(15)?) as f64 / ticks;
+    let resident_bytes = field(24)?.saturating_mul(page_size());
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse::<f64>().ok())?;
+    let start_time_secs = boot + field(22)? as f64 / ticks;
+    let open_fds = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as i64)
+        .unwrap_or(0);
+    let max_fds = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3))
+                .and_then(|v| v.parse::<i64>().ok())
+        })
+        .unwrap_or(0);
+    Some(ProcSelf {
+        cpu_seconds,
+        resident_bytes,
+        open_fds,
+        max_fds,
+        start_time_secs,
+    })
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(p).ok().filter(|p| *p > 0).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_api::model_server::{parse_load, EngineKind};
+    use strata_api::prometheus::samples;
+
+    #[test]
+    fn the_page_has_vllms_names_labels_and_buckets() {
+        let m = EngineMetrics::with_limits(
+            "m",
+            MetricLimits {
+                block_size: 16,
+                num_blocks: 100,
+                max_model_len: 8192,
+                max_num_batched_tokens: 2048,
+            },
+        );
+        m.set_queue(3, 2);
+        m.record_step(17);
+        m.record_prompt(100, 32);
+        m.record_params(1, 64);
+        m.record_request(FinishedRequest {
+            prompt_tokens: 100,
+            generation_tokens: 10,
+            cached_tokens: 32,
+            inference_time: Some(Duration::from_millis(400)),
+        });
+        m.record_http("/v1/completions", "POST", 200, Duration::from_millis(30));
+        let page = m.render();
+        let (all, bad) = samples(&page);
+        assert_eq!(bad, 0);
+        let value = |name: &str, label: Option<(&str, &str)>| {
+            all.iter()
+                .find(|s| s.name == name && label.is_none_or(|(k, v)| s.label(k) == Some(v)))
+                .map(|s| s.value)
+        };
+        assert_eq!(
+            value(
+                "vllm:num_requests_waiting_by_reason",
+                Some(("reason", "capacity"))
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(
+                "vllm:num_requests_waiting_by_reason",
+                Some(("reason", "deferred"))
+            ),
+            Some(0.0)
+        );
+        assert_eq!(value("vllm:prompt_tokens_cached_total", None), Some(32.0));
+        assert_eq!(
+            value(
+                "vllm:prompt_tokens_by_source_total",
+                Some(("source", "local_compute"))
+            ),
+            Some(68.0)
+        );
+        assert_eq!(
+            value(
+                "vllm:prompt_tokens_by_source_total",
+                Some(("source", "local_cache_hit"))
+            ),
+            Some(32.0)
+        );
+        assert_eq!(
+            value("vllm:request_prefill_kv_computed_tokens_sum", None),
+            Some(68.0)
+        );
+        assert_eq!(
+            value("vllm:iteration_tokens_total_bucket", Some(("le", "32.0"))),
+            Some(1.0)
+        );
+        assert_eq!(
+            value("vllm:request_prompt_tokens_bucket", Some(("le", "5000.0"))),
+            Some(1.0)
+        );
+        assert_eq!(value("vllm:request_params_n_count", None), Some(1.0));
+        assert_eq!(
+            value("vllm:request_inference_time_seconds_count", None),
+            Some(1.0)
+        );
+        assert_eq!(
+            value("http_requests_total", Some(("status", "2xx"))),
+            Some(1.0)
+        );
+        assert_eq!(
+            value("http_request_duration_seconds_bucket", Some(("le", "0.1"))),
+            Some(1.0)
+        );
+        // The vLLM series carry the model; http and process series don't (as vLLM's).
+        let labelled = |name: &str| {
+            all.iter()
+                .filter(|s| s.name == name)
+                .all(|s| s.label("model_name") == Some("m"))
+        };
+        assert!(
+            labelled("vllm:num_requests_waiting") && labelled("vllm:iteration_tokens_total_count")
+        );
+        assert!(all
+            .iter()
+            .filter(|s| s.name.starts_with("http_"))
+            .all(|s| s.label("model_name").is_none()));
+        if std::path::Path::new("/proc/self/stat").exists() {
+            assert!(value("process_resident_memory_bytes", None).is_some_and(|v| v > 0.0));
+            assert!(value("process_open_fds", None).is_some_and(|v| v > 0.0));
+            assert!(value("process_max_fds", None).is_some_and(|v| v > 0.0));
+            assert!(value("process_start_time_seconds", None).is_some_and(|v| v > 1.6e9));
+            assert!(value("process_cpu_seconds_total", None).is_some());
+        }
+        // The router, controller and dashboard read it like a vLLM page.
+        let load = parse_load(EngineKind::Strata, page.as_bytes()).unwrap();
+        assert_eq!(
+            (load.waiting, load.running, load.block_size),
+            (3.0, 2.0, Some(16))
+        );
+    }
+
+    #[test]
+    fn iteration_buckets_double_up_to_the_budget() {
+        assert_eq!(iteration_buckets(64), vec![1.0, 8.0, 16.0, 32.0, 64.0]);
+        assert_eq!(iteration_buckets(1), vec![1.0, 8.0, 16.0]);
     }
 }

@@ -237,18 +237,34 @@ impl Llama {
         cache: &mut KvCache,
         seqs: &[SeqInput<'_>],
     ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let tails: Vec<usize> = seqs.iter().map(|s| usize::from(s.want_logits)).collect();
+        let rows = self.forward_rows(cache, seqs, &tails)?;
+        Ok(rows.into_iter().map(|mut r| r.pop()).collect())
+    }
+
+    /// Runs one step and returns, for each input sequence, the logits of its last
+    /// `tails[i]` tokens in position order (speculative verification needs every row
+    /// after the pending token). `want_logits` is ignored here; `tails[i] = 0` asks for
+    /// none.
+    pub fn forward_rows(
+        &self,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+        tails: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         // The step runs on a pool thread, so its ~6 parallel sections per layer fork from
         // inside the pool: without this, each one would hand work from the caller's
         // thread to the pool and put the caller to sleep until it is done (a thread wake-up
         // per section, hundreds per step).
-        rayon::scope(|_| self.forward_in_pool(cache, seqs))
+        rayon::scope(|_| self.forward_in_pool(cache, seqs, tails))
     }
 
     fn forward_in_pool(
         &self,
         cache: &mut KvCache,
         seqs: &[SeqInput<'_>],
-    ) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        tails: &[usize],
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         let cfg = &self.config;
         let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
         let kv_dim = nkv * hd;
@@ -263,7 +279,9 @@ impl Llama {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut seq_of = Vec::new();
-        let mut last_row: Vec<Option<usize>> = vec![None; seqs.len()];
+        // Rows of each sequence's last `tails[s]` tokens (prompt rows come before decode
+        // rows, and positions ascend within each group, so these stay in position order).
+        let mut tail_rows: Vec<Vec<usize>> = vec![Vec::new(); seqs.len()];
         for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
                 return Err(ModelError::Unsupported(format!(
@@ -292,8 +310,8 @@ impl Llama {
                             "block table does not cover position {pos}"
                         ))
                     })?;
-                    if i + 1 == seq.tokens.len() {
-                        last_row[s] = Some(ids.len());
+                    if i + tails.get(s).copied().unwrap_or(0) >= seq.tokens.len() {
+                        tail_rows[s].push(ids.len());
                     }
                     ids.push(t);
                     positions.push(pos);
@@ -307,7 +325,7 @@ impl Llama {
         }
         let n_tok = ids.len();
         if n_tok == 0 {
-            return Ok(vec![None; seqs.len()]);
+            return Ok(vec![Vec::new(); seqs.len()]);
         }
         let ids_t = Tensor::from_slice(&ids, n_tok, &Device::Cpu)?;
         let mut x: Vec<f32> = self
@@ -356,16 +374,16 @@ impl Llama {
             add_in_place(&mut x, &d);
         }
 
-        // Logits only for the last token of sequences that want them.
+        // Logits only for the rows asked for.
         let mut rows = Vec::new();
         let mut which = Vec::new();
-        for (s, seq) in seqs.iter().enumerate() {
-            if let (true, Some(r)) = (seq.want_logits, last_row[s]) {
+        for (s, tail) in tail_rows.iter().enumerate() {
+            for &r in tail {
                 rows.extend_from_slice(&x[r * h..(r + 1) * h]);
                 which.push(s);
             }
         }
-        let mut out = vec![None; seqs.len()];
+        let mut out = vec![Vec::new(); seqs.len()];
         if which.is_empty() {
             return Ok(out);
         }
@@ -373,7 +391,7 @@ impl Llama {
         let logits = matmul(&self.lm_head, &normed, which.len(), which.len())?;
         let v = cfg.vocab_size;
         for (r, s) in which.into_iter().enumerate() {
-            out[s] = Some(logits[r * v..(r + 1) * v].to_vec());
+            out[s].push(logits[r * v..(r + 1) * v].to_vec());
         }
         Ok(out)
     }

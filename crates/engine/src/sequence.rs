@@ -6,7 +6,9 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::sampler::Sampler;
+use crate::spec_decode::SpecState;
 use crate::stop::StopMatcher;
+use crate::structured::GrammarState;
 use crate::tokenizer::IncrementalDecoder;
 
 /// Why a sequence ended.
@@ -28,7 +30,8 @@ impl FinishReason {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
-            Self::Abort | Self::Error(_) => "abort",
+            Self::Abort => "abort",
+            Self::Error(_) => "error",
         }
     }
 }
@@ -77,6 +80,10 @@ pub struct GenerationRequest {
     pub cache_salt: Option<String>,
     pub arrival: Instant,
     pub events: UnboundedSender<SeqEvent>,
+    /// The compiled structured-output constraint, if the request has one.
+    pub grammar: Option<Box<GrammarState>>,
+    /// Whether the engine may speculate for this request (when it is configured to).
+    pub speculative: bool,
 }
 
 /// Timestamps for the latency histograms.
@@ -115,6 +122,14 @@ pub struct Sequence {
     pub cache_salt: Option<String>,
     /// Whether the sequence was admitted before (a preempted one comes back).
     pub admitted_once: bool,
+    /// The structured-output grammar the output must follow.
+    pub grammar: Option<Box<GrammarState>>,
+    /// Whether speculation is allowed for this sequence.
+    pub speculative: bool,
+    /// Proposed tokens at the end of `tokens`, not yet verified (0 outside a step).
+    pub num_draft: usize,
+    /// How this sequence's proposals have fared (the adaptive policy's input).
+    pub spec: SpecState,
 }
 
 impl Sequence {
@@ -144,15 +159,27 @@ impl Sequence {
             num_committed: 0,
             cache_salt: req.cache_salt,
             admitted_once: false,
+            grammar: req.grammar,
+            speculative: req.speculative,
+            num_draft: 0,
+            spec: SpecState::default(),
         }
     }
 
+    /// Generated tokens (unverified proposals excluded).
     pub fn num_output(&self) -> usize {
-        self.tokens.len() - self.prompt_len
+        self.tokens.len() - self.num_draft - self.prompt_len
+    }
+
+    /// Drops unverified proposals from the end of `tokens`.
+    pub fn drop_drafts(&mut self) {
+        let keep = self.tokens.len() - self.num_draft;
+        self.tokens.truncate(keep);
+        self.num_draft = 0;
     }
 
     pub fn output(&self) -> &[u32] {
-        &self.tokens[self.prompt_len..]
+        &self.tokens[self.prompt_len..self.tokens.len() - self.num_draft]
     }
 
     /// Tokens still to run through the model before the next sample.

@@ -6,6 +6,7 @@
 //! [`GenerationRequest`]; its events come back on its own channel. Dropping the receiving
 //! end (a client that disconnects) aborts the sequence and frees its blocks.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -28,23 +29,26 @@ use strata_api::types::{
 };
 use strata_api::validate::{
     check_context, parse_json, validate_chat, validate_completion, validate_tokenize,
-    ChatMessage as ApiMessage, PromptInput, SamplingParams, TokenizeInput,
+    ChatMessage as ApiMessage, PromptInput, SamplingParams, StructuredOutput, TokenizeInput,
 };
 use strata_api::{sse, ApiError};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::{self, EngineConfig, EngineHandle, SubmitError};
+use crate::generation_config::GenerationDefaults;
 use crate::gguf::{GgufFile, ModelError};
 use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::BlockHash;
 use crate::kv_events::{self, KvEvent, KvEventPublisher, KvEventsConfig};
-use crate::metrics::EngineMetrics;
+use crate::metrics::{EngineMetrics, MetricLimits};
 use crate::model::{Llama, WeightFormat};
 use crate::sampler::SamplingConfig;
 use crate::scheduler::Policy;
 use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, TokenLogprob};
+use crate::spec_decode::SpecConfig;
+use crate::structured::{GrammarCompiler, GrammarState};
 use crate::tokenizer::Tokenizer;
 
 /// Engine tuning, with defaults that serve on one machine.
@@ -81,6 +85,11 @@ pub struct EngineOptions {
     pub kv_events_replay_endpoint: Option<String>,
     /// Topic; default `kv@<host:port>@<model>`.
     pub kv_events_topic: Option<String>,
+    /// Prompt-lookup speculative decoding (`--speculative-config`); off when `None`.
+    pub speculative: Option<SpecConfig>,
+    /// Default sampling parameters (`--generation-config`): `auto` (the model's own),
+    /// `vllm` (none), or a folder / JSON file.
+    pub generation_config: String,
 }
 
 impl Default for EngineOptions {
@@ -105,6 +114,8 @@ impl Default for EngineOptions {
             kv_events_endpoint: None,
             kv_events_replay_endpoint: None,
             kv_events_topic: None,
+            speculative: None,
+            generation_config: "auto".to_string(),
         }
     }
 }
@@ -129,6 +140,8 @@ pub struct ServerConfig {
 pub enum ServerError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Encoder(#[from] crate::embed::EmbedError),
     #[error("invalid engine option: {0}")]
     Option(String),
     #[error("cannot listen on {addr}: {source}")]
@@ -151,6 +164,11 @@ pub struct AppState {
     pub max_model_len: usize,
     pub max_body_bytes: usize,
     pub created: u64,
+    /// Structured-output compiler for this model's tokenizer; `None` when the tokenizer
+    /// cannot back one (such requests are then refused).
+    pub grammar: Option<Arc<GrammarCompiler>>,
+    /// Sampling defaults for fields a request leaves out.
+    pub generation_defaults: GenerationDefaults,
 }
 
 /// A loaded model and a running engine thread, ready to serve.
@@ -175,6 +193,12 @@ pub fn load(
         Tokenizer::from_gguf(&file.content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let template = ChatTemplate::from_gguf(&file.content)
         .map_err(|e| ModelError::Tokenizer(format!("chat template: {e}")))?;
+    let generation_defaults =
+        GenerationDefaults::resolve(&opts.generation_config, model_path, &file.content.metadata)
+            .map_err(|e| ServerError::Option(e.to_string()))?;
+    if !generation_defaults.is_empty() {
+        tracing::info!(defaults = ?generation_defaults, "default sampling parameters");
+    }
     let mut model = Llama::from_gguf(&mut file, opts.weights)?;
     model.q8_decode &= !opts.exact_decode;
     let cfg = &model.config;
@@ -214,9 +238,24 @@ pub fn load(
         max_model_len,
         "model loaded"
     );
-    let metrics = Arc::new(EngineMetrics::new(model_name, opts.block_size, num_blocks));
+    let metrics = Arc::new(EngineMetrics::with_limits(
+        model_name,
+        MetricLimits {
+            block_size: opts.block_size,
+            num_blocks,
+            max_model_len,
+            max_num_batched_tokens: opts.max_num_batched_tokens,
+        },
+    ));
     let kv_events = kv_event_sink(opts, model_name)?;
     let tokenizer = Arc::new(tokenizer);
+    let grammar = match GrammarCompiler::new(tokenizer.clone()) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs disabled");
+            None
+        }
+    };
     let (handle, engine_thread) = engine::start(
         Arc::new(model),
         tokenizer.clone(),
@@ -231,6 +270,7 @@ pub fn load(
             seed: opts.seed,
             prefix_caching: opts.prefix_caching,
             hash_seed: opts.prefix_caching_hash_seed.clone(),
+            speculative: opts.speculative,
         },
         metrics.clone(),
         kv_events,
@@ -245,6 +285,8 @@ pub fn load(
         max_model_len,
         max_body_bytes: opts.max_body_bytes,
         created: unix_now(),
+        grammar,
+        generation_defaults,
     });
     Ok(Loaded {
         state,
@@ -340,13 +382,44 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/version", get(version))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(strata_api::http::not_found)
+        .method_not_allowed_fallback(strata_api::http::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.metrics.clone(),
+            track_http,
+        ))
         .with_state(state)
 }
 
-/// Serves until Ctrl-C or SIGTERM, then drains in-flight requests (bounded) and returns.
+/// Counts every exchange in `http_requests_total` and `http_request_duration_seconds`
+/// under its route (`none` for paths no route serves), as vLLM's server does. The time is
+/// to the start of the response (a stream's headers).
+async fn track_http(
+    State(metrics): State<Arc<EngineMetrics>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let handler = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "none".to_string(), |p| p.as_str().to_string());
+    let method = req.method().as_str().to_string();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    metrics.record_http(&handler, &method, resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+/// How long connections may stay open once the drain is over (answers being written).
+const SHUTDOWN_LINGER: Duration = Duration::from_millis(500);
+
+/// Serves until Ctrl-C or SIGTERM, then drains in-flight requests for at most
+/// `shutdown_grace` (`--shutdown-grace-secs`), aborts what is left, and returns.
 pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    // An encoder directory (e.g. all-minilm-l6-v2) is served by the embeddings server.
+    if crate::embed::is_encoder_model(&config.model_path) {
+        return crate::embed::server::run(config).await;
+    }
     let mut opts = config.options.clone();
     if opts.kv_events_topic.is_none() {
         opts.kv_events_topic = Some(kv_events::topic(
@@ -369,9 +442,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     tracing::info!(addr = %local, model = %config.model_name, "serving");
     let state = loaded.state.clone();
     let grace = config.options.shutdown_grace;
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown_signal().await;
-        tracing::info!("shutting down: draining in-flight requests");
+        tracing::info!(
+            grace_secs = grace.as_secs_f64(),
+            "shutting down: draining in-flight requests"
+        );
         state.engine.start_draining();
         let deadline = Instant::now() + grace;
         while state.engine.in_flight() > 0 && Instant::now() < deadline {
@@ -383,37 +460,32 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
                 "grace period over; aborting the rest"
             );
         }
+        let _ = drained_tx.send(());
     };
     let app = router(loaded.state.clone());
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    // Connections that stay open after the drain (a stream whose client stopped reading)
-    // must not hold the process: bound the whole shutdown.
-    server.await.map_err(ServerError::Serve)?;
+    let mut server = std::pin::pin!(axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .into_future());
+    // After the drain the server waits for open connections to close. One whose stream is
+    // still running (past the grace) or whose client stopped reading must not hold the
+    // process: once the grace is over, what is left is aborted by dropping the server,
+    // which drops every handler and so closes each sequence's channel; the engine thread
+    // frees their blocks at its next step.
+    tokio::select! {
+        r = &mut server => r.map_err(ServerError::Serve)?,
+        _ = drained_rx => {
+            match tokio::time::timeout(SHUTDOWN_LINGER, &mut server).await {
+                Ok(r) => r.map_err(ServerError::Serve)?,
+                Err(_) => tracing::warn!("connections still open after the grace period; closing them"),
+            }
+        }
+    }
     drop(loaded.state);
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-}
+use strata_api::http::shutdown_signal;
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -438,19 +510,7 @@ impl From<ApiError> for ErrorResponse {
 
 impl IntoResponse for ErrorResponse {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.0.to_json_string(),
-        )
-            .into_response();
-        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        strata_api::http::error_response(&self.0, None)
     }
 }
 
@@ -533,6 +593,15 @@ fn check_sampling_ids(state: &AppState, p: &SamplingParams) -> Result<(), ApiErr
 /// Submits every choice; on failure nothing stays queued (dropping the receivers aborts
 /// any that were accepted).
 fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>>, ApiError> {
+    // Compile every choice's grammar before queueing anything, so a schema that cannot be
+    // enforced is a 400 with nothing submitted.
+    let mut grammars = Vec::new();
+    if let Some(constraint) = &job.sampling.structured {
+        for _ in 0..job.sampling.n {
+            grammars.push(Box::new(compile_constraint(state, constraint)?));
+        }
+    }
+    let mut grammars = grammars.into_iter();
     let mut receivers = Vec::with_capacity(job.sampling.n as usize);
     for i in 0..job.sampling.n {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -551,6 +620,8 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
             cache_salt: job.sampling.cache_salt.clone(),
             arrival: Instant::now(),
             events: tx,
+            grammar: grammars.next(),
+            speculative: job.sampling.speculative,
         };
         state.engine.submit(req).map_err(|e| match e {
             SubmitError::QueueFull(_) => ApiError::rate_limited(
@@ -560,7 +631,32 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
         })?;
         receivers.push(rx);
     }
+    state
+        .metrics
+        .record_params(job.sampling.n as usize, job.max_tokens);
     Ok(receivers)
+}
+
+/// A request's structured-output constraint, compiled for this model; what cannot be
+/// enforced is a 400 naming it.
+fn compile_constraint(
+    state: &AppState,
+    constraint: &StructuredOutput,
+) -> Result<GrammarState, ApiError> {
+    let param = match constraint {
+        StructuredOutput::JsonObject | StructuredOutput::JsonSchema { .. } => "response_format",
+        StructuredOutput::Regex(_) => "guided_regex",
+        StructuredOutput::Choice(_) => "guided_choice",
+    };
+    let Some(compiler) = &state.grammar else {
+        return Err(ApiError::invalid(
+            param,
+            "Structured outputs are not available for this model's tokenizer.",
+        ));
+    };
+    compiler
+        .compile(constraint)
+        .map_err(|e| ApiError::invalid(param, format!("This constraint cannot be enforced: {e}")))
 }
 
 /// One choice's collected output.
@@ -749,7 +845,8 @@ fn sse_response(
 
 async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
     let (headers, body) = read_body(&state, req).await?;
-    let parsed: ChatCompletionRequest = parse_json(&body)?;
+    let mut parsed: ChatCompletionRequest = parse_json(&body)?;
+    state.generation_defaults.apply_chat(&mut parsed);
     let chat = validate_chat(parsed)?;
     check_model(&state, chat.model.as_deref())?;
     check_sampling_ids(&state, &chat.sampling)?;
@@ -920,7 +1017,8 @@ fn to_template_message(m: &ApiMessage) -> ChatMessage {
 
 async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
     let (headers, body) = read_body(&state, req).await?;
-    let parsed: CompletionRequest = parse_json(&body)?;
+    let mut parsed: CompletionRequest = parse_json(&body)?;
+    state.generation_defaults.apply_completion(&mut parsed);
     let c = validate_completion(parsed)?;
     check_model(&state, c.model.as_deref())?;
     check_sampling_ids(&state, &c.sampling)?;
@@ -1193,23 +1291,4 @@ async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> ApiResult {
 
 async fn version() -> Response {
     json_response(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
-}
-
-async fn not_found(req: Request) -> Response {
-    ErrorResponse(ApiError::not_found(format!(
-        "No route for {} {}.",
-        req.method(),
-        req.uri().path()
-    )))
-    .into_response()
-}
-
-async fn method_not_allowed(req: Request) -> Response {
-    let mut e = ApiError::invalid_no_param(format!(
-        "Method {} is not allowed on {}.",
-        req.method(),
-        req.uri().path()
-    ));
-    e.status = 405;
-    ErrorResponse(e).into_response()
 }

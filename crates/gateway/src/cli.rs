@@ -13,10 +13,11 @@ use anyhow::Context as _;
 use serde_json::{json, Value};
 
 use crate::config::{
-    Config, ConfigHandle, ModelConfig, TargetConfig, UpstreamConfig, UpstreamKind,
+    Config, ConfigHandle, ModelConfig, StoreBackend, TargetConfig, UpstreamConfig, UpstreamKind,
 };
 use crate::server;
 use crate::state::{CreateKey, Gateway, GatewayOptions};
+use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
@@ -80,6 +81,7 @@ pub fn passthrough_config(upstream_url: &str, models: &[String]) -> Config {
                     model: None,
                     weight: 1,
                 }],
+                cascade: None,
                 fallbacks: vec![],
                 aliases: vec![],
                 try_timeout_ms: 30_000,
@@ -109,11 +111,28 @@ pub fn build(args: &GatewayArgs) -> anyhow::Result<Arc<Gateway>> {
         }
         (None, None) => ConfigHandle::open(None)?,
     };
-    let db = args.db.clone().unwrap_or_else(default_db_path);
-    let store: Arc<dyn Store> = if db.as_os_str() == ":memory:" {
-        Arc::new(SqliteStore::in_memory()?)
-    } else {
-        Arc::new(SqliteStore::open(&db).with_context(|| format!("opening {}", db.display()))?)
+    let store_cfg = config.get().config.store.clone();
+    let store: Arc<dyn Store> = match store_cfg.backend {
+        StoreBackend::Postgres => {
+            let url = store_cfg.url.clone().unwrap_or_default();
+            Arc::new(
+                PgStore::connect(PgOptions {
+                    url,
+                    timeout: std::time::Duration::from_millis(store_cfg.timeout_ms),
+                })
+                .context("connecting to the postgres store (store.url)")?,
+            )
+        }
+        StoreBackend::Sqlite => {
+            let db = args.db.clone().unwrap_or_else(default_db_path);
+            if db.as_os_str() == ":memory:" {
+                Arc::new(SqliteStore::in_memory()?)
+            } else {
+                Arc::new(
+                    SqliteStore::open(&db).with_context(|| format!("opening {}", db.display()))?,
+                )
+            }
+        }
     };
     Ok(Gateway::new(
         Arc::new(config),

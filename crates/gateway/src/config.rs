@@ -49,6 +49,58 @@ pub struct Config {
     pub guardrails: GuardrailsConfig,
     #[serde(default)]
     pub server: ServerConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+}
+
+/// Which store holds keys, tenants, budgets, the ledger and the audit log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    /// One SQLite file (`--db`): one gateway.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database shared by every gateway replica.
+    Postgres,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    #[serde(default)]
+    pub backend: StoreBackend,
+    /// `postgres://user:password@host:port/database` (backend `postgres`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// When the shared store cannot hold a budget: `open` admits on this replica's own
+    /// view of spend; `closed` refuses with 503.
+    #[serde(default)]
+    pub on_error: FailureMode,
+    /// Longest wait for one store call before it counts as a failure.
+    #[serde(default = "default_store_timeout_ms")]
+    pub timeout_ms: u64,
+    /// How long a budget hold outlives a request that never settles (a crashed replica).
+    #[serde(default = "default_hold_ttl_secs")]
+    pub hold_ttl_secs: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackend::Sqlite,
+            url: None,
+            on_error: FailureMode::Open,
+            timeout_ms: default_store_timeout_ms(),
+            hold_ttl_secs: default_hold_ttl_secs(),
+        }
+    }
+}
+
+fn default_store_timeout_ms() -> u64 {
+    2000
+}
+fn default_hold_ttl_secs() -> u64 {
+    600
 }
 
 /// Where requests can go.
@@ -128,7 +180,12 @@ pub struct ModelConfig {
     /// The name clients send in `model`.
     pub name: String,
     /// Weighted targets; one is picked per request, the others are tried next on failure.
+    /// Empty for a cascade.
+    #[serde(default)]
     pub targets: Vec<TargetConfig>,
+    /// A cascade over other public models instead of targets ([`crate::cascade`]).
+    #[serde(default)]
+    pub cascade: Option<crate::cascade::CascadeConfig>,
     /// Public model names tried, in order, when every target of this one failed.
     #[serde(default)]
     pub fallbacks: Vec<String>,
@@ -310,6 +367,9 @@ pub struct CacheConfig {
     /// Responses larger than this are not cached.
     #[serde(default = "default_cache_entry_bytes")]
     pub max_entry_bytes: usize,
+    /// The semantic cache ([`crate::semantic`]), independent of `enabled` above.
+    #[serde(default)]
+    pub semantic: crate::semantic::SemanticConfig,
 }
 
 impl Default for CacheConfig {
@@ -321,6 +381,7 @@ impl Default for CacheConfig {
             ttl_secs: default_cache_ttl(),
             max_entries: default_cache_entries(),
             max_entry_bytes: default_cache_entry_bytes(),
+            semantic: crate::semantic::SemanticConfig::default(),
         }
     }
 }
@@ -477,6 +538,38 @@ impl Config {
             }
         }
         for m in &self.models {
+            if let Some(c) = &m.cascade {
+                if !m.targets.is_empty() || !m.fallbacks.is_empty() {
+                    return Err(invalid(format!(
+                        "model `{}`: a cascade has no targets or fallbacks of its own",
+                        m.name
+                    )));
+                }
+                crate::cascade::CascadePolicy::new(c)
+                    .map_err(|e| invalid(format!("model `{}`: {e}", m.name)))?;
+                for member in &c.models {
+                    let found = self
+                        .models
+                        .iter()
+                        .find(|o| &o.name == member || o.aliases.contains(member));
+                    match found {
+                        None => {
+                            return Err(invalid(format!(
+                                "model `{}`: unknown cascade model `{member}`",
+                                m.name
+                            )))
+                        }
+                        Some(o) if o.cascade.is_some() => {
+                            return Err(invalid(format!(
+                                "model `{}`: cascade model `{member}` is itself a cascade",
+                                m.name
+                            )))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                continue;
+            }
             if m.targets.is_empty() {
                 return Err(invalid(format!("model `{}` has no targets", m.name)));
             }
@@ -544,6 +637,31 @@ impl Config {
             return Err(invalid(
                 "cache.backend is redis but cache.redis_url is unset",
             ));
+        }
+        if self.store.backend == StoreBackend::Postgres
+            && self.store.url.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(invalid("store.backend is postgres but store.url is unset"));
+        }
+        if self.store.timeout_ms == 0 {
+            return Err(invalid("store.timeout_ms must be > 0"));
+        }
+        let sem = &self.cache.semantic;
+        if sem.enabled {
+            if !names.contains(sem.embedding_model.as_str()) {
+                return Err(invalid(format!(
+                    "cache.semantic.embedding_model `{}` is not a model",
+                    sem.embedding_model
+                )));
+            }
+            if !(sem.threshold > 0.0 && sem.threshold <= 1.0) {
+                return Err(invalid("cache.semantic.threshold must be in (0, 1]"));
+            }
+            if sem.max_entries == 0 || sem.max_messages == 0 {
+                return Err(invalid(
+                    "cache.semantic.max_entries and max_messages must be > 0",
+                ));
+            }
         }
         if self.cache.enabled && self.cache.max_entries == 0 {
             return Err(invalid("cache.max_entries must be > 0"));
@@ -696,6 +814,8 @@ pub struct Resolved {
     pub upstreams: HashMap<String, ResolvedUpstream>,
     pub tenants: HashMap<String, TenantConfig>,
     pub guardrails: crate::guardrails::Guardrails,
+    /// Compiled cascade policies by canonical model name.
+    pub cascades: HashMap<String, std::sync::Arc<crate::cascade::CascadePolicy>>,
 }
 
 /// An upstream with its key read from the environment (or its embedded router built).
@@ -819,12 +939,21 @@ impl Resolved {
             .map(|t| (t.name.clone(), t.clone()))
             .collect();
         let guardrails = crate::guardrails::Guardrails::new(&config.guardrails).map_err(invalid)?;
+        let mut cascades = HashMap::new();
+        for m in &config.models {
+            if let Some(c) = &m.cascade {
+                let policy = crate::cascade::CascadePolicy::new(c)
+                    .map_err(|e| invalid(format!("model `{}`: {e}", m.name)))?;
+                cascades.insert(m.name.clone(), std::sync::Arc::new(policy));
+            }
+        }
         Ok(Resolved {
             config,
             model_index,
             upstreams,
             tenants,
             guardrails,
+            cascades,
         })
     }
 

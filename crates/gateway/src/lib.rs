@@ -3,15 +3,19 @@
 //!
 //! Code map:
 //! * [`config`]: `gateway.yaml` types, validation, hot reload ([`config::ConfigHandle`]).
-//! * [`store`]: the [`store::Store`] trait and its SQLite implementation (keys, tenants,
-//!   budgets, usage ledger, audit log; WAL; versioned migrations).
+//! * [`store`]: the [`store::Store`] trait, its SQLite implementation (the default) and its
+//!   PostgreSQL one (replicas sharing keys, budget holds, the ledger and audit log).
 //! * [`keys`]: key format, salted hashing, constant-time verification, header parsing.
 //! * [`ratelimit`]: pure GCRA plus in-memory and Redis (Lua) backends.
 //! * [`cache`]: exact-match response cache, keyed per tenant (memory LRU or Redis).
+//! * [`semantic`]: the semantic cache (similar last user message, exact context, per
+//!   tenant and model; in-memory index).
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
 //! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
-//! * [`proxy`]: the request path, streaming passthrough and usage accounting; tries go
-//!   to a fixed base URL or through an embedded router ([`config::EmbeddedRouter`]).
+//! * [`cascade`]: pure cascade policy (which model first, whether an answer escalates).
+//! * [`proxy`]: the request path as stages (admit → lookup → plan → try → respond →
+//!   settle), one file each; tries go to a fixed base URL or through an embedded router
+//!   ([`config::EmbeddedRouter`]).
 //! * [`stream_guard`]: output guardrails on streamed answers (hold-back window).
 //! * [`state`]: [`state::Gateway`], the shared state and in-memory mirror of keys and spend.
 //! * [`server`]: routes, admin API, serving and config watching.
@@ -20,7 +24,11 @@
 //! * [`metrics`]: Prometheus metrics.
 //! * [`cli`]: [`GatewayArgs`], [`run`], [`KeysArgs`], [`run_keys`].
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod cache;
+pub mod cascade;
 pub mod cli;
 pub mod config;
 pub mod guardrails;
@@ -30,6 +38,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod redis_conn;
 pub mod routing;
+pub mod semantic;
 pub mod server;
 pub mod state;
 pub mod store;

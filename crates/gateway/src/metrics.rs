@@ -25,7 +25,7 @@ pub struct Metrics {
     pub cost: Family<Labels, Counter<f64, AtomicU64>>,
     /// `strata_gateway_rejected_total{reason}`: auth, rate_limit, budget, guardrail, invalid
     pub rejected: Family<Labels, Counter>,
-    /// `strata_gateway_cache_total{result=hit|miss}`
+    /// `strata_gateway_cache_total{result=hit|semantic|miss}`
     pub cache: Family<Labels, Counter>,
     /// `strata_gateway_upstream_failures_total{upstream, kind}`
     pub upstream_failures: Family<Labels, Counter>,
@@ -38,6 +38,18 @@ pub struct Metrics {
     /// `strata_gateway_ledger_backpressure_total`: usage rows that waited for room in the
     /// ledger queue (the SQLite writer fell behind).
     pub ledger_backpressure: Counter,
+    /// `strata_gateway_ledger_dropped_total`: usage rows given up on after the store
+    /// refused them past the retry bound (or at close).
+    pub ledger_dropped: Counter,
+    /// `strata_gateway_cascade_total{model, reason}`: cascade answers by the model that
+    /// answered and why it was that one.
+    pub cascade: Family<Labels, Counter>,
+    /// `strata_gateway_semantic_cache_total{tenant, result=hit|miss}`: semantic lookups
+    /// per tenant (the hit rate is hit / (hit + miss)).
+    pub semantic: Family<Labels, Counter>,
+    /// `strata_gateway_cascade_escalations_total{from, reason}`: answers (or failures) of
+    /// an earlier cascade model that sent the request on.
+    pub cascade_escalations: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -60,6 +72,10 @@ impl Metrics {
             backend_errors: Family::default(),
             duration: Histogram::new(LATENCY_BUCKETS.iter().copied()),
             ledger_backpressure: Counter::default(),
+            ledger_dropped: Counter::default(),
+            cascade: Family::default(),
+            semantic: Family::default(),
+            cascade_escalations: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -106,6 +122,26 @@ impl Metrics {
             "strata_gateway_ledger_backpressure",
             "Usage rows that waited for room in the ledger queue",
             m.ledger_backpressure.clone(),
+        );
+        r.register(
+            "strata_gateway_ledger_dropped",
+            "Usage rows given up on after the store refused them",
+            m.ledger_dropped.clone(),
+        );
+        r.register(
+            "strata_gateway_semantic_cache",
+            "Semantic cache lookups by tenant and result",
+            m.semantic.clone(),
+        );
+        r.register(
+            "strata_gateway_cascade",
+            "Cascade answers by answering model and reason",
+            m.cascade.clone(),
+        );
+        r.register(
+            "strata_gateway_cascade_escalations",
+            "Cascade escalations by model left and reason",
+            m.cascade_escalations.clone(),
         );
         r.register(
             "strata_gateway_request_duration_seconds",

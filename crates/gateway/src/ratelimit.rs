@@ -94,7 +94,7 @@ pub fn gcra_adjust(
 
 /// The outcome of checking every limit of one request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
+pub struct LimitDecision {
     pub allowed: bool,
     pub retry_after: Duration,
     /// Per check, in the order given: (remaining, reset after).
@@ -105,9 +105,9 @@ pub struct Decision {
     pub degraded: bool,
 }
 
-impl Decision {
-    fn unlimited(n: usize) -> Decision {
-        Decision {
+impl LimitDecision {
+    fn unlimited(n: usize) -> LimitDecision {
+        LimitDecision {
             allowed: true,
             retry_after: Duration::ZERO,
             states: vec![(u64::MAX, Duration::ZERO); n],
@@ -118,7 +118,7 @@ impl Decision {
 }
 
 /// Combines per-check steps into one all-or-nothing decision (pure).
-pub fn decide(checks: &[LimitCheck], steps: &[Step]) -> Decision {
+pub fn decide(checks: &[LimitCheck], steps: &[Step]) -> LimitDecision {
     let too_large = checks.iter().position(|c| c.cost > c.limit);
     let allowed = too_large.is_none() && steps.iter().all(|s| s.allowed);
     let retry_us = steps
@@ -127,7 +127,7 @@ pub fn decide(checks: &[LimitCheck], steps: &[Step]) -> Decision {
         .max()
         .unwrap_or(0)
         .max(0);
-    Decision {
+    LimitDecision {
         allowed,
         retry_after: Duration::from_micros(retry_us as u64),
         states: steps
@@ -173,7 +173,7 @@ impl MemoryLimiter {
         self.epoch.elapsed().as_micros() as i64
     }
 
-    pub fn check(&self, checks: &[LimitCheck]) -> Decision {
+    pub fn check(&self, checks: &[LimitCheck]) -> LimitDecision {
         let now = self.now_us();
         let mut buckets = self.buckets.lock();
         if buckets.len() > SWEEP_AT {
@@ -308,14 +308,14 @@ impl RedisLimiter {
         self.conn.invoke(&inv).await
     }
 
-    pub async fn check(&self, checks: &[LimitCheck]) -> Result<Decision, RedisError> {
+    pub async fn check(&self, checks: &[LimitCheck]) -> Result<LimitDecision, RedisError> {
         let out = self.run("check", checks, None).await?;
         if out.len() != 2 + 2 * checks.len() {
             return Err(RedisError::Unavailable("unexpected script reply".into()));
         }
         let allowed = out[0] == 1;
         let too_large = checks.iter().position(|c| c.cost > c.limit);
-        Ok(Decision {
+        Ok(LimitDecision {
             allowed,
             retry_after: Duration::from_micros(out[1].max(0) as u64),
             states: out[2..]
@@ -349,9 +349,9 @@ pub enum Limiter {
 impl Limiter {
     /// Checks and (when admitted) charges every limit. Backend failures follow the
     /// failure mode: open admits (marked `degraded`), closed returns the error.
-    pub async fn check(&self, checks: &[LimitCheck]) -> Result<Decision, LimitError> {
+    pub async fn check(&self, checks: &[LimitCheck]) -> Result<LimitDecision, LimitError> {
         if checks.is_empty() {
-            return Ok(Decision::unlimited(0));
+            return Ok(LimitDecision::unlimited(0));
         }
         match self {
             Limiter::Memory(m) => Ok(m.check(checks)),
@@ -360,7 +360,7 @@ impl Limiter {
                 Err(e) => match on_error {
                     FailureMode::Open => {
                         tracing::warn!(error = %e, "rate limiter backend failed; admitting (fail open)");
-                        let mut d = Decision::unlimited(checks.len());
+                        let mut d = LimitDecision::unlimited(checks.len());
                         d.degraded = true;
                         Ok(d)
                     }

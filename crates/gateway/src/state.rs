@@ -87,6 +87,8 @@ pub struct Gateway {
     pub tenants: RwLock<HashMap<String, Arc<TenantEntry>>>,
     pub limiter: Limiter,
     pub cache: Option<ResponseCache>,
+    /// The semantic cache's index, when `cache.semantic.enabled` at start.
+    pub semantic: Option<crate::semantic::SemanticIndex>,
     pub metrics: Metrics,
     pub client: crate::upstream::UpstreamClient,
     pub admin_key: Option<String>,
@@ -147,13 +149,21 @@ impl Gateway {
         } else {
             None
         };
+        let semantic = c.cache.semantic.enabled.then(|| {
+            crate::semantic::SemanticIndex::new(
+                c.cache.semantic.max_entries,
+                Duration::from_secs(c.cache.semantic.ttl_secs),
+            )
+        });
         let client = crate::upstream::UpstreamClient::new(Duration::from_secs(5))
             .map_err(|e| StateError::Client(e.to_string()))?;
         let (tx, rx) = std_mpsc::sync_channel(LEDGER_QUEUE);
         let writer_store = store.clone();
+        let metrics = Metrics::new();
+        let dropped = metrics.ledger_dropped.clone();
         let handle = std::thread::Builder::new()
             .name("gateway-usage-writer".into())
-            .spawn(move || usage_writer(writer_store, rx))
+            .spawn(move || usage_writer(writer_store, rx, dropped))
             .map_err(|e| StateError::Client(format!("cannot start usage writer: {e}")))?;
         let rng = match opts.seed {
             Some(s) => StdRng::seed_from_u64(s),
@@ -166,7 +176,8 @@ impl Gateway {
             tenants: RwLock::new(HashMap::new()),
             limiter,
             cache,
-            metrics: Metrics::new(),
+            semantic,
+            metrics,
             client,
             admin_key: opts.admin_key.filter(|k| !k.is_empty()),
             request_prefix: rand::random(),
@@ -401,6 +412,25 @@ impl Gateway {
         (requests, token_checks)
     }
 
+    /// The budgets that apply to a key: its own and its tenant's (stored overrides the
+    /// config), in micro-dollars; `None` is unlimited.
+    pub fn budgets(&self, key: &KeyEntry) -> (Option<i64>, Option<i64>) {
+        let stored = self
+            .tenants
+            .read()
+            .get(&key.record.tenant)
+            .and_then(|t| t.record.budget_micros);
+        let tenant = stored.or_else(|| {
+            self.config
+                .get()
+                .tenants
+                .get(&key.record.tenant)
+                .and_then(|t| t.budget_usd)
+                .map(usd_to_micros)
+        });
+        (key.record.budget_micros, tenant)
+    }
+
     /// `Some(message)` when the key's or tenant's budget is spent.
     pub fn budget_exhausted(&self, key: &KeyEntry) -> Option<String> {
         if let Some(b) = key.record.budget_micros {
@@ -465,51 +495,124 @@ pub fn usd_to_micros(usd: f64) -> i64 {
     (usd * 1e6).round() as i64
 }
 
+/// Ledger rows kept in memory while the store refuses them (a database restart); past
+/// this the oldest are dropped and counted in `strata_gateway_ledger_dropped_total`.
+pub const LEDGER_RETRY_ROWS: usize = 1 << 20;
+
+/// Longest pause between tries of a failed ledger write.
+const LEDGER_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// How long a closing gateway keeps trying to write rows the store refuses.
+const LEDGER_CLOSE_GRACE: Duration = Duration::from_secs(10);
+
 /// The ledger writer thread. It sleeps in `recv` while no row is queued (no periodic
 /// wake-ups when idle); once a row arrives it lets rows gather for
 /// [`LEDGER_FLUSH_INTERVAL`] (cut short by a flush, a full queue or shutdown), drains the
-/// queue, commits the rows in one transaction and then answers the flushes queued behind
-/// them. It exits, after a last write, once every sender is gone.
-fn usage_writer(store: Arc<dyn Store>, rx: std_mpsc::Receiver<WriterMsg>) {
+/// queue, commits the rows in transactions of at most [`LEDGER_BATCH`] and then answers
+/// the flushes queued behind them. It exits, after a last write, once every sender is
+/// gone.
+///
+/// A write the store refuses keeps its rows: they are tried again with a doubling pause
+/// (at most [`LEDGER_RETRY_MAX`]) while new rows keep joining the queue, so the request
+/// path never waits on a store that is down and no row is lost while it comes back
+/// (bounded by [`LEDGER_RETRY_ROWS`]; flushes are answered once the rows are written).
+fn usage_writer(
+    store: Arc<dyn Store>,
+    rx: std_mpsc::Receiver<WriterMsg>,
+    dropped: prometheus_client::metrics::counter::Counter,
+) {
     lower_thread_priority();
-    let mut batch = Vec::with_capacity(LEDGER_BATCH);
+    let mut pending: std::collections::VecDeque<UsageEvent> =
+        std::collections::VecDeque::with_capacity(LEDGER_BATCH);
     let mut flushes = Vec::new();
-    let write = |batch: &mut Vec<UsageEvent>| {
-        if let Err(e) = store.record_usage(batch) {
-            tracing::error!(error = %e, rows = batch.len(), "usage ledger write failed");
-        }
-        batch.clear();
-    };
+    let mut retry: Option<Duration> = None;
+    let mut closing_since: Option<std::time::Instant> = None;
     let mut open = true;
-    while open {
-        match rx.recv() {
+    loop {
+        let first = match retry {
+            None if open => rx
+                .recv()
+                .map_err(|_| std_mpsc::RecvTimeoutError::Disconnected),
+            None => Err(std_mpsc::RecvTimeoutError::Disconnected),
+            // The store refused the last write: wait the whole pause (rows keep queueing
+            // in the channel meanwhile) rather than retrying on every new row.
+            Some(wait) => {
+                std::thread::sleep(wait);
+                Err(std_mpsc::RecvTimeoutError::Timeout)
+            }
+        };
+        match first {
             Ok(WriterMsg::Usage(ev)) => {
-                batch.push(ev);
-                // While the writer sleeps here, senders queue without waking it.
-                std::thread::park_timeout(LEDGER_FLUSH_INTERVAL);
+                pending.push_back(ev);
+                if retry.is_none() {
+                    // While the writer sleeps here, senders queue without waking it.
+                    std::thread::park_timeout(LEDGER_FLUSH_INTERVAL);
+                }
             }
             Ok(WriterMsg::Flush(done)) => flushes.push(done),
-            Err(_) => open = false,
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => open = false,
         }
         while open {
             match rx.try_recv() {
-                Ok(WriterMsg::Usage(ev)) => {
-                    batch.push(ev);
-                    if batch.len() >= LEDGER_BATCH {
-                        write(&mut batch);
-                    }
-                }
+                Ok(WriterMsg::Usage(ev)) => pending.push_back(ev),
                 Ok(WriterMsg::Flush(done)) => flushes.push(done),
                 Err(std_mpsc::TryRecvError::Empty) => break,
                 Err(std_mpsc::TryRecvError::Disconnected) => open = false,
             }
         }
-        if !batch.is_empty() {
-            write(&mut batch);
+        if pending.len() > LEDGER_RETRY_ROWS {
+            let over = pending.len() - LEDGER_RETRY_ROWS;
+            pending.drain(..over);
+            dropped.inc_by(over as u64);
+            tracing::error!(
+                rows = over,
+                "usage ledger backlog full; oldest rows dropped"
+            );
         }
-        for f in flushes.drain(..) {
-            let _ = f.send(());
+        // Write from the front, a transaction per batch; stop at the first refusal.
+        let mut failed = false;
+        while !pending.is_empty() {
+            let n = pending.len().min(LEDGER_BATCH);
+            let batch = pending.make_contiguous();
+            match store.record_usage(&batch[..n]) {
+                Ok(()) => {
+                    pending.drain(..n);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, rows = pending.len(), "usage ledger write failed; will retry");
+                    failed = true;
+                    break;
+                }
+            }
         }
+        retry = if failed {
+            Some(retry.map_or(Duration::from_millis(50), |d| (d * 2).min(LEDGER_RETRY_MAX)))
+        } else {
+            None
+        };
+        if pending.is_empty() {
+            for f in flushes.drain(..) {
+                let _ = f.send(());
+            }
+        }
+        if !open {
+            if pending.is_empty() {
+                break;
+            }
+            let since = *closing_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= LEDGER_CLOSE_GRACE {
+                dropped.inc_by(pending.len() as u64);
+                tracing::error!(
+                    rows = pending.len(),
+                    "closing with ledger rows the store refused"
+                );
+                break;
+            }
+        }
+    }
+    for f in flushes.drain(..) {
+        let _ = f.send(());
     }
 }
 

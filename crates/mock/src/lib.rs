@@ -19,6 +19,9 @@
 //! [`MockEngine::shutdown`] is abrupt like a killed process: the listener closes and every
 //! open connection, streams included, is cut.
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,33 +40,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// Which engine's metric names `/metrics` uses (PROTOCOLS §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EngineKind {
-    #[default]
-    Vllm,
-    /// A Strata engine exports the vLLM names.
-    Strata,
-    Sglang,
-    Trtllm,
-    Llamacpp,
-}
-
-impl std::str::FromStr for EngineKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "vllm" => Ok(EngineKind::Vllm),
-            "strata" => Ok(EngineKind::Strata),
-            "sglang" => Ok(EngineKind::Sglang),
-            "trtllm" => Ok(EngineKind::Trtllm),
-            "llamacpp" => Ok(EngineKind::Llamacpp),
-            other => Err(format!(
-                "unknown engine kind {other:?} (expected vllm, strata, sglang, trtllm or llamacpp)"
-            )),
-        }
-    }
-}
+use strata_api::model_server::BlockSizeMetric;
+/// Which engine's metric names `/metrics` uses: the shared definition.
+pub use strata_api::model_server::EngineKind;
 
 /// A way for the mock to misbehave, set at run time with [`MockEngine::set_fault`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +58,9 @@ pub enum Fault {
     HangMetrics,
     /// `/metrics` answers 200 with bytes that are not the Prometheus text format.
     GarbageMetrics,
+    /// `/metrics` is not served at all (404), like a plain OpenAI-compatible proxy, a hosted
+    /// API, or llama.cpp's server without `--metrics`.
+    NoMetrics,
     /// `/health` answers 503 (the replica is up but not ready).
     NotReady,
     /// Streamed completions send this many content chunks, then the connection is cut
@@ -104,6 +86,11 @@ pub struct MockConfig {
     pub block_size: u32,
     /// Reported KV block count (`cache_config_info`).
     pub num_blocks: u32,
+    /// The text of each generated token (default `" tok"`).
+    pub token_text: String,
+    /// Streamed answers are written one byte per body chunk, so every SSE event (and the
+    /// `[DONE]` terminator) is split across network chunks.
+    pub split_stream_bytes: bool,
 }
 
 impl Default for MockConfig {
@@ -117,6 +104,8 @@ impl Default for MockConfig {
             replica: None,
             block_size: 16,
             num_blocks: 1024,
+            token_text: " tok".to_string(),
+            split_stream_bytes: false,
         }
     }
 }
@@ -339,6 +328,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
             )
                 .into_response()
         }
+        Fault::NoMetrics => return StatusCode::NOT_FOUND.into_response(),
         _ => {}
     }
     let g = s.gauges();
@@ -354,50 +344,41 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// `/metrics` text for `kind` with these gauge values.
+/// `/metrics` text for `kind` with these gauge values, under the names that kind exports
+/// (`strata_api::model_server`).
 pub fn render_metrics(config: &MockConfig, waiting: u64, running: u64, kv_usage: f64) -> String {
-    let m = &config.model;
-    let (bs, nb) = (config.block_size, config.num_blocks);
-    match config.kind {
-        EngineKind::Vllm | EngineKind::Strata => format!(
-            "# TYPE vllm:num_requests_waiting gauge\n\
-             vllm:num_requests_waiting{{model_name=\"{m}\",engine=\"0\"}} {waiting}\n\
-             # TYPE vllm:num_requests_running gauge\n\
-             vllm:num_requests_running{{model_name=\"{m}\",engine=\"0\"}} {running}\n\
-             # TYPE vllm:kv_cache_usage_perc gauge\n\
-             vllm:kv_cache_usage_perc{{model_name=\"{m}\",engine=\"0\"}} {kv_usage}\n\
-             # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{block_size=\"{bs}\",num_gpu_blocks=\"{nb}\",engine=\"0\"}} 1.0\n"
-        ),
-        EngineKind::Sglang => format!(
-            "# TYPE sglang:num_queue_reqs gauge\n\
-             sglang:num_queue_reqs{{model_name=\"{m}\"}} {waiting}\n\
-             # TYPE sglang:num_running_reqs gauge\n\
-             sglang:num_running_reqs{{model_name=\"{m}\"}} {running}\n\
-             # TYPE sglang:token_usage gauge\n\
-             sglang:token_usage{{model_name=\"{m}\"}} {kv_usage}\n\
-             # TYPE sglang:cache_config_info gauge\n\
-             sglang:cache_config_info{{page_size=\"{bs}\"}} 1\n"
-        ),
-        EngineKind::Trtllm => format!(
-            "# TYPE trtllm_num_requests_waiting gauge\n\
-             trtllm_num_requests_waiting {waiting}\n\
-             # TYPE trtllm_num_requests_running gauge\n\
-             trtllm_num_requests_running {running}\n\
-             # TYPE trtllm_kv_cache_utilization gauge\n\
-             trtllm_kv_cache_utilization {kv_usage}\n\
-             # TYPE trtllm_kv_cache_tokens_per_block gauge\n\
-             trtllm_kv_cache_tokens_per_block {bs}\n"
-        ),
-        EngineKind::Llamacpp => format!(
-            "# HELP llamacpp:requests_processing Number of requests processing.\n\
-             # TYPE llamacpp:requests_processing gauge\n\
-             llamacpp:requests_processing {running}\n\
-             # HELP llamacpp:requests_deferred Number of requests deferred.\n\
-             # TYPE llamacpp:requests_deferred gauge\n\
-             llamacpp:requests_deferred {waiting}\n"
-        ),
+    use std::fmt::Write;
+    let names = config.kind.metric_names();
+    // vLLM-style servers label every series with the model; llama.cpp and trtllm-serve don't.
+    let labels = match config.kind {
+        EngineKind::Vllm | EngineKind::Strata => {
+            format!("{{model_name=\"{}\",engine=\"0\"}}", config.model)
+        }
+        EngineKind::Sglang => format!("{{model_name=\"{}\"}}", config.model),
+        EngineKind::Trtllm | EngineKind::Llamacpp => String::new(),
+    };
+    let mut out = String::new();
+    let mut gauge = |name: &str, labels: &str, value: &dyn std::fmt::Display| {
+        // Writing into a String cannot fail.
+        let _ = write!(out, "# TYPE {name} gauge\n{name}{labels} {value}\n");
+    };
+    gauge(names.waiting, &labels, &waiting);
+    gauge(names.running, &labels, &running);
+    if let Some(kv) = names.kv_use.first() {
+        gauge(kv, &labels, &kv_usage);
     }
+    match names.block_size {
+        Some(BlockSizeMetric::Label { metric, label }) => {
+            let info = format!(
+                "{{{label}=\"{}\",num_gpu_blocks=\"{}\"}}",
+                config.block_size, config.num_blocks
+            );
+            gauge(metric, &info, &1);
+        }
+        Some(BlockSizeMetric::Value(metric)) => gauge(metric, "", &config.block_size),
+        None => {}
+    }
+    out
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -518,7 +499,7 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
             return cut_response();
         }
         tokio::time::sleep(ttft + itl * (n_out.saturating_sub(1) as u32)).await;
-        let text = " tok".repeat(n_out);
+        let text = s.config.token_text.repeat(n_out);
         let body = match api {
             Api::Chat => json!({
                 "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
@@ -543,6 +524,8 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
         _ => None,
     };
     let created = unix_now();
+    let token_text = s.config.token_text.clone();
+    let split_bytes = s.config.split_stream_bytes;
     let chunk = move |delta: Value, finish: Value, usage: Value| -> String {
         let v = match api {
             Api::Chat => json!({
@@ -563,7 +546,7 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
         };
         sse::encode_data(&v.to_string())
     };
-    let body = async_stream(move |tx| async move {
+    let body = async_stream(split_bytes, move |tx| async move {
         let _guard = guard;
         let role = json!({"role": "assistant", "content": ""});
         if api == Api::Chat
@@ -582,7 +565,7 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
                 return;
             }
             tokio::time::sleep(if k == 0 { ttft } else { itl }).await;
-            let c = chunk(json!({"content": " tok"}), Value::Null, Value::Null);
+            let c = chunk(json!({ "content": token_text }), Value::Null, Value::Null);
             if tx.send(Ok(c)).await.is_err() {
                 return;
             }
@@ -625,8 +608,9 @@ fn cut_response() -> Response {
     Response::new(Body::from_stream(stream))
 }
 
-/// A streaming body fed by a producer task; `Err(())` cuts the connection.
-fn async_stream<F, Fut>(produce: F) -> Body
+/// A streaming body fed by a producer task; `Err(())` cuts the connection. With
+/// `split_bytes`, every byte goes out as a body chunk of its own.
+fn async_stream<F, Fut>(split_bytes: bool, produce: F) -> Body
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Result<String, ()>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -641,5 +625,16 @@ where
         };
         Some((out, rx))
     });
-    Body::from_stream(stream)
+    if !split_bytes {
+        return Body::from_stream(stream);
+    }
+    use futures_util::StreamExt;
+    let split = stream.flat_map(|item| {
+        let parts: Vec<Result<Bytes, std::io::Error>> = match item {
+            Ok(b) => (0..b.len()).map(|i| Ok(b.slice(i..i + 1))).collect(),
+            Err(e) => vec![Err(e)],
+        };
+        futures_util::stream::iter(parts)
+    });
+    Body::from_stream(split)
 }

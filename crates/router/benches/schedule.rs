@@ -16,7 +16,7 @@ use strata_router::endpoint::{EndpointId, EndpointSpec, EngineKind};
 use strata_router::prefix::approx::{ApproxConfig, ApproxIndex};
 use strata_router::prefix::precise::PreciseIndex;
 use strata_router::scheduling::{Candidate, Context, EndpointMetrics, SchedRequest};
-use strata_router::{EndpointPickerConfig, Scheduler};
+use strata_router::{EndpointPicker, EndpointPickerConfig};
 
 const ENDPOINTS: u32 = 64;
 const INDEX_BLOCKS: usize = 100_000;
@@ -91,13 +91,13 @@ fn request(f: &Fixture, i: usize) -> SchedRequest {
     SchedRequest {
         model: "m".into(),
         approx_blocks: blocks.clone(),
-        precise_blocks: Some(blocks),
+        precise_blocks: Some(strata_router::scheduling::PreciseBlocks::single(16, blocks)),
         seq: i as u64,
         ..Default::default()
     }
 }
 
-fn percentiles(name: &str, s: &Scheduler, f: &Fixture, ctx: &Context) {
+fn percentiles(name: &str, s: &EndpointPicker, f: &Fixture, ctx: &Context) {
     let mut rng = StdRng::seed_from_u64(9);
     let reqs: Vec<SchedRequest> = (0..1000).map(|i| request(f, i * 7)).collect();
     let mut times = Vec::with_capacity(200_000);
@@ -126,7 +126,7 @@ fn main() {
         approx: Some(&f.approx),
         precise: Some(&f.precise),
     };
-    let default = Scheduler::default_profile();
+    let default = EndpointPicker::default_profile();
     let precise = EndpointPickerConfig::weighted(&[
         ("queue-scorer", 2.0),
         ("kv-cache-utilization-scorer", 2.0),

@@ -57,6 +57,9 @@ pub struct RouterConfig {
 pub struct SaturationSection {
     pub queue_threshold: f64,
     pub kv_threshold: f64,
+    /// For an endpoint whose load is unknown (it has never served readable `/metrics`):
+    /// requests in flight from this router at or above which it counts as saturated.
+    pub unknown_load_max_in_flight: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -126,6 +129,7 @@ impl Default for SaturationSection {
         SaturationSection {
             queue_threshold: d.queue_threshold,
             kv_threshold: d.kv_threshold,
+            unknown_load_max_in_flight: d.unknown_load_max_in_flight,
         }
     }
 }
@@ -231,6 +235,7 @@ impl RouterConfig {
             queue_threshold: self.saturation.queue_threshold,
             kv_threshold: self.saturation.kv_threshold,
             stale_after: self.stale_after(),
+            unknown_load_max_in_flight: self.saturation.unknown_load_max_in_flight,
         }
     }
 

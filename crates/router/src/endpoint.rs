@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -22,45 +21,9 @@ impl fmt::Display for EndpointId {
     }
 }
 
-/// Which server software a replica runs: decides the metric names read from `/metrics`
-/// (PROTOCOLS §2). A Strata engine exports the vLLM names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    Strata,
-    #[default]
-    Vllm,
-    Sglang,
-    Trtllm,
-    Llamacpp,
-}
-
-impl EngineKind {
-    /// The lowercase name used in flags, files and labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Strata => "strata",
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-            EngineKind::Trtllm => "trtllm",
-            EngineKind::Llamacpp => "llamacpp",
-        }
-    }
-}
-
-impl FromStr for EngineKind {
-    type Err = EndpointError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "strata" => Ok(EngineKind::Strata),
-            "vllm" => Ok(EngineKind::Vllm),
-            "sglang" => Ok(EngineKind::Sglang),
-            "trtllm" | "tensorrt-llm" | "trtllm-serve" => Ok(EngineKind::Trtllm),
-            "llamacpp" | "llama.cpp" | "llama-cpp" => Ok(EngineKind::Llamacpp),
-            other => Err(EndpointError::Kind(other.to_string())),
-        }
-    }
-}
+/// Which server software a replica runs (the metric names read from its `/metrics`): the
+/// one definition in `strata-api`.
+pub use strata_api::model_server::EngineKind;
 
 /// One replica as configured: where it is, what it runs, and labels that filters and
 /// the traffic split read.
@@ -129,8 +92,8 @@ impl EndpointSpec {
 /// Problems with an endpoint list.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EndpointError {
-    #[error("unknown engine kind `{0}` (expected strata, vllm, sglang, trtllm or llamacpp)")]
-    Kind(String),
+    #[error(transparent)]
+    Kind(#[from] strata_api::model_server::UnknownEngineKind),
     #[error("bad endpoint URL `{0}`: {1}")]
     Url(String, &'static str),
     #[error("endpoints file: {0}")]

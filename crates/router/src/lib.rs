@@ -14,15 +14,23 @@
 //!   splits, circuit breakers, in-flight accounting: the [`Router`] handle the gateway
 //!   embeds and the controller drives;
 //! - **transport** ([`proxy`], [`server`]): the OpenAI-compatible HTTP front that streams
-//!   through, retries before the first byte, and exports [`telemetry`].
+//!   through, retries before the first byte, and exports [`telemetry`]; and [`extproc`],
+//!   the Gateway API Inference Extension endpoint picker over Envoy's ext_proc gRPC;
+//! - **discovery** ([`k8s`]): endpoints from an `InferencePool` and its pods, watched
+//!   through the Kubernetes API.
 //!
 //! Entry points for the CLI: [`RouterArgs`] and [`run`].
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod circuit;
 pub mod client;
 pub mod config;
 pub mod datalayer;
 pub mod endpoint;
+pub mod extproc;
+pub mod k8s;
 pub mod prefix;
 pub mod proxy;
 pub mod router;
@@ -33,5 +41,5 @@ pub mod telemetry;
 pub use config::RouterConfig;
 pub use endpoint::{EndpointId, EndpointSpec, EngineKind};
 pub use router::{Lease, Picked, PoolError, RouteError, Router};
-pub use scheduling::{EndpointPickerConfig, Scheduler, TrafficSplit};
+pub use scheduling::{EndpointPicker, EndpointPickerConfig, TrafficSplit};
 pub use server::{run, RouterArgs};

@@ -29,7 +29,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use rand::Rng;
 use strata_api::types::{ChatCompletionRequest, CompletionRequest};
 use strata_api::validate::{parse_json, validate_chat, validate_completion, PromptInput};
-use strata_api::{sse, ApiError};
+use strata_api::{sse, ApiError, StreamWatch};
 use xxhash_rust::xxh64::xxh64;
 
 use crate::router::{RouteError, Router};
@@ -60,23 +60,13 @@ pub fn app(router: Router) -> axum::Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/debug/endpoints", get(debug_endpoints))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(strata_api::http::not_found)
+        .method_not_allowed_fallback(strata_api::http::method_not_allowed)
         .with_state(router)
 }
 
 fn error_response(err: &ApiError, request_id: Option<&HeaderValue>) -> Response {
-    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        err.to_json_string(),
-    )
-        .into_response();
-    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
+    let mut resp = strata_api::http::error_response(err, None);
     if let Some(id) = request_id {
         resp.headers_mut().insert(REQUEST_ID, id.clone());
     }
@@ -454,26 +444,26 @@ async fn collect_limited(body: hyper::body::Incoming) -> Option<Bytes> {
         .map(|c| c.to_bytes())
 }
 
-/// Passes an upstream SSE body through chunk by chunk. A broken upstream (or one that
-/// ends without `[DONE]`) ends the client's stream with an error event.
+/// Passes an upstream SSE body through chunk by chunk, watching it as SSE events (so a
+/// `data: [DONE]` split across network chunks is seen, and content that merely quotes
+/// `[DONE]` is not taken for it). A broken upstream, or one that ends without `[DONE]`,
+/// ends the client's stream with an error event and counts against the endpoint.
 fn stream_through(incoming: hyper::body::Incoming, lease: crate::router::Lease) -> Body {
     struct St {
         data: http_body_util::BodyDataStream<hyper::body::Incoming>,
         lease: crate::router::Lease,
-        saw_done: bool,
+        watch: StreamWatch,
     }
     let st = St {
         data: incoming.into_data_stream(),
         lease,
-        saw_done: false,
+        watch: StreamWatch::new(),
     };
     let s = futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
         match st.data.next().await {
             Some(Ok(chunk)) => {
-                if !st.saw_done && memmem(&chunk, b"[DONE]") {
-                    st.saw_done = true;
-                }
+                st.watch.feed(&chunk);
                 Some((Ok::<Bytes, Infallible>(chunk), Some(st)))
             }
             Some(Err(e)) => {
@@ -481,11 +471,16 @@ fn stream_through(incoming: hyper::body::Incoming, lease: crate::router::Lease) 
                 st.lease.failure();
                 Some((Ok(stream_error_event()), None))
             }
-            None if !st.saw_done => {
-                st.lease.failure();
-                Some((Ok(stream_error_event()), None))
+            None => {
+                st.watch.finish();
+                if st.watch.ended_well() {
+                    None
+                } else {
+                    tracing::warn!(endpoint = %st.lease.url(), "upstream stream ended without [DONE]");
+                    st.lease.failure();
+                    Some((Ok(stream_error_event()), None))
+                }
             }
-            None => None,
         }
     });
     Body::from_stream(s)
@@ -494,10 +489,6 @@ fn stream_through(incoming: hyper::body::Incoming, lease: crate::router::Lease) 
 fn stream_error_event() -> Bytes {
     let err = ApiError::unavailable("The replica serving this stream failed before it finished.");
     Bytes::from(sse::encode_data(&err.to_json_string()))
-}
-
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 /// `GET /v1/models`: the union of what the ready endpoints serve. One endpoint per distinct
@@ -591,25 +582,4 @@ async fn metrics(State(router): State<Router>) -> Response {
 
 async fn debug_endpoints(State(router): State<Router>) -> Response {
     axum::Json(router.debug_json()).into_response()
-}
-
-async fn not_found(req: Request) -> Response {
-    error_response(
-        &ApiError::not_found(format!(
-            "No route for {} {}.",
-            req.method(),
-            req.uri().path()
-        )),
-        None,
-    )
-}
-
-async fn method_not_allowed(req: Request) -> Response {
-    let mut e = ApiError::invalid_no_param(format!(
-        "Method {} is not allowed on {}.",
-        req.method(),
-        req.uri().path()
-    ));
-    e.status = 405;
-    error_response(&e, None)
 }

@@ -33,10 +33,11 @@ use crate::prefix::hashing::BlockHasher;
 use crate::prefix::precise::PreciseIndex;
 use crate::scheduling::saturation::{admit, pool_saturated, Admission};
 use crate::scheduling::{
-    Candidate, Context, Decision, EndpointMetrics, SchedRequest, ScheduleError, Scheduler,
-    TrafficSplit,
+    Candidate, Context, EndpointMetrics, EndpointPicker, PickDecision, PreciseBlocks, SchedRequest,
+    ScheduleError, TrafficSplit,
 };
 use crate::telemetry::RouterMetrics;
+use strata_api::model_server::LoadSample;
 
 /// Why a request could not be placed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -65,6 +66,14 @@ struct Runtime {
     health_ok: bool,
     last_error: Option<String>,
     tasks: Vec<JoinHandle<()>>,
+    /// The whole of the last readable `/metrics` page (counters and histograms too), for
+    /// readers besides the scheduler: inside `strata up` this router's scrape is the only
+    /// one, and the controller and dashboard read it here.
+    last_load: Option<Arc<LoadSample>>,
+    /// Said once in the log that this endpoint's load is unknown.
+    warned_unknown_load: bool,
+    /// Said once that its KV events' block size disagrees with its metrics or the config.
+    warned_block_size: bool,
 }
 
 struct Pool {
@@ -90,7 +99,7 @@ impl Pool {
 
 pub(crate) struct Inner {
     pub(crate) config: RouterConfig,
-    scheduler: Scheduler,
+    scheduler: EndpointPicker,
     uses_precise: bool,
     hasher: BlockHasher,
     approx_config: crate::prefix::approx::ApproxConfig,
@@ -114,7 +123,7 @@ pub struct Router {
 /// One endpoint chosen for a request: try `ranked` in order.
 #[derive(Debug, Clone)]
 pub struct Picked {
-    pub decision: Decision,
+    pub decision: PickDecision,
     /// `(slot, base URL)` best first.
     pub ranked: Vec<(EndpointId, Arc<str>)>,
 }
@@ -190,6 +199,10 @@ pub struct EndpointStatus {
     pub circuit: Circuit,
     pub metrics: Option<EndpointMetrics>,
     pub metrics_age_ms: Option<u64>,
+    /// It has never served readable metrics: routed by in-flight requests (least-request).
+    pub load_unknown: bool,
+    /// The block size its prompts are hashed with for the precise index.
+    pub block_size: u32,
     pub last_error: Option<String>,
 }
 
@@ -285,6 +298,9 @@ impl Router {
             health_ok: false,
             last_error: None,
             tasks,
+            last_load: None,
+            warned_unknown_load: false,
+            warned_block_size: false,
         });
         drop(pool);
         tracing::info!(endpoint = %spec.url, kind = spec.kind.as_str(), "endpoint added");
@@ -452,14 +468,49 @@ impl Router {
         crate::prefix::approx::hash_text(model, text, c.block_size_tokens.max(1) * 4, c.max_blocks)
     }
 
-    /// The precise-index block hashes of token ids.
+    /// The precise-index block hashes of token ids: one chain per block size the registered
+    /// endpoints hash with (each endpoint's own, from its KV events or metrics; the
+    /// configured `precise.block_size` for those that have said nothing yet).
     pub fn precise_blocks(
         &self,
         tokens: &[u32],
         lora: Option<&str>,
         salt: Option<&str>,
-    ) -> Vec<u64> {
-        self.inner.hasher.hash_tokens(tokens, lora, salt)
+    ) -> PreciseBlocks {
+        let default = self.inner.default_block_size();
+        let mut sizes: Vec<u32> = vec![default];
+        for c in &self.inner.lock_pool().cands {
+            let b = c.block_size(default);
+            if !sizes.contains(&b) {
+                sizes.push(b);
+            }
+        }
+        let chains = sizes
+            .into_iter()
+            .map(|b| {
+                let hashes = if b == default {
+                    self.inner.hasher.hash_tokens(tokens, lora, salt)
+                } else {
+                    BlockHasher::new(&self.inner.config.precise.hash_seed, b as usize)
+                        .hash_tokens(tokens, lora, salt)
+                };
+                (b, hashes)
+            })
+            .collect();
+        PreciseBlocks {
+            default_block_size: default,
+            chains,
+        }
+    }
+
+    /// The last readable `/metrics` page of the endpoint at `url`, and its age.
+    pub fn load_sample(&self, url: &str) -> Option<(Arc<LoadSample>, Duration)> {
+        let url = crate::endpoint::normalize_url(url).ok()?;
+        let now = self.now();
+        let pool = self.inner.lock_pool();
+        let i = pool.index_of(&url)?;
+        let age = now.saturating_sub(pool.cands[i].metrics.as_ref()?.updated);
+        Some((pool.runtime[i].last_load.clone()?, age))
     }
 
     /// Whether the precise index (KV events) says the endpoint at `url` holds the block
@@ -485,11 +536,29 @@ impl Router {
     /// One scheduling decision. Counts the pick, records the request's prefix on the
     /// chosen endpoint in the approximate index, and returns the ranked endpoints.
     pub fn pick(&self, req: &mut SchedRequest) -> Result<Picked, RouteError> {
+        self.pick_within(req, None)
+    }
+
+    /// [`Router::pick`] among only the endpoints whose base URL `allowed` accepts (the
+    /// ext_proc transport's subset hint and selection header); the others count as not
+    /// ready for this one decision.
+    pub fn pick_within(
+        &self,
+        req: &mut SchedRequest,
+        allowed: Option<&dyn Fn(&str) -> bool>,
+    ) -> Result<Picked, RouteError> {
         req.seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
         let now = self.now();
         let started = Instant::now();
         let mut pool = self.inner.lock_pool();
         refresh_ready(&mut pool, now);
+        if let Some(allowed) = allowed {
+            // `refresh_ready` recomputes readiness before every other read, so this
+            // lasts for this decision only.
+            for c in pool.cands.iter_mut() {
+                c.ready = c.ready && allowed(&c.spec.url);
+            }
+        }
         let precise = self.inner.precise.read().unwrap_or_else(|e| e.into_inner());
         if req.lora.is_none() && names_adapter(&pool.cands, &req.model) {
             req.lora = Some(req.model.clone());
@@ -523,14 +592,20 @@ impl Router {
         let first = decision.pick();
         // Hit-ratio bookkeeping for whichever index the request used.
         let (index, requested, matched) = match &req.precise_blocks {
-            Some(b) if self.inner.uses_precise => (
-                "precise",
-                b.len(),
-                precise
-                    .match_prefix(b, &[first])
-                    .first()
-                    .map_or(0, |m| m.blocks as usize),
-            ),
+            Some(b) if self.inner.uses_precise => {
+                let chain = cands
+                    .iter()
+                    .find(|c| c.id == first)
+                    .map_or(&[][..], |c| b.for_candidate(c));
+                (
+                    "precise",
+                    chain.len(),
+                    precise
+                        .match_prefix(chain, &[first])
+                        .first()
+                        .map_or(0, |m| m.blocks as usize),
+                )
+            }
             _ => (
                 "approx",
                 req.approx_blocks.len(),
@@ -653,6 +728,8 @@ impl Router {
                     .as_ref()
                     .map(|m| now.saturating_sub(m.updated).as_millis() as u64),
                 metrics: c.metrics.clone(),
+                load_unknown: c.load_unknown(),
+                block_size: c.block_size(self.inner.default_block_size()),
                 last_error: rt.last_error.clone(),
             })
             .collect()
@@ -720,7 +797,7 @@ impl Inner {
         &self,
         id: EndpointId,
         url: &str,
-        result: Result<EndpointMetrics, String>,
+        result: Result<(EndpointMetrics, LoadSample), String>,
     ) {
         let mut pool = self.lock_pool();
         let Some(i) = pool.index_of_id(id, url) else {
@@ -728,7 +805,8 @@ impl Inner {
         };
         let label = RouterMetrics::endpoint(url);
         match result {
-            Ok(m) => {
+            Ok((m, load)) => {
+                pool.runtime[i].last_load = Some(Arc::new(load));
                 self.metrics.ep_waiting.get_or_create(&label).set(m.waiting);
                 self.metrics.ep_running.get_or_create(&label).set(m.running);
                 self.metrics
@@ -740,11 +818,58 @@ impl Inner {
             }
             Err(e) => {
                 self.metrics.scrape_errors.get_or_create(&label).inc();
+                if pool.cands[i].load_unknown() && !pool.runtime[i].warned_unknown_load {
+                    pool.runtime[i].warned_unknown_load = true;
+                    tracing::warn!(
+                        endpoint = %url,
+                        error = %e,
+                        "no readable /metrics: its load is unknown, so it is routed by this \
+                         router's requests in flight (least-request) until metrics appear"
+                    );
+                }
                 pool.runtime[i].last_error = Some(e);
             }
         }
         drop(pool);
         self.capacity.notify_waiters();
+    }
+
+    /// The configured block size for endpoints that have not said their own.
+    pub(crate) fn default_block_size(&self) -> u32 {
+        u32::try_from(self.config.precise.block_size).unwrap_or(u32::MAX)
+    }
+
+    /// Records the block size an endpoint's KV events carry (the size its block hashes
+    /// were computed with); says once in the log when it differs from what its metrics
+    /// say or, without those, from `precise.block_size`.
+    pub(crate) fn note_kv_block_size(&self, id: EndpointId, url: &str, block_size: u32) {
+        if block_size == 0 {
+            return;
+        }
+        let mut pool = self.lock_pool();
+        let Some(i) = pool.index_of_id(id, url) else {
+            return;
+        };
+        if pool.cands[i].kv_block_size == Some(block_size) {
+            return;
+        }
+        pool.cands[i].kv_block_size = Some(block_size);
+        let from_metrics = pool.cands[i].metrics.as_ref().and_then(|m| m.block_size);
+        let (expected, source) = match from_metrics {
+            Some(b) => (b, "its metrics (cache_config_info)"),
+            None => (self.default_block_size(), "precise.block_size"),
+        };
+        if expected != block_size && !pool.runtime[i].warned_block_size {
+            pool.runtime[i].warned_block_size = true;
+            tracing::warn!(
+                endpoint = %url,
+                events = block_size,
+                expected,
+                source,
+                "KV events carry a different block size; hashing this endpoint's prompts \
+                 with the events' block size"
+            );
+        }
     }
 
     /// Stores a readiness result.

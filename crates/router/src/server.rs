@@ -39,6 +39,34 @@ pub struct RouterArgs {
     /// How long in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_grace_s: u64,
+    /// Port of the OpenAI-compatible HTTP front (overrides `--port`); 0 turns it off, for
+    /// a picker that only serves ext_proc.
+    #[arg(long, value_name = "PORT", env = "STRATA_ROUTER_HTTP_PORT")]
+    pub http_port: Option<u16>,
+    /// Serve the Gateway API Inference Extension endpoint picker (Envoy ext_proc gRPC,
+    /// conventionally 9002) on this port; see docs/KUBERNETES.md.
+    #[arg(long, value_name = "PORT", env = "STRATA_EXT_PROC_PORT")]
+    pub ext_proc_port: Option<u16>,
+    /// gRPC health port of the picker (`grpc.health.v1`: liveness, readiness, the ext_proc
+    /// service); 0 turns it off. Only with `--ext-proc-port`.
+    #[arg(long, default_value_t = 9003, value_name = "PORT")]
+    pub health_port: u16,
+    /// Prometheus `/metrics` port of the picker; 0 turns it off. Only with
+    /// `--ext-proc-port` (the HTTP front serves `/metrics` itself).
+    #[arg(long, default_value_t = 9090, value_name = "PORT")]
+    pub metrics_port: u16,
+    /// Discover endpoints from this InferencePool's Ready pods (Kubernetes API, in-cluster
+    /// service account or kubeconfig).
+    #[arg(long, value_name = "NAME", env = "STRATA_POOL_NAME")]
+    pub pool_name: Option<String>,
+    /// Namespace of `--pool-name`.
+    #[arg(
+        long,
+        value_name = "NS",
+        default_value = "default",
+        env = "STRATA_POOL_NAMESPACE"
+    )]
+    pub pool_namespace: String,
 }
 
 /// Builds the configuration from flags and files.
@@ -118,9 +146,15 @@ pub async fn watch_endpoints_file(
 /// finish (bounded by `--shutdown-grace-s`).
 pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let config = load_config(&args)?;
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+    let http_port = args.http_port.unwrap_or(args.port);
+    if http_port == 0 && args.ext_proc_port.is_none() {
+        anyhow::bail!(
+            "--http-port 0 turns the HTTP front off; give --ext-proc-port to serve anything"
+        );
+    }
+    let addr: SocketAddr = format!("{}:{}", args.host, http_port)
         .parse()
-        .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
+        .with_context(|| format!("bad listen address {}:{}", args.host, http_port))?;
     let fixed: Vec<EndpointSpec> = {
         let mut c = config.clone();
         if let Some(path) = &args.endpoints_file {
@@ -139,6 +173,65 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             Duration::from_millis(500),
         ));
     }
+    if let Some(pool) = &args.pool_name {
+        let client = crate::k8s::Discovery::infer_client().await?;
+        let mut cfg = crate::k8s::DiscoveryConfig::new(pool.clone(), args.pool_namespace.clone());
+        cfg.default_kind = router.config().default_kind;
+        let fixed = router.config().endpoints.clone();
+        crate::k8s::spawn(crate::k8s::Discovery::new(
+            cfg,
+            client,
+            router.clone(),
+            fixed,
+        ));
+        tracing::info!(pool = %pool, namespace = %args.pool_namespace, "watching InferencePool");
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ext_proc = match args.ext_proc_port {
+        Some(port) => {
+            let on = |p: u16| (p != 0).then_some(p);
+            let listeners = crate::extproc::serve::Listeners::bind(
+                &args.host,
+                port,
+                on(args.health_port),
+                on(args.metrics_port),
+            )
+            .await
+            .context("binding the endpoint picker's ports")?;
+            let bound = listeners.addrs()?;
+            tracing::info!(ext_proc = %bound.ext_proc, health = ?bound.health, metrics = ?bound.metrics, "endpoint picker serving");
+            let ext = crate::extproc::ExtProc::new(router.clone());
+            let mut rx = stop_rx.clone();
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            Some(tokio::spawn(crate::extproc::serve::serve(
+                ext, listeners, stop,
+            )))
+        }
+        None => None,
+    };
+    if http_port == 0 {
+        // ext_proc only.
+        let mut ext_proc = ext_proc.context("no transport to serve")?;
+        tokio::select! {
+            _ = shutdown_signal() => {
+                tracing::info!("shutting down");
+                let _ = stop_tx.send(true);
+            }
+            ended = &mut ext_proc => {
+                ended??;
+                return Ok(());
+            }
+        }
+        let grace = Duration::from_secs(args.shutdown_grace_s);
+        match tokio::time::timeout(grace, ext_proc).await {
+            Ok(joined) => joined??,
+            Err(_) => tracing::warn!("grace period over; closing remaining streams"),
+        }
+        tracing::info!("stopped");
+        return Ok(());
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -154,32 +247,19 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let server = tokio::spawn(async move { server.await });
     // After the signal, give in-flight requests `grace` to finish, then stop regardless.
     let _ = rx.await;
+    let _ = stop_tx.send(true);
     match tokio::time::timeout(grace, server).await {
         Ok(joined) => joined??,
         Err(_) => tracing::warn!("grace period over; closing remaining connections"),
+    }
+    if let Some(ext_proc) = ext_proc {
+        if let Ok(joined) = tokio::time::timeout(grace, ext_proc).await {
+            joined??;
+        }
     }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-}
+/// Resolves on Ctrl-C or SIGTERM (the one definition, in `strata-api`).
+pub use strata_api::http::shutdown_signal;

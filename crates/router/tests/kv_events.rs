@@ -579,8 +579,13 @@ fn adapter_requests_hash_with_the_adapter_name_like_the_engine() {
         None,
         "the base model is no adapter"
     );
-    assert_eq!(router.precise_blocks(&tokens, lora.as_deref(), None), want);
-    assert_ne!(router.precise_blocks(&tokens, None, None), want);
+    assert_eq!(
+        router
+            .precise_blocks(&tokens, lora.as_deref(), None)
+            .chain(16),
+        want
+    );
+    assert_ne!(router.precise_blocks(&tokens, None, None).chain(16), want);
     // The approximate index keys on the requested name too.
     let text = "a shared system prompt, long enough for a few chunks. ".repeat(6);
     let (adapter, base) = (
@@ -658,5 +663,92 @@ async fn adapter_prefixes_match_the_adapters_blocks_never_the_base_models() {
     assert!(
         text.contains("strata_router_prefix_hit_ratio{index=\"precise\"} 1.0"),
         "every request found its own blocks: {text}"
+    );
+}
+
+/// Endpoints that name their blocks with different block sizes (vLLM on CPU needs a multiple
+/// of 32; a Strata engine defaults to 16) behind one router: each request's prompt is hashed
+/// with each candidate's own block size, so both endpoints' blocks are found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_of_different_block_sizes_are_each_matched_with_their_own() {
+    let engine = |block_size| {
+        MockEngine::spawn(MockConfig {
+            model: "m".into(),
+            block_size,
+            ..Default::default()
+        })
+    };
+    let (a, b) = (engine(16).await.unwrap(), engine(32).await.unwrap());
+    let (mut pub_a, mut pub_b) = (PubSocket::new(), PubSocket::new());
+    let ep_a = pub_a.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let ep_b = pub_b.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut spec_a = EndpointSpec::new(a.url(), EngineKind::Strata);
+    spec_a.kv_events = Some(ep_a);
+    let mut spec_b = EndpointSpec::new(b.url(), EngineKind::Vllm);
+    spec_b.kv_events = Some(ep_b);
+    let config = RouterConfig {
+        scrape_interval_ms: 10,
+        health_interval_ms: 20,
+        endpoints: vec![spec_a, spec_b],
+        scheduling: Some(EndpointPickerConfig::weighted(&[
+            ("queue-scorer", 1.0),
+            ("precise-prefix-cache-scorer", 10.0),
+        ])),
+        // The configured size is 16: right for a, wrong for b.
+        ..RouterConfig::default()
+    };
+    let router = Router::new(config).unwrap();
+
+    // a holds prompt p16 as 4 blocks of 16; b holds prompt p32 as 2 blocks of 32.
+    let p16: Vec<u32> = (2000..2064).collect();
+    let p32: Vec<u32> = (3000..3064).collect();
+    let stored = |tokens: &[u32], block_size: usize| KvEvent::BlockStored {
+        block_hashes: BlockHasher::new(DEFAULT_HASH_SEED, block_size)
+            .hash_tokens(tokens, None, None),
+        parent_block_hash: None,
+        token_ids: tokens.to_vec(),
+        block_size,
+        lora_id: None,
+        medium: Some("GPU".into()),
+        lora_name: None,
+    };
+    let (ev_a, ev_b) = (stored(&p16, 16), stored(&p32, 32));
+    publish_until_indexed(&router, &mut [(&mut pub_a, &ev_a), (&mut pub_b, &ev_b)], 6).await;
+    // Each endpoint hashes with its own size, learnt from its metrics and its events.
+    let sizes: Vec<(String, u32)> = router
+        .status()
+        .into_iter()
+        .map(|s| (s.spec.url, s.block_size))
+        .collect();
+    assert!(
+        sizes.contains(&(a.url(), 16)) && sizes.contains(&(b.url(), 32)),
+        "{sizes:?}"
+    );
+    let chains = router.precise_blocks(&p32, None, None);
+    assert_eq!(chains.chain(32).len(), 2);
+    assert_eq!(chains.chain(16).len(), 4);
+
+    let (base, client) = serve(&router).await;
+    for (prompt, want) in [(&p32, b.replica()), (&p16, a.replica())] {
+        for _ in 0..4 {
+            let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2}).to_string();
+            let req = Request::post(format!("{base}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let resp = client.request(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            let replica = resp.headers()["x-mock-replica"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            let _ = resp.into_body().collect().await.unwrap();
+            assert_eq!(replica, want, "the replica holding the prompt's blocks");
+        }
+    }
+    let text = router.metrics().encode();
+    assert!(
+        text.contains("strata_router_prefix_hit_ratio{index=\"precise\"} 1.0"),
+        "every block of every request was found: {text}"
     );
 }

@@ -2,7 +2,7 @@
 //! admission, bad input and the data layer.
 
 use std::collections::HashSet;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -688,4 +688,116 @@ async fn models_lists_the_union_over_labelled_endpoints() {
     h.router.remove_endpoint(&c.url()).unwrap();
     let r = h.send(Method::GET, "/v1/models", "", &[]).await;
     assert_openai_error(&r, 503);
+}
+
+/// The last SSE event of a stream, parsed.
+fn last_event(text: &str) -> Value {
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    serde_json::from_str(last.trim_start_matches("data: ")).unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminator_split_at_every_byte_ends_the_stream_cleanly() {
+    let a = MockEngine::spawn(MockConfig {
+        model: "m".into(),
+        output_tokens: 3,
+        split_stream_bytes: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let h = start(fast_config(&[&a])).await;
+    for _ in 0..3 {
+        let r = h.chat(chat_body("m", true)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let text = r.text();
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        assert!(
+            !text.contains("\"error\""),
+            "no error event appended: {text}"
+        );
+    }
+    // Nothing was counted against the replica: its circuit stays closed.
+    let st = h.router.status();
+    assert!(!st[0].circuit.is_open() && st[0].ready, "{:?}", st[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_that_quotes_done_does_not_hide_a_broken_stream() {
+    let a = MockEngine::spawn(MockConfig {
+        model: "m".into(),
+        output_tokens: 6,
+        token_text: " [DONE]".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    a.set_fault(Fault::CloseMidStream { after_chunks: 2 });
+    let h = start(fast_config(&[&a])).await;
+    let r = h.chat(chat_body("m", true)).await;
+    let text = r.text();
+    assert!(text.contains("[DONE]"), "the content quotes it: {text}");
+    assert!(
+        last_event(&text)["error"]["message"].is_string(),
+        "the cut stream ends with an error event: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_without_metrics_are_routed_by_in_flight_counts() {
+    // Two OpenAI-compatible backends whose /metrics is not served at all (a plain proxy, a
+    // hosted API, llama.cpp without --metrics).
+    let (a, b) = (mock("m").await, mock("m").await);
+    a.set_fault(Fault::NoMetrics);
+    b.set_fault(Fault::NoMetrics);
+    let router = Router::new(fast_config(&[&a, &b])).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, strata_router::proxy::app(router.clone())).into_future());
+    let r = router.clone();
+    wait_for("both ready, with their load unknown", || {
+        let s = r.status();
+        async move {
+            s.len() == 2
+                && s.iter()
+                    .all(|e| e.ready && e.load_unknown && e.last_error.is_some())
+        }
+    })
+    .await;
+    let h = Harness {
+        router,
+        base,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+    };
+    let started = std::time::Instant::now();
+    for i in 0..20 {
+        let body = json!({"model": "m", "stream": false, "messages": [
+            {"role": "user", "content": format!("question number {i} about something else entirely")}
+        ]});
+        let t = std::time::Instant::now();
+        let r = h.chat(body).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "held {:?}: an endpoint without metrics must not wait for the admission timeout",
+            t.elapsed()
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Least-request with random ties: both got traffic.
+    assert!(
+        a.requests() > 0 && b.requests() > 0,
+        "{} / {}",
+        a.requests(),
+        b.requests()
+    );
+    // The debug view says why.
+    let d = h
+        .send(Method::GET, "/debug/endpoints", "", &[])
+        .await
+        .json();
+    for e in d["endpoints"].as_array().unwrap() {
+        assert_eq!(e["load_unknown"], true, "{e}");
+        assert_eq!(e["saturated"], false, "{e}");
+    }
 }

@@ -1,13 +1,13 @@
 //! The live dashboard served at `/ui` on the stack's front port.
 //!
-//! A collector task scrapes every replica's `/metrics` (the vLLM names of PROTOCOLS §2) and
-//! the router's own metrics once per interval, turns counters into rates and histogram
-//! buckets into percentiles over a sliding window, and keeps the last
-//! [`HISTORY`] points of every series. The page (plain HTML/JS/CSS compiled into the binary,
+//! A collector task reads, once per interval, every replica's last `/metrics` page as the
+//! router's scraper parsed it ([`StackView::load`]: one reader of each page inside `strata
+//! up`) and the router's own metrics, turns counters into rates and histogram buckets into
+//! percentiles over a sliding window, and keeps the last [`HISTORY`] points of every series. The page (plain HTML/JS/CSS compiled into the binary,
 //! no build step) polls `/ui/api/state` and draws the series on canvases.
 //!
-//! The arithmetic ([`EngineSample::parse`], [`quantile`], [`Collector::tick`]) is pure and
-//! unit-tested; only [`Dashboard::spawn`] touches the network.
+//! The arithmetic ([`Collector::tick`]) is pure and unit-tested; the page parsing and the
+//! histogram quantiles are `strata_api`'s.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,10 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::Serialize;
-use strata_router::datalayer::metrics::parse_sample;
+use strata_api::model_server::LoadSample;
+use strata_api::prometheus::{
+    add_histogram, counter_delta, histogram_delta, histogram_quantile, parse_sample, Buckets,
+};
 
 /// Points kept per series (at one per second: five minutes).
 pub const HISTORY: usize = 300;
@@ -47,147 +50,13 @@ pub trait StackView: Send + Sync + 'static {
     fn replicas(&self) -> Vec<ReplicaView>;
     /// The router's Prometheus text, for picks per replica.
     fn router_metrics(&self) -> Option<String>;
+    /// The replica at `url`'s last `/metrics` page, when it is recent.
+    fn load(&self, url: &str) -> Option<Arc<LoadSample>>;
     /// The controller's view: `{desired, ready, reason, signal, rollout}`.
     fn controller(&self) -> Option<serde_json::Value> {
         None
     }
 }
-
-/// The counters and histograms one `/metrics` scrape of an engine yields.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EngineSample {
-    pub generation_tokens: f64,
-    pub requests: f64,
-    pub prefix_queries: f64,
-    pub prefix_hits: f64,
-    pub waiting: f64,
-    pub running: f64,
-    pub kv_usage: f64,
-    /// Cumulative bucket counts by upper bound, summed over label sets.
-    pub ttft: Vec<(f64, f64)>,
-    pub itl: Vec<(f64, f64)>,
-}
-
-fn add_bucket(buckets: &mut Vec<(f64, f64)>, le: f64, count: f64) {
-    match buckets.iter_mut().find(|(b, _)| *b == le) {
-        Some((_, c)) => *c += count,
-        None => buckets.push((le, count)),
-    }
-}
-
-impl EngineSample {
-    /// Reads the vLLM metric names from a Prometheus text body; unknown lines are ignored.
-    pub fn parse(text: &str) -> EngineSample {
-        let mut s = EngineSample::default();
-        for line in text.lines() {
-            let Some(m) = parse_sample(line) else {
-                continue;
-            };
-            if m.value.is_nan() {
-                continue;
-            }
-            let le = || {
-                m.labels
-                    .iter()
-                    .find(|(k, _)| *k == "le")
-                    .and_then(|(_, v)| match v.as_str() {
-                        "+Inf" => Some(f64::INFINITY),
-                        v => v.parse::<f64>().ok(),
-                    })
-            };
-            match m.name {
-                "vllm:generation_tokens_total" => s.generation_tokens += m.value,
-                "vllm:request_success_total" => s.requests += m.value,
-                "vllm:prefix_cache_queries_total" => s.prefix_queries += m.value,
-                "vllm:prefix_cache_hits_total" => s.prefix_hits += m.value,
-                "vllm:num_requests_waiting" => s.waiting += m.value,
-                "vllm:num_requests_running" => s.running += m.value,
-                "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
-                    s.kv_usage = s.kv_usage.max(m.value)
-                }
-                "vllm:time_to_first_token_seconds_bucket" => {
-                    if let Some(le) = le() {
-                        add_bucket(&mut s.ttft, le, m.value);
-                    }
-                }
-                "vllm:inter_token_latency_seconds_bucket" => {
-                    if let Some(le) = le() {
-                        add_bucket(&mut s.itl, le, m.value);
-                    }
-                }
-                _ => {}
-            }
-        }
-        s.ttft.sort_by(|a, b| a.0.total_cmp(&b.0));
-        s.itl.sort_by(|a, b| a.0.total_cmp(&b.0));
-        s
-    }
-}
-
-/// `now - before` for a counter, treating a decrease as a restart (the new value is all
-/// new).
-fn delta(now: f64, before: f64) -> f64 {
-    if now >= before {
-        now - before
-    } else {
-        now
-    }
-}
-
-fn bucket_delta(now: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let reset = now.iter().any(|(le, c)| {
-        before
-            .iter()
-            .find(|(b, _)| b == le)
-            .is_some_and(|(_, p)| p > c)
-    });
-    now.iter()
-        .map(|&(le, c)| {
-            let prev = if reset {
-                0.0
-            } else {
-                before
-                    .iter()
-                    .find(|(b, _)| *b == le)
-                    .map_or(0.0, |(_, p)| *p)
-            };
-            (le, c - prev)
-        })
-        .collect()
-}
-
-/// The `q`-quantile of a cumulative histogram, interpolating linearly inside the bucket
-/// (Prometheus' `histogram_quantile`). `None` without observations; a quantile in the
-/// `+Inf` bucket is the largest finite bound.
-pub fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
-    let total = buckets.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q.clamp(0.0, 1.0) * total;
-    let (mut lower, mut below) = (0.0, 0.0);
-    for &(le, cum) in buckets {
-        if cum >= rank && cum > below {
-            if le.is_infinite() {
-                return Some(lower);
-            }
-            return Some(lower + (le - lower) * (rank - below) / (cum - below));
-        }
-        lower = if le.is_finite() { le } else { lower };
-        below = cum;
-    }
-    Some(lower)
-}
-
-fn sum_buckets(into: &mut Vec<(f64, f64)>, add: &[(f64, f64)]) {
-    for &(le, c) in add {
-        add_bucket(into, le, c);
-    }
-    into.sort_by(|a, b| a.0.total_cmp(&b.0));
-}
-
-/// Cumulative histogram buckets: (upper bound, count).
-type Buckets = Vec<(f64, f64)>;
 
 /// Per-replica series.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -226,20 +95,20 @@ fn push<T>(q: &mut VecDeque<T>, v: T) {
 #[derive(Debug, Clone, Default)]
 pub struct Observation {
     pub t: f64,
-    pub engines: Vec<(String, Option<EngineSample>)>,
+    pub engines: Vec<(String, Option<Arc<LoadSample>>)>,
     pub picks: HashMap<String, f64>,
 }
 
 /// Turns successive observations into series. Pure: the caller supplies time and data.
 #[derive(Debug, Default)]
 pub struct Collector {
-    last: HashMap<String, EngineSample>,
+    last: HashMap<String, Arc<LoadSample>>,
     last_picks: HashMap<String, f64>,
     last_t: Option<f64>,
     /// Per tick: (TTFT, ITL) bucket deltas.
     window: VecDeque<(Buckets, Buckets)>,
     pub series: Series,
-    pub latest: HashMap<String, EngineSample>,
+    pub latest: HashMap<String, Arc<LoadSample>>,
 }
 
 impl Collector {
@@ -258,14 +127,14 @@ impl Collector {
                 continue;
             };
             push(&mut series.queue, Some(now.waiting));
-            push(&mut series.kv, Some(now.kv_usage));
+            push(&mut series.kv, Some(now.kv_use.unwrap_or(0.0)));
             if let Some(before) = self.last.get(url) {
-                tokens += delta(now.generation_tokens, before.generation_tokens);
-                requests += delta(now.requests, before.requests);
-                queries += delta(now.prefix_queries, before.prefix_queries);
-                hits += delta(now.prefix_hits, before.prefix_hits);
-                sum_buckets(&mut ttft, &bucket_delta(&now.ttft, &before.ttft));
-                sum_buckets(&mut itl, &bucket_delta(&now.itl, &before.itl));
+                tokens += counter_delta(now.generation_tokens, before.generation_tokens);
+                requests += counter_delta(now.requests_finished, before.requests_finished);
+                queries += counter_delta(now.prefix_queries, before.prefix_queries);
+                hits += counter_delta(now.prefix_hits, before.prefix_hits);
+                add_histogram(&mut ttft, &histogram_delta(&now.ttft, &before.ttft));
+                add_histogram(&mut itl, &histogram_delta(&now.itl, &before.itl));
             }
             self.last.insert(url.clone(), now.clone());
             self.latest.insert(url.clone(), now.clone());
@@ -278,7 +147,7 @@ impl Collector {
             let key = endpoint_key(url);
             let now = obs.picks.get(key).copied();
             let rate = match (now, self.last_picks.get(key), dt) {
-                (Some(n), Some(&b), Some(dt)) => Some(delta(n, b) / dt),
+                (Some(n), Some(&b), Some(dt)) => Some(counter_delta(n, b) / dt),
                 _ => None,
             };
             push(&mut series.picks_per_s, rate);
@@ -291,17 +160,17 @@ impl Collector {
         self.window.push_back((ttft, itl));
         let (mut wt, mut wi) = (Vec::new(), Vec::new());
         for (t, i) in &self.window {
-            sum_buckets(&mut wt, t);
-            sum_buckets(&mut wi, i);
+            add_histogram(&mut wt, t);
+            add_histogram(&mut wi, i);
         }
         let s = &mut self.series;
         push(&mut s.t, obs.t);
-        push(&mut s.ttft_p50, quantile(&wt, 0.5));
-        push(&mut s.ttft_p90, quantile(&wt, 0.9));
-        push(&mut s.ttft_p99, quantile(&wt, 0.99));
-        push(&mut s.itl_p50, quantile(&wi, 0.5));
-        push(&mut s.itl_p90, quantile(&wi, 0.9));
-        push(&mut s.itl_p99, quantile(&wi, 0.99));
+        push(&mut s.ttft_p50, histogram_quantile(&wt, 0.5));
+        push(&mut s.ttft_p90, histogram_quantile(&wt, 0.9));
+        push(&mut s.ttft_p99, histogram_quantile(&wt, 0.99));
+        push(&mut s.itl_p50, histogram_quantile(&wi, 0.5));
+        push(&mut s.itl_p90, histogram_quantile(&wi, 0.9));
+        push(&mut s.itl_p99, histogram_quantile(&wi, 0.99));
         push(&mut s.output_tokens_per_s, dt.map(|dt| tokens / dt));
         push(&mut s.requests_per_s, dt.map(|dt| requests / dt));
         push(
@@ -368,38 +237,25 @@ impl Dashboard {
         }
     }
 
-    /// Starts the collector: one scrape of every replica per `interval`.
+    /// Starts the collector: one observation of every replica per `interval`, read from
+    /// the pages the router's scraper already holds.
     pub fn spawn(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let client = reqwest::Client::builder()
-                .timeout(interval.max(Duration::from_millis(500)))
-                .build()
-                .unwrap_or_default();
             let start = tokio::time::Instant::now();
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticker.tick().await;
-                let replicas = shared.view.replicas();
-                let scrapes = replicas.iter().map(|r| {
-                    let client = client.clone();
-                    let url = r.url.clone();
-                    async move {
-                        let text = async {
-                            client
-                                .get(format!("{url}/metrics"))
-                                .send()
-                                .await?
-                                .error_for_status()?
-                                .text()
-                                .await
-                        }
-                        .await;
-                        (url, text.ok().map(|t| EngineSample::parse(&t)))
-                    }
-                });
-                let engines = futures_join_all(scrapes).await;
+                let engines = shared
+                    .view
+                    .replicas()
+                    .into_iter()
+                    .map(|r| {
+                        let load = shared.view.load(&r.url);
+                        (r.url, load)
+                    })
+                    .collect();
                 let picks = shared
                     .view
                     .router_metrics()
@@ -464,7 +320,7 @@ async fn state(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                 view: r,
                 waiting: s.map(|s| s.waiting),
                 running: s.map(|s| s.running),
-                kv_usage: s.map(|s| s.kv_usage),
+                kv_usage: s.and_then(|s| s.kv_use),
             }
         })
         .collect();
@@ -477,25 +333,10 @@ async fn state(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     }))
 }
 
-/// Awaits every future concurrently, keeping their order.
-async fn futures_join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        if let Ok(v) = h.await {
-            out.push(v);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_api::model_server::EngineKind;
 
     const METRICS: &str = "\
 # TYPE vllm:generation_tokens_total counter
@@ -504,37 +345,15 @@ vllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 3
 vllm:request_success_total{finished_reason=\"length\",model_name=\"m\"} 2
 vllm:prefix_cache_queries_total{model_name=\"m\"} 400
 vllm:prefix_cache_hits_total{model_name=\"m\"} 100
-vllm:num_requests_waiting{model_name=\"m\"} 4
 vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25
 vllm:time_to_first_token_seconds_bucket{le=\"0.1\",model_name=\"m\"} 1
 vllm:time_to_first_token_seconds_bucket{le=\"0.5\",model_name=\"m\"} 3
 vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 5
 ";
 
-    #[test]
-    fn parses_the_vllm_names() {
-        let s = EngineSample::parse(METRICS);
-        assert_eq!(s.generation_tokens, 100.0);
-        assert_eq!(s.requests, 5.0);
-        assert_eq!(s.prefix_queries, 400.0);
-        assert_eq!(s.waiting, 4.0);
-        assert_eq!(s.kv_usage, 0.25);
-        assert_eq!(s.ttft, vec![(0.1, 1.0), (0.5, 3.0), (f64::INFINITY, 5.0)]);
-        assert_eq!(EngineSample::parse("garbage {{{"), EngineSample::default());
-    }
-
-    #[test]
-    fn quantiles_interpolate_inside_buckets() {
-        let b = [(0.1, 1.0), (0.5, 3.0), (f64::INFINITY, 5.0)];
-        // rank 2.5 of 5: in (0.1, 0.5], 1.5 of its 2 observations in.
-        let p50 = quantile(&b, 0.5).unwrap();
-        assert!((p50 - (0.1 + 0.4 * 0.75)).abs() < 1e-12, "{p50}");
-        // rank 0.5: half-way into the first bucket from 0.
-        assert!((quantile(&b, 0.1).unwrap() - 0.05).abs() < 1e-12);
-        // In +Inf: the largest finite bound.
-        assert_eq!(quantile(&b, 0.99), Some(0.5));
-        assert_eq!(quantile(&[(0.1, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
-        assert_eq!(quantile(&[], 0.5), None);
+    fn load(text: &str) -> Arc<LoadSample> {
+        let page = format!("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n{text}");
+        Arc::new(strata_api::model_server::parse_load(EngineKind::Vllm, page.as_bytes()).unwrap())
     }
 
     fn obs(t: f64, samples: Vec<(&str, Option<&str>)>, picks: &[(&str, f64)]) -> Observation {
@@ -542,7 +361,7 @@ vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 5
             t,
             engines: samples
                 .into_iter()
-                .map(|(u, s)| (u.to_string(), s.map(EngineSample::parse)))
+                .map(|(u, s)| (u.to_string(), s.map(load)))
                 .collect(),
             picks: picks.iter().map(|(u, v)| (u.to_string(), *v)).collect(),
         }

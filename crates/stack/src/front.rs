@@ -24,6 +24,7 @@ use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::StreamExt;
+use strata_api::StreamWatch;
 use strata_controller::rollout::VersionStats;
 use strata_router::proxy::SERVED_BY;
 use strata_router::Router;
@@ -48,16 +49,9 @@ pub struct VersionStatsBook {
     unattributed_errors: AtomicU64,
 }
 
-/// The `q` quantile (nearest rank) of unsorted samples.
-pub fn quantile(samples: &[f64], q: f64) -> Option<f64> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut v = samples.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
-}
+/// The `q` quantile of unsorted samples: the one sample-percentile definition
+/// (`strata_api::stats`, numpy's "linear"), the same as `strata bench` reports.
+pub use strata_api::stats::quantile;
 
 impl VersionStatsBook {
     pub fn reset(&self) {
@@ -136,7 +130,7 @@ struct StreamRecord {
     last: Option<Instant>,
     ttft: Option<f64>,
     itl: Vec<f64>,
-    saw_done: bool,
+    watch: StreamWatch,
     finished: bool,
 }
 
@@ -152,9 +146,7 @@ impl StreamRecord {
             }
         }
         self.last = Some(now);
-        if !self.saw_done && bytes.windows(6).any(|w| w == b"[DONE]") {
-            self.saw_done = true;
-        }
+        self.watch.feed(bytes);
     }
 }
 
@@ -162,8 +154,11 @@ impl Drop for StreamRecord {
     fn drop(&mut self) {
         // A client that leaves early is not the replica's fault: only a stream that ran to
         // its end without `[DONE]` counts as an error.
-        if self.finished || self.saw_done {
-            let ok = self.saw_done;
+        if self.finished {
+            self.watch.finish();
+        }
+        if self.finished || self.watch.saw_done() {
+            let ok = self.watch.ended_well();
             self.book
                 .record(&self.version, ok, self.ttft, &std::mem::take(&mut self.itl));
         }
@@ -227,7 +222,7 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
         last: None,
         ttft: None,
         itl: Vec::new(),
-        saw_done: false,
+        watch: StreamWatch::new(),
         finished: false,
     };
     let stream = futures_util::stream::unfold(
@@ -262,7 +257,8 @@ mod tests {
     fn quantiles_and_books() {
         assert_eq!(quantile(&[], 0.9), None);
         let v: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.9), Some(9.0));
+        // The same definition `strata bench` reports (numpy's "linear").
+        assert!((quantile(&v, 0.9).unwrap() - 9.1).abs() < 1e-9);
         assert_eq!(quantile(&v, 1.0), Some(10.0));
         assert_eq!(quantile(&[3.0], 0.9), Some(3.0));
 
@@ -273,7 +269,7 @@ mod tests {
         let s = b.stats("new");
         assert_eq!((s.requests, s.errors), (2, 1));
         assert_eq!(s.ttft_p90_secs, Some(0.1));
-        assert_eq!(s.itl_p90_secs, Some(0.02));
+        assert!((s.itl_p90_secs.unwrap() - 0.019).abs() < 1e-12);
         assert_eq!(b.stats("old").requests, 1);
         assert_eq!(b.stats("ghost"), VersionStats::default());
         b.reset();
@@ -291,7 +287,7 @@ mod tests {
                 last: None,
                 ttft: None,
                 itl: Vec::new(),
-                saw_done: false,
+                watch: StreamWatch::new(),
                 finished,
             };
             r.chunk(b"data: {}\n\n");
@@ -304,6 +300,31 @@ mod tests {
         };
         drop(rec(true, true));
         drop(rec(true, false)); // ended without [DONE]: an error
+                                // A terminator split over chunks at every byte still counts as finished; content
+                                // that merely quotes `[DONE]` does not.
+        for (stream, ok) in [
+            (&b"data: {}\n\ndata: [DONE]\n\n"[..], true),
+            (&b"data: {\"text\":\"[DONE]\"}\n\n"[..], false),
+        ] {
+            let before = book.stats("bytes");
+            let mut r = StreamRecord {
+                book: book.clone(),
+                version: "bytes".into(),
+                start: Instant::now(),
+                last: None,
+                ttft: None,
+                itl: Vec::new(),
+                watch: StreamWatch::new(),
+                finished: true,
+            };
+            for b in stream {
+                r.chunk(std::slice::from_ref(b));
+            }
+            drop(r);
+            let after = book.stats("bytes");
+            assert_eq!(after.requests, before.requests + 1);
+            assert_eq!(after.errors - before.errors, u64::from(!ok), "{stream:?}");
+        }
         drop(rec(false, false)); // the client left: not counted
         let s = book.stats("v");
         assert_eq!((s.requests, s.errors), (2, 1));

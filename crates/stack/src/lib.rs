@@ -9,10 +9,14 @@
 //! - [`rollout`]: the rollout API under `/controller/rollout/` and the task running one.
 //! - [`dashboard`]: the live page at `/ui`.
 
+// Library code never unwraps or expects on what a client, file or network controls (the
+// workspace-wide rule; tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod dashboard;
 pub mod fleet;
 pub mod front;
 pub mod rollout;
+pub mod signals;
 pub mod up;
 
 pub use up::{run, StackConfig, UpArgs};

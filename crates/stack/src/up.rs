@@ -18,20 +18,20 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
+use strata_api::http::shutdown_signal;
 use strata_controller::autoscale::AutoscaleConfig;
 use strata_controller::controller::{Controller, Status};
 use strata_controller::driver::local::{LocalDriver, LocalDriverConfig};
 use strata_controller::driver::ReplicaPhase;
 use strata_controller::metrics::ControllerMetrics;
 use strata_controller::rollout::RolloutConfig;
-use strata_controller::signals::{EngineKind as MetricsKind, MetricsScraper};
-use strata_router::server::shutdown_signal;
 use strata_router::{Router, RouterConfig};
 
 use crate::dashboard::{Dashboard, ReplicaView, StackView};
 use crate::fleet::{Fleet, GroupMap, Member, RouterRegistrar};
 use crate::front::{Front, VersionStatsBook};
 use crate::rollout::{CanaryTemplate, Rollouts};
+use crate::signals::RouterSignals;
 
 /// `strata.yaml`: every key has a flag of the same name and a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -342,6 +342,14 @@ impl StackView for View {
         Some(self.router.metrics().encode())
     }
 
+    fn load(&self, url: &str) -> Option<Arc<strata_api::model_server::LoadSample>> {
+        // The dashboard ticks once a second; a page older than a few ticks is no reading.
+        self.router
+            .load_sample(url)
+            .filter(|(_, age)| *age <= Duration::from_secs(3))
+            .map(|(load, _)| load)
+    }
+
     fn controller(&self) -> Option<serde_json::Value> {
         let s = self.status.lock().ok()?;
         let last = s.last.as_ref();
@@ -473,7 +481,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         autoscale.clone(),
         interval,
         fleet.driver(),
-        MetricsScraper::new(MetricsKind::Vllm, Duration::from_secs(1)),
+        // The router's scraper is the one reader of each replica's /metrics.
+        RouterSignals::new(router.clone(), Duration::from_secs(1)),
         registrar,
         metrics.clone(),
     )

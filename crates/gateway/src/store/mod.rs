@@ -1,12 +1,15 @@
 //! Persistent state: tenants, keys, budgets, the usage ledger and the admin audit log.
 //!
-//! [`Store`] is a synchronous trait so that a Postgres implementation can follow the
-//! embedded SQLite one ([`sqlite::SqliteStore`]). Callers on async paths use it from
-//! `spawn_blocking` or from the usage writer thread; the request path never waits on it
-//! (keys and spend are mirrored in memory by [`crate::state`]).
+//! [`Store`] is a synchronous trait with two implementations: the embedded SQLite one
+//! ([`sqlite::SqliteStore`], the default, one gateway) and PostgreSQL
+//! ([`postgres::PgStore`], several gateway replicas sharing one truth). Callers on async
+//! paths use it from `spawn_blocking` or from the usage writer thread. Keys and spend are
+//! mirrored in memory by [`crate::state`]; the request path waits on the store only to
+//! hold budget in a shared store ([`Store::hold_budget`]).
 //!
 //! Money is integer micro-dollars (1e-6 USD) everywhere, so sums never drift.
 
+pub mod postgres;
 pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
@@ -17,6 +20,11 @@ use crate::config::RateLimits;
 pub enum StoreError {
     #[error("database: {0}")]
     Db(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// The store could not be reached in time (connect failure, timeout, shut down).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     #[error("stored value is corrupt: {0}")]
     Corrupt(String),
     #[error("database schema version {found} is newer than this build knows ({known})")]
@@ -54,6 +62,11 @@ pub struct TenantRecord {
 /// One served (or cached) request, for the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageEvent {
+    /// Unique per request (empty when unknown). A shared store writes a row at most once
+    /// per id, so a batch retried after an unclear commit is not counted twice, and
+    /// releases the budget hold of the same id in the same transaction.
+    #[serde(default)]
+    pub id: String,
     pub ts: i64,
     pub key_id: String,
     pub tenant: String,
@@ -98,6 +111,37 @@ pub struct UsageFilter {
     pub since: Option<i64>,
 }
 
+/// A request's claim on its key's and tenant's budgets while it runs (shared stores).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetHold {
+    /// The request's ledger id ([`UsageEvent::id`]); its ledger row releases the hold.
+    pub id: String,
+    pub tenant: String,
+    pub key_id: String,
+    /// The estimated cost, held until the real cost is recorded.
+    pub amount_micros: i64,
+    /// The effective budgets (`None`: unlimited).
+    pub tenant_budget_micros: Option<i64>,
+    pub key_budget_micros: Option<i64>,
+    /// Unix seconds now, and when the hold lapses if its request never settles (a
+    /// crashed gateway).
+    pub now: i64,
+    pub expires_at: i64,
+}
+
+/// The answer to [`Store::hold_budget`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HoldOutcome {
+    Held,
+    /// A budget is spent: spend plus other requests' holds reached it.
+    Spent {
+        /// True for the tenant's budget, false for the key's.
+        tenant: bool,
+        spent_micros: i64,
+        budget_micros: i64,
+    },
+}
+
 /// Persistence for everything the gateway must remember across restarts.
 pub trait Store: Send + Sync {
     fn insert_key(&self, key: &KeyRecord) -> Result<(), StoreError>;
@@ -125,4 +169,22 @@ pub trait Store: Send + Sync {
     fn usage(&self, filter: &UsageFilter) -> Result<Vec<UsageRow>, StoreError>;
     fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
     fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// True when several gateways may share this store: budgets are then held here
+    /// ([`Store::hold_budget`]) rather than checked against one process's memory.
+    fn shares_budgets(&self) -> bool {
+        false
+    }
+
+    /// Atomically: admits when neither budget is reached by stored spend plus live holds,
+    /// and then records the hold. A store used by one gateway has nothing to add to the
+    /// in-memory check and admits.
+    fn hold_budget(&self, _hold: &BudgetHold) -> Result<HoldOutcome, StoreError> {
+        Ok(HoldOutcome::Held)
+    }
+
+    /// Drops a hold whose request was refused after it was taken.
+    fn release_hold(&self, _id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

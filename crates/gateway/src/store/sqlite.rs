@@ -434,6 +434,7 @@ mod tests {
         let s = SqliteStore::in_memory().unwrap();
         s.insert_key(&key("a", "t1")).unwrap();
         let ev = UsageEvent {
+            id: String::new(),
             ts: 10,
             key_id: "a".into(),
             tenant: "t1".into(),

@@ -306,6 +306,20 @@ pub(crate) async fn run(
                     }
                 }
             }
+            let event_block_size = before
+                .iter()
+                .map(|(_, b)| b)
+                .chain(std::iter::once(&batch))
+                .flat_map(|b| &b.events)
+                .find_map(|ev| match ev {
+                    strata_api::kv_events::KvEvent::BlockStored { block_size, .. } => {
+                        Some(*block_size)
+                    }
+                    _ => None,
+                });
+            if let Some(bs) = event_block_size {
+                inner.note_kv_block_size(id, &url, u32::try_from(bs).unwrap_or(0));
+            }
             let mut index = inner.precise.write().unwrap_or_else(|e| e.into_inner());
             let mut events = 0;
             for (s, b) in before.iter().chain(std::iter::once(&(seq, batch))) {

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::filters::{LoraAffinityFilter, LowQueueFilter, RoleFilter};
 use super::pickers::{MaxScore, RandomPicker, WeightedRandom};
 use super::scorers::*;
-use super::{Filter, Picker, Profile, Scheduler, Scorer};
+use super::{EndpointPicker, Filter, Picker, Profile, Scorer};
 use crate::prefix::approx::ApproxConfig;
 
 /// The YAML document.
@@ -285,7 +285,7 @@ impl EndpointPickerConfig {
     }
 
     /// Builds the scheduler.
-    pub fn build(&self) -> Result<Scheduler, ConfigError> {
+    pub fn build(&self) -> Result<EndpointPicker, ConfigError> {
         let mut built: HashMap<String, Plugin> = HashMap::new();
         for spec in &self.plugins {
             let name = spec.name.clone().unwrap_or_else(|| spec.kind.clone());
@@ -323,7 +323,7 @@ impl EndpointPickerConfig {
             }
             profiles.push(profile);
         }
-        Scheduler::new(profiles)
+        EndpointPicker::new(profiles)
     }
 }
 

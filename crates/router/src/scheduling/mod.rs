@@ -7,7 +7,7 @@
 //! same code in virtual time. Time is a [`Duration`] since an epoch the caller chooses (the
 //! live router uses its start instant).
 //!
-//! One decision, step by step ([`Scheduler::schedule`]):
+//! One decision, step by step ([`EndpointPicker::schedule`]):
 //! 1. eligibility: ready, not draining, serves the model;
 //! 2. the traffic split ([`split`]) narrows to one endpoint group, if a split is set;
 //! 3. the profile's filters, in order;
@@ -75,6 +75,9 @@ pub struct Candidate {
     pub ready: bool,
     /// Being drained: finishes what it has, gets nothing new.
     pub draining: bool,
+    /// Tokens per KV block as the endpoint's own KV events report it (the size its block
+    /// hashes were computed with), when it publishes events.
+    pub kv_block_size: Option<u32>,
 }
 
 impl Candidate {
@@ -87,7 +90,25 @@ impl Candidate {
             in_flight: 0,
             ready: true,
             draining: false,
+            kv_block_size: None,
         }
+    }
+
+    /// Whether the endpoint has never served metrics this router could read (a plain
+    /// OpenAI-compatible proxy, a hosted API, llama.cpp without `--metrics`). Such an
+    /// endpoint is routed by this router's own in-flight count (least-request), unlike one
+    /// whose metrics went stale.
+    pub fn load_unknown(&self) -> bool {
+        self.metrics.is_none()
+    }
+
+    /// The block size this endpoint hashes its prompts with: what its KV events say, else
+    /// what its metrics say (`vllm:cache_config_info{block_size}`), else `default`.
+    pub fn block_size(&self, default: u32) -> u32 {
+        self.kv_block_size
+            .or_else(|| self.metrics.as_ref().and_then(|m| m.block_size))
+            .filter(|b| *b > 0)
+            .unwrap_or(default)
     }
 
     /// The metrics, when read no longer than `stale_after` before `now`.
@@ -128,12 +149,52 @@ pub struct SchedRequest {
     pub priority: i32,
     /// Chained prompt-text chunk hashes for the approximate index.
     pub approx_blocks: Vec<u64>,
-    /// Wire block hashes of the prompt's tokens for the precise index, when known.
-    pub precise_blocks: Option<Vec<u64>>,
+    /// Wire block hashes of the prompt's tokens for the precise index, when known: one
+    /// chain per block size the candidates use.
+    pub precise_blocks: Option<PreciseBlocks>,
     /// Running request number, for round-robin.
     pub seq: u64,
     /// Scheduling profile to run (default: the first).
     pub profile: Option<String>,
+}
+
+/// A prompt's block hashes for the precise index, once per block size: endpoints name their
+/// blocks with their own block size (vLLM on CPU needs a multiple of 32, a Strata engine
+/// defaults to 16), so a candidate is matched against the chain of its own size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreciseBlocks {
+    /// The block size used when a candidate's own is unknown, and its chain.
+    pub default_block_size: u32,
+    /// `(block size, wire hashes)`, one entry per size, the default's included.
+    pub chains: Vec<(u32, Vec<u64>)>,
+}
+
+impl PreciseBlocks {
+    /// One chain, for every candidate.
+    pub fn single(block_size: u32, hashes: Vec<u64>) -> Self {
+        PreciseBlocks {
+            default_block_size: block_size,
+            chains: vec![(block_size, hashes)],
+        }
+    }
+
+    /// The chain for `block_size`, or the default's when that size was not hashed.
+    pub fn chain(&self, block_size: u32) -> &[u64] {
+        self.chains
+            .iter()
+            .find(|(b, _)| *b == block_size)
+            .or_else(|| {
+                self.chains
+                    .iter()
+                    .find(|(b, _)| *b == self.default_block_size)
+            })
+            .map_or(&[], |(_, h)| h.as_slice())
+    }
+
+    /// The chain a candidate is matched against.
+    pub fn for_candidate(&self, c: &Candidate) -> &[u64] {
+        self.chain(c.block_size(self.default_block_size))
+    }
 }
 
 /// Everything besides the request and candidates that a decision may read.
@@ -204,13 +265,13 @@ pub struct Profile {
 
 /// The outcome of one decision.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Decision {
+pub struct PickDecision {
     pub profile: String,
     /// Best first; the proxy tries them in this order.
     pub ranked: Vec<Scored>,
 }
 
-impl Decision {
+impl PickDecision {
     pub fn pick(&self) -> EndpointId {
         // `schedule` never returns an empty ranking.
         self.ranked
@@ -235,24 +296,24 @@ pub enum ScheduleError {
 
 /// Profiles, the first being the default.
 #[derive(Debug)]
-pub struct Scheduler {
+pub struct EndpointPicker {
     profiles: Vec<Profile>,
 }
 
-impl Scheduler {
+impl EndpointPicker {
     /// A scheduler over `profiles` (at least one; the first is the default).
     pub fn new(profiles: Vec<Profile>) -> Result<Self, ConfigError> {
         if profiles.is_empty() {
             return Err(ConfigError::NoProfile);
         }
-        Ok(Scheduler { profiles })
+        Ok(EndpointPicker { profiles })
     }
 
     /// The PROTOCOLS §6 defaults: queue ×2, KV use ×2, approximate prefix ×3, max-score.
     pub fn default_profile() -> Self {
         EndpointPickerConfig::default_config()
             .build()
-            .unwrap_or_else(|_| Scheduler {
+            .unwrap_or_else(|_| EndpointPicker {
                 profiles: vec![Profile {
                     name: "default".into(),
                     filters: vec![],
@@ -274,7 +335,7 @@ impl Scheduler {
         candidates: &[Candidate],
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
-    ) -> Result<Decision, ScheduleError> {
+    ) -> Result<PickDecision, ScheduleError> {
         let profile = match &req.profile {
             None => &self.profiles[0],
             Some(name) => self
@@ -329,7 +390,7 @@ impl Scheduler {
             .map(|(c, &score)| Scored { id: c.id, score })
             .collect();
         profile.picker.pick(&mut scored, rng);
-        Ok(Decision {
+        Ok(PickDecision {
             profile: profile.name.clone(),
             ranked: scored,
         })
@@ -384,7 +445,7 @@ mod tests {
             approx_blocks: vec![11, 12, 13, 14],
             ..Default::default()
         };
-        let s = Scheduler::default_profile();
+        let s = EndpointPicker::default_profile();
         let mut rng = StdRng::seed_from_u64(1);
         let d = s.schedule(&ctx, &req, &cands, None, &mut rng).unwrap();
         let score = |id: u32| d.ranked.iter().find(|x| x.id.0 == id).unwrap().score;
@@ -404,7 +465,7 @@ mod tests {
         let mut cands = vec![cand(0, 0.0, 0.0), cand(1, 9.0, 0.9), cand(2, 9.0, 0.9)];
         cands[0].ready = false;
         cands[2].draining = true;
-        let s = Scheduler::default_profile();
+        let s = EndpointPicker::default_profile();
         let req = SchedRequest {
             model: "m".into(),
             ..Default::default()
@@ -441,7 +502,7 @@ mod tests {
     #[test]
     fn same_seed_same_decision() {
         let cands: Vec<Candidate> = (0..8).map(|i| cand(i, 1.0, 0.5)).collect();
-        let s = Scheduler::default_profile();
+        let s = EndpointPicker::default_profile();
         let req = SchedRequest {
             model: "m".into(),
             ..Default::default()
@@ -571,7 +632,7 @@ mod properties {
             }
             let ctx = Context { approx: Some(&approx), ..Context::at(now()) };
             let req = SchedRequest { model: "m".into(), approx_blocks: blocks.clone(), ..Default::default() };
-            let got = Scheduler::default_profile()
+            let got = EndpointPicker::default_profile()
                 .schedule(&ctx, &req, &cands, None, &mut StdRng::seed_from_u64(seed));
             if cands.iter().all(|c| !c.ready) {
                 prop_assert_eq!(got, Err(ScheduleError::NoReadyEndpoint));

@@ -14,6 +14,9 @@ pub struct SaturationConfig {
     pub kv_threshold: f64,
     /// Metrics older than this count as saturated.
     pub stale_after: Duration,
+    /// An endpoint whose load is unknown (never any readable metrics) is saturated once
+    /// this router has this many requests in flight there.
+    pub unknown_load_max_in_flight: u32,
 }
 
 impl Default for SaturationConfig {
@@ -22,12 +25,19 @@ impl Default for SaturationConfig {
             queue_threshold: 5.0,
             kv_threshold: 0.8,
             stale_after: Duration::from_millis(200),
+            unknown_load_max_in_flight: 64,
         }
     }
 }
 
-/// Whether one endpoint is saturated at `now`.
+/// Whether one endpoint is saturated at `now`. Metrics that went stale count as saturated
+/// (the endpoint stopped saying how it is); an endpoint that has never said (its load is
+/// unknown: no `/metrics`, or not one this router can read) is judged by this router's own
+/// requests in flight there, so a pool of plain OpenAI-compatible backends still routes.
 pub fn endpoint_saturated(c: &Candidate, now: Duration, cfg: &SaturationConfig) -> bool {
+    if c.load_unknown() {
+        return c.in_flight >= cfg.unknown_load_max_in_flight;
+    }
     match c.fresh_metrics(now, cfg.stale_after) {
         None => true,
         Some(m) => {
@@ -87,9 +97,12 @@ mod tests {
             endpoint_saturated(&c, n + Duration::from_millis(201), &cfg),
             "stale"
         );
-        let mut no_metrics = cand(0, 0.0, 0.0);
-        no_metrics.metrics = None;
-        assert!(endpoint_saturated(&no_metrics, n, &cfg));
+        // Load unknown (never any metrics): judged by in-flight requests.
+        let mut unknown = cand(0, 0.0, 0.0);
+        unknown.metrics = None;
+        assert!(!endpoint_saturated(&unknown, n, &cfg));
+        unknown.in_flight = cfg.unknown_load_max_in_flight;
+        assert!(endpoint_saturated(&unknown, n, &cfg));
     }
 
     #[test]

@@ -28,6 +28,8 @@ fn min_max_inverse(value: impl Fn(usize) -> Option<f64>, out: &mut [f64]) {
 }
 
 /// Shorter waiting queue scores higher: `(max - q) / (max - min)`; stale metrics score 0.
+/// An endpoint whose load is unknown (no readable metrics ever) counts this router's own
+/// requests in flight there instead, so a pool of such endpoints is least-request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QueueScorer;
 
@@ -42,16 +44,19 @@ impl Scorer for QueueScorer {
     ) {
         min_max_inverse(
             |i| {
-                cands[i]
-                    .fresh_metrics(ctx.now, ctx.stale_after)
-                    .map(|m| m.waiting)
+                let c = cands[i];
+                if c.load_unknown() {
+                    return Some(f64::from(c.in_flight));
+                }
+                c.fresh_metrics(ctx.now, ctx.stale_after).map(|m| m.waiting)
             },
             out,
         );
     }
 }
 
-/// `1 - kv_use`; stale metrics score 0; an engine that reports no KV use scores 0.5.
+/// `1 - kv_use`; stale metrics score 0; an engine that reports no KV use (or no metrics at
+/// all) scores 0.5.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KvCacheUtilizationScorer;
 
@@ -66,6 +71,7 @@ impl Scorer for KvCacheUtilizationScorer {
     ) {
         for (o, c) in out.iter_mut().zip(cands) {
             *o = match c.fresh_metrics(ctx.now, ctx.stale_after) {
+                None if c.load_unknown() => 0.5,
                 None => 0.0,
                 Some(m) => m.kv_use.map_or(0.5, |kv| 1.0 - kv),
             };
@@ -137,10 +143,22 @@ impl Scorer for PrecisePrefixCacheScorer {
         rng: &mut dyn RngCore,
     ) {
         match (ctx.precise, &req.precise_blocks) {
-            (Some(idx), Some(blocks)) => {
+            (Some(idx), Some(blocks)) if blocks.chains.len() <= 1 => {
+                let chain = blocks.chain(blocks.default_block_size);
                 let mut m = Matches::from_elem(PrefixMatch::default(), cands.len());
-                idx.match_prefix_into(blocks, ids(cands), &mut m);
-                prefix_scores(&m, blocks.len(), self.lower_tier_weight, out);
+                idx.match_prefix_into(chain, ids(cands), &mut m);
+                prefix_scores(&m, chain.len(), self.lower_tier_weight, out);
+            }
+            (Some(idx), Some(blocks)) => {
+                // Endpoints of different block sizes: each against the chain of its own.
+                for (o, c) in out.iter_mut().zip(cands) {
+                    let chain = blocks.for_candidate(c);
+                    let mut m = [PrefixMatch::default()];
+                    idx.match_prefix_into(chain, std::iter::once(c.id), &mut m);
+                    let mut one = [0.0];
+                    prefix_scores(&m, chain.len(), self.lower_tier_weight, &mut one);
+                    *o = one[0];
+                }
             }
             _ => PrefixCacheScorer.score(ctx, req, cands, out, rng),
         }
@@ -301,6 +319,7 @@ impl Scorer for RandomScorer {
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
+    use super::super::PreciseBlocks;
     use super::*;
     use crate::prefix::approx::ApproxIndex;
     use crate::prefix::precise::PreciseIndex;
@@ -365,7 +384,7 @@ mod tests {
             lower_tier_weight: 0.5,
         };
         let req = SchedRequest {
-            precise_blocks: Some(vec![1, 2, 3, 4]),
+            precise_blocks: Some(PreciseBlocks::single(16, vec![1, 2, 3, 4])),
             approx_blocks: vec![9, 8],
             ..Default::default()
         };

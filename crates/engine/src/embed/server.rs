@@ -1,0 +1,512 @@
+//! The HTTP server of an engine that serves an encoder: `/v1/embeddings` (PROTOCOLS §9),
+//! `/v1/models`, `/tokenize`, `/health`, `/metrics`, `/version`.
+//!
+//! Generation routes answer a 400 that says the model is an embedding model, so a client
+//! pointed at the wrong engine learns why instead of seeing a 404. Every input is checked
+//! here (empty, too long, out of vocabulary) before the worker sees it, so the worker only
+//! runs forwards that can succeed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use base64::Engine as _;
+use strata_api::types::{
+    EmbeddingData, EmbeddingResponse, EmbeddingVector, EncodingFormat, ModelCard, ModelList,
+    TokenizeResponse,
+};
+use strata_api::validate::{
+    parse_json, validate_embeddings, EmbeddingInput, Truncation, ValidatedEmbeddings,
+};
+use strata_api::ApiError;
+
+use super::bert::BertModel;
+use super::tokenizer::EmbedTokenizer;
+use super::worker::{self, EmbedFailure, EmbedHandle, WorkerConfig};
+use super::{EmbedError, EncoderConfig};
+use crate::metrics::EngineMetrics;
+use crate::server::{EngineOptions, ServerConfig, ServerError};
+
+/// What the handlers share.
+pub struct EmbedState {
+    pub model_name: String,
+    pub tokenizer: EmbedTokenizer,
+    pub worker: EmbedHandle,
+    pub metrics: Arc<EngineMetrics>,
+    /// Longest input, special tokens included.
+    pub max_len: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub max_body_bytes: usize,
+    pub created: u64,
+    in_flight: AtomicUsize,
+}
+
+/// A loaded encoder and its running worker.
+pub struct LoadedEncoder {
+    pub state: Arc<EmbedState>,
+    pub worker_thread: std::thread::JoinHandle<()>,
+}
+
+/// Loads the encoder directory and starts the worker.
+///
+/// `--max-model-len` lowers the input limit; `--max-num-batched-tokens` is the worker's
+/// tokens per forward; `--max-waiting` bounds its queue.
+pub fn load(
+    dir: &std::path::Path,
+    model_name: &str,
+    opts: &EngineOptions,
+) -> Result<LoadedEncoder, ServerError> {
+    if opts.max_num_batched_tokens == 0 || opts.max_waiting == 0 {
+        return Err(ServerError::Option(
+            "max-num-batched-tokens and max-waiting must be positive".into(),
+        ));
+    }
+    let config = EncoderConfig::from_dir(dir)?;
+    let tokenizer = EmbedTokenizer::from_file(&dir.join("tokenizer.json"))?;
+    let max_len = opts
+        .max_model_len
+        .unwrap_or(config.max_len)
+        .min(config.max_len);
+    if max_len == 0 {
+        return Err(ServerError::Option("max-model-len must be positive".into()));
+    }
+    let (hidden_size, vocab_size) = (config.hidden_size, config.vocab_size);
+    let model = BertModel::load(dir, config)?;
+    tracing::info!(
+        model = %dir.display(),
+        hidden = hidden_size,
+        layers = model.config.num_layers,
+        vocab = vocab_size,
+        max_len,
+        pooling = ?model.config.pooling,
+        "encoder loaded"
+    );
+    let (worker, worker_thread) = worker::start(
+        Arc::new(model),
+        WorkerConfig {
+            // A forward always holds at least one whole input.
+            max_batch_tokens: opts.max_num_batched_tokens.max(max_len),
+            max_waiting: opts.max_waiting,
+        },
+    )
+    .map_err(ServerError::Serve)?;
+    let state = Arc::new(EmbedState {
+        model_name: model_name.to_string(),
+        tokenizer,
+        worker,
+        metrics: Arc::new(EngineMetrics::new(model_name, 1, 1)),
+        max_len,
+        hidden_size,
+        vocab_size,
+        max_body_bytes: opts.max_body_bytes,
+        created: unix_now(),
+        in_flight: AtomicUsize::new(0),
+    });
+    Ok(LoadedEncoder {
+        state,
+        worker_thread,
+    })
+}
+
+/// The HTTP routes.
+pub fn router(state: Arc<EmbedState>) -> Router {
+    Router::new()
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(not_generative))
+        .route("/v1/completions", post(not_generative))
+        .route("/tokenize", post(tokenize))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/version", get(version))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// Serves until Ctrl-C or SIGTERM, then lets in-flight requests finish (bounded).
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    let path = config.model_path.clone();
+    let name = config.model_name.clone();
+    let opts = config.options.clone();
+    let loaded = tokio::task::spawn_blocking(move || load(&path, &name, &opts))
+        .await
+        .map_err(|e| ServerError::Option(format!("model loading panicked: {e}")))??;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(ServerError::Serve)?;
+    tracing::info!(addr = %local, model = %config.model_name, "serving embeddings");
+    let state = loaded.state.clone();
+    let grace = config.options.shutdown_grace;
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        let deadline = Instant::now() + grace;
+        while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    axum::serve(listener, router(loaded.state.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServerError::Serve)?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn error_response(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        e.to_json_string(),
+    )
+        .into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+fn json_response<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error_response(ApiError::internal(format!(
+            "cannot encode the response: {e}"
+        ))),
+    }
+}
+
+async fn read_body(state: &EmbedState, req: Request) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(req.into_body(), state.max_body_bytes)
+        .await
+        .map_err(|_| {
+            ApiError::too_large(format!(
+                "The request body exceeds the limit of {} bytes.",
+                state.max_body_bytes
+            ))
+        })
+}
+
+fn check_model(state: &EmbedState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        None => Ok(()),
+        Some(m) if m == state.model_name => Ok(()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+/// Counts a request in flight for as long as it lives, whatever way it ends.
+struct InFlight<'a>(&'a EmbedState);
+
+impl<'a> InFlight<'a> {
+    fn new(state: &'a EmbedState) -> Self {
+        let n = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.metrics.num_requests_running.set(n as i64);
+        Self(state)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let n = self
+            .0
+            .in_flight
+            .fetch_sub(1, Ordering::SeqCst)
+            .saturating_sub(1);
+        self.0.metrics.num_requests_running.set(n as i64);
+    }
+}
+
+async fn embeddings(State(state): State<Arc<EmbedState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let _guard = InFlight::new(&state);
+    match embed_request(&state, req).await {
+        Ok(resp) => {
+            state
+                .metrics
+                .prompt_tokens
+                .inc_by(resp.usage.prompt_tokens.into());
+            state.metrics.record_finish("stop");
+            state
+                .metrics
+                .e2e_request_latency
+                .observe(started.elapsed().as_secs_f64());
+            json_response(&resp)
+        }
+        Err(e) => error_response(e),
+    }
+}
+
+async fn embed_request(state: &EmbedState, req: Request) -> Result<EmbeddingResponse, ApiError> {
+    let body = read_body(state, req).await?;
+    let v = validate_embeddings(parse_json(&body)?)?;
+    check_model(state, v.model.as_deref())?;
+    if let Some(d) = v.dimensions {
+        if d != state.hidden_size {
+            return Err(ApiError::invalid(
+                "dimensions",
+                format!(
+                    "The model `{}` gives {}-dimensional vectors and cannot shorten them \
+                     (it is not a Matryoshka model); omit dimensions or send {}.",
+                    state.model_name, state.hidden_size, state.hidden_size
+                ),
+            ));
+        }
+    }
+    let inputs = token_inputs(state, &v)?;
+    let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let vectors = state.worker.embed(inputs).await.map_err(|e| match e {
+        EmbedFailure::QueueFull(n) => ApiError::unavailable(format!(
+            "The server is busy ({n} embedding requests waiting); retry shortly."
+        )),
+        EmbedFailure::Stopped => ApiError::unavailable("The embedding worker has stopped."),
+        EmbedFailure::Model(err) => {
+            tracing::error!(error = %err, "embedding failed");
+            ApiError::internal("The embedding forward pass failed.")
+        }
+    })?;
+    let data = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, vec)| {
+            let embedding = match v.encoding_format {
+                EncodingFormat::Float => EmbeddingVector::Float(vec),
+                EncodingFormat::Base64 => EmbeddingVector::Base64(base64_f32(&vec)),
+            };
+            EmbeddingData::new(i as u32, embedding)
+        })
+        .collect();
+    Ok(EmbeddingResponse::new(
+        state.model_name.clone(),
+        data,
+        u32::try_from(prompt_tokens).unwrap_or(u32::MAX),
+    ))
+}
+
+/// The little-endian `f32` bytes, base64 (standard alphabet, padded): what the OpenAI SDK
+/// decodes with `np.frombuffer(base64.b64decode(s), dtype="float32")`.
+pub fn base64_f32(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Each input as checked token ids: tokenized, held to the length limit (or truncated when
+/// asked), and within the vocabulary.
+fn token_inputs(state: &EmbedState, v: &ValidatedEmbeddings) -> Result<Vec<Vec<u32>>, ApiError> {
+    let limit = match v.truncation {
+        Truncation::Refuse => None,
+        Truncation::ModelLimit => Some(state.max_len),
+        Truncation::Tokens(k) if k <= state.max_len => Some(k),
+        Truncation::Tokens(k) => {
+            return Err(ApiError::invalid(
+                "truncate_prompt_tokens",
+                format!(
+                    "truncate_prompt_tokens ({k}) is larger than the model's maximum input \
+                     length ({}).",
+                    state.max_len
+                ),
+            ))
+        }
+    };
+    let single = v.inputs.len() == 1;
+    let param = |i: usize| {
+        if single {
+            "input".to_string()
+        } else {
+            format!("input[{i}]")
+        }
+    };
+    let mut out = Vec::with_capacity(v.inputs.len());
+    for (i, input) in v.inputs.iter().enumerate() {
+        let mut ids = match input {
+            EmbeddingInput::Text(text) => state
+                .tokenizer
+                .encode(text, v.add_special_tokens, limit)
+                .map_err(|e| ApiError::invalid(param(i), format!("Cannot tokenize: {e}")))?,
+            EmbeddingInput::Tokens(ids) => {
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= state.vocab_size) {
+                    return Err(ApiError::invalid(
+                        param(i),
+                        format!(
+                            "Token id {bad} is out of vocabulary (size {}).",
+                            state.vocab_size
+                        ),
+                    ));
+                }
+                let mut ids = ids.clone();
+                if let Some(k) = limit {
+                    ids.truncate(k);
+                }
+                ids
+            }
+        };
+        if ids.is_empty() {
+            // Text that tokenizes to nothing without special tokens (e.g. only spaces).
+            return Err(ApiError::invalid(
+                param(i),
+                "The input has no tokens to embed.",
+            ));
+        }
+        if ids.len() > state.max_len {
+            return Err(ApiError::invalid(
+                param(i),
+                format!(
+                    "This model's maximum input length is {} tokens. However, input {i} has \
+                     {} tokens. Please shorten it, or set truncate_prompt_tokens to cut it.",
+                    state.max_len,
+                    ids.len()
+                ),
+            ));
+        }
+        ids.shrink_to_fit();
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+async fn models(State(state): State<Arc<EmbedState>>) -> Response {
+    json_response(&ModelList::new(vec![ModelCard {
+        id: state.model_name.clone(),
+        object: "model".into(),
+        created: state.created,
+        owned_by: "strata".into(),
+        root: Some(state.model_name.clone()),
+        parent: None,
+        max_model_len: Some(state.max_len as u32),
+    }]))
+}
+
+async fn not_generative(State(state): State<Arc<EmbedState>>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    error_response(ApiError::invalid(
+        "model",
+        format!(
+            "The model `{}` is an embedding model and does not support {path}; use \
+             /v1/embeddings.",
+            state.model_name
+        ),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizeBody {
+    model: Option<String>,
+    prompt: String,
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+}
+
+async fn tokenize(State(state): State<Arc<EmbedState>>, req: Request) -> Response {
+    let result = async {
+        let body = read_body(&state, req).await?;
+        let t: TokenizeBody = parse_json(&body)?;
+        check_model(&state, t.model.as_deref())?;
+        let tokens = state
+            .tokenizer
+            .encode(&t.prompt, t.add_special_tokens.unwrap_or(true), None)
+            .map_err(|e: EmbedError| {
+                ApiError::invalid("prompt", format!("Cannot tokenize: {e}"))
+            })?;
+        Ok::<_, ApiError>(TokenizeResponse::new(tokens, state.max_len))
+    }
+    .await;
+    match result {
+        Ok(r) => json_response(&r),
+        Err(e) => error_response(e),
+    }
+}
+
+async fn health() -> Response {
+    StatusCode::OK.into_response()
+}
+
+async fn metrics(State(state): State<Arc<EmbedState>>) -> Response {
+    state
+        .metrics
+        .num_requests_waiting
+        .set(state.worker.waiting() as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn version() -> Response {
+    json_response(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn not_found(req: Request) -> Response {
+    error_response(ApiError::not_found(format!(
+        "No route for {} {}.",
+        req.method(),
+        req.uri().path()
+    )))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let mut e = ApiError::invalid_no_param(format!(
+        "Method {} is not allowed on {}.",
+        req.method(),
+        req.uri().path()
+    ));
+    e.status = 405;
+    error_response(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_little_endian_f32() {
+        // 1.0f32 = 0x3f800000 -> bytes 00 00 80 3f; 0.5 -> 00 00 00 3f.
+        assert_eq!(base64_f32(&[1.0]), "AACAPw==");
+        assert_eq!(base64_f32(&[0.5, 1.0]), "AAAAPwAAgD8=");
+        assert_eq!(base64_f32(&[]), "");
+    }
+}

@@ -1,0 +1,434 @@
+//! Speculative decoding without a draft model: prompt lookup (vLLM's `method: "ngram"`).
+//!
+//! Before a step, a decoding sequence whose last `n` tokens (`prompt_lookup_min..=max`)
+//! occurred earlier in its own tokens proposes the tokens that followed that occurrence.
+//! The proposals ride in the same batched forward as the sequence's pending token: they
+//! sit at positions past the prompt, so their rows are decode rows and compute exactly as
+//! they would one step at a time. The engine then samples each row in order with the
+//! sequence's own sampler and keeps a proposal only while the sampled token equals it.
+//!
+//! For a proposal that is a single token `d` (a point mass), the standard speculative
+//! rejection rule accepts `d` with probability `min(1, p(d) / 1) = p(d)` and on rejection
+//! draws from the residual `max(0, p - q)` normalized, which is `p` with `d` removed.
+//! Sampling `x ~ p` and accepting iff `x == d` has exactly these probabilities, so outputs
+//! follow the target distribution; because the draws are the sampler's own, one per
+//! emitted token, a seeded request even gives the same tokens as without speculation
+//! (and greedy is the exact-match rule). The KV of rejected proposals is rolled back.
+//!
+//! Everything here is pure: the proposer and the adaptive policy that stops proposing for
+//! a sequence whose proposals keep failing.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+
+/// Most proposals per step accepted in a configuration.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// `--speculative-config` (vLLM's JSON).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecConfig {
+    /// Proposals per step at most (`num_speculative_tokens`).
+    pub num_speculative_tokens: usize,
+    /// Longest suffix looked up (`prompt_lookup_max`).
+    pub prompt_lookup_max: usize,
+    /// Shortest suffix looked up (`prompt_lookup_min`).
+    pub prompt_lookup_min: usize,
+    /// What one more row in a sequence's step costs, relative to its one-row decode step
+    /// (Strata's own key, `row_cost`). On a CPU a step's cost grows with its rows
+    /// (`examples/verify_bench.rs` measures it: about 0.5 for the default model on two
+    /// cores); on an accelerator it is near 0. The adaptive policy proposes only as many
+    /// tokens as pay for their rows at the sequence's acceptance rate.
+    pub row_cost: f32,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        Self {
+            num_speculative_tokens: 4,
+            prompt_lookup_max: 4,
+            prompt_lookup_min: 2,
+            row_cost: 0.5,
+        }
+    }
+}
+
+/// A `--speculative-config` that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecConfigError {
+    #[error("--speculative-config is not valid JSON: {0}")]
+    Json(String),
+    #[error("--speculative-config method `{0}` is not supported (only \"ngram\")")]
+    Method(String),
+    #[error("--speculative-config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpecConfig {
+    method: Option<String>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+    /// Strata's own: the relative cost of one more row.
+    row_cost: Option<f32>,
+}
+
+impl SpecConfig {
+    /// Parses vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4, "prompt_lookup_min": 2}`. vLLM's defaults fill what is
+    /// missing (`prompt_lookup_min` defaults to `prompt_lookup_max` when only that is set).
+    pub fn parse(json: &str) -> Result<Self, SpecConfigError> {
+        let raw: RawSpecConfig =
+            serde_json::from_str(json).map_err(|e| SpecConfigError::Json(e.to_string()))?;
+        match raw.method.as_deref() {
+            Some("ngram") | Some("[ngram]") | None => {}
+            Some(m) => return Err(SpecConfigError::Method(m.to_string())),
+        }
+        let d = Self::default();
+        let k = raw
+            .num_speculative_tokens
+            .unwrap_or(d.num_speculative_tokens);
+        let max = raw.prompt_lookup_max.unwrap_or(d.prompt_lookup_max);
+        let min = raw
+            .prompt_lookup_min
+            .unwrap_or(if raw.prompt_lookup_max.is_some() {
+                max
+            } else {
+                d.prompt_lookup_min
+            });
+        if k == 0 || k > MAX_SPECULATIVE_TOKENS {
+            return Err(SpecConfigError::Invalid(format!(
+                "num_speculative_tokens must be 1..={MAX_SPECULATIVE_TOKENS}, got {k}"
+            )));
+        }
+        if min == 0 || min > max || max > 64 {
+            return Err(SpecConfigError::Invalid(format!(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, got {min} and {max}"
+            )));
+        }
+        let row_cost = raw.row_cost.unwrap_or(d.row_cost);
+        if !(0.0..=1.0).contains(&row_cost) {
+            return Err(SpecConfigError::Invalid(format!(
+                "row_cost must be in 0..=1, got {row_cost}"
+            )));
+        }
+        Ok(Self {
+            num_speculative_tokens: k,
+            prompt_lookup_max: max,
+            prompt_lookup_min: min,
+            row_cost,
+        })
+    }
+}
+
+/// Proposes up to `max` tokens to follow `tokens`: for the longest suffix of length
+/// `prompt_lookup_max` down to `prompt_lookup_min` that occurred before, the tokens after
+/// its most recent earlier occurrence. Empty when nothing matches.
+pub fn propose(tokens: &[u32], config: &SpecConfig, max: usize) -> Vec<u32> {
+    let max = max.min(config.num_speculative_tokens);
+    if max == 0 {
+        return Vec::new();
+    }
+    let len = tokens.len();
+    for n in (config.prompt_lookup_min..=config.prompt_lookup_max).rev() {
+        if n >= len {
+            continue;
+        }
+        let suffix = &tokens[len - n..];
+        // Most recent occurrence first: in a repetitive output it predicts best. The
+        // suffix itself (start `len - n`) does not count.
+        for start in (0..len - n).rev() {
+            if &tokens[start..start + n] == suffix {
+                let from = start + n;
+                let to = (from + max).min(len);
+                return tokens[from..to].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// One sequence's record of how its proposals fared: a per-token acceptance estimate
+/// (accepted proposals over proposals checked, where checking stops at the first
+/// rejection), as moving sums.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecState {
+    accepted: f32,
+    checked: f32,
+    /// Decode steps left before proposing again.
+    pub pause: u32,
+    /// Length of the next pause.
+    pub backoff: u32,
+}
+
+/// First pause when proposals do not pay, in decode steps; doubled each time up to the
+/// max, back to the min when they pay again.
+const MIN_BACKOFF: u32 = 8;
+const MAX_BACKOFF: u32 = 256;
+/// Weight kept by the moving sums per verification.
+const DECAY: f32 = 0.7;
+/// The acceptance a sequence starts from (and returns to after a pause): optimistic
+/// enough to try a proposal or two.
+const PRIOR_ACCEPTED: f32 = 2.0;
+const PRIOR_CHECKED: f32 = 2.5;
+
+impl Default for SpecState {
+    fn default() -> Self {
+        Self {
+            accepted: PRIOR_ACCEPTED,
+            checked: PRIOR_CHECKED,
+            pause: 0,
+            backoff: MIN_BACKOFF,
+        }
+    }
+}
+
+/// How many proposals pay at per-token acceptance `p` when each extra row costs
+/// `row_cost` of a one-row step: the `k` in `0..=max` that maximizes expected tokens per
+/// step, `(1 - p^(k+1)) / (1 - p)`, over its cost `1 + row_cost * k`.
+pub fn best_len(p: f32, row_cost: f32, max: usize) -> usize {
+    let mut best = (0, 1.0f32);
+    let mut tokens = 1.0f32;
+    let mut pk = 1.0f32;
+    for k in 1..=max {
+        pk *= p;
+        tokens += pk;
+        let rate = tokens / (1.0 + row_cost * k as f32);
+        if rate > best.1 + 1e-4 {
+            best = (k, rate);
+        }
+    }
+    best.0
+}
+
+/// What one more row costs in a step of `batch` one-row decodes, in tokens of that step's
+/// output. With a step costing `(1 - c) + c * rows` one-row steps (`c` = `row_cost`), a
+/// row is worth `c * batch / ((1 - c) + c * batch)` tokens: `c` alone, close to a whole
+/// token in a large batch, where extra rows crowd out other sequences' work.
+pub fn batch_row_cost(row_cost: f32, batch: usize) -> f32 {
+    let b = batch.max(1) as f32;
+    let c = row_cost.clamp(0.0, 1.0);
+    let denom = (1.0 - c) + c * b;
+    if denom > 0.0 {
+        c * b / denom
+    } else {
+        0.0
+    }
+}
+
+impl SpecState {
+    /// The per-token acceptance estimate.
+    pub fn acceptance(&self) -> f32 {
+        if self.checked > 0.0 {
+            self.accepted / self.checked
+        } else {
+            0.0
+        }
+    }
+
+    /// How many tokens to propose this step (0: none) when `batch` sequences decode in
+    /// it; counts down a pause, and starts one when proposing does not pay.
+    pub fn budget(&mut self, config: &SpecConfig, batch: usize) -> usize {
+        if self.pause > 0 {
+            self.pause -= 1;
+            if self.pause == 0 {
+                // Try again from the prior: the text may have turned repetitive.
+                self.accepted = PRIOR_ACCEPTED;
+                self.checked = PRIOR_CHECKED;
+            }
+            return 0;
+        }
+        let k = best_len(
+            self.acceptance(),
+            batch_row_cost(config.row_cost, batch),
+            config.num_speculative_tokens,
+        );
+        if k == 0 {
+            self.pause = self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        }
+        k
+    }
+
+    /// Records a verification of `proposed` tokens of which the first `accepted` were kept.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        let checked = accepted + usize::from(accepted < proposed);
+        self.accepted = DECAY * self.accepted + accepted as f32;
+        self.checked = DECAY * self.checked + checked as f32;
+        if accepted * 2 >= proposed {
+            self.backoff = MIN_BACKOFF;
+        }
+    }
+}
+
+/// Index of the first row whose sampled token differs from the proposal: the number of
+/// proposals accepted. `sampled[i]` is sampled from row `i`; `proposed[i]` is the token
+/// row `i` was checked against.
+pub fn accepted_prefix(proposed: &[u32], sampled: &[u32]) -> usize {
+    proposed
+        .iter()
+        .zip(sampled)
+        .take_while(|(p, s)| p == s)
+        .count()
+}
+
+/// vLLM's `vllm:spec_decode_*` counters (PROTOCOLS §12).
+#[derive(Default)]
+pub struct SpecDecodeMetrics {
+    pub num_drafts: Counter,
+    pub num_draft_tokens: Counter,
+    pub num_accepted_tokens: Counter,
+    pub num_accepted_tokens_per_pos: Family<Vec<(String, String)>, Counter>,
+}
+
+impl SpecDecodeMetrics {
+    /// Registers the counters (prometheus-client adds the `_total` suffix).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "vllm:spec_decode_num_drafts",
+            "Speculative proposals verified",
+            self.num_drafts.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_draft_tokens",
+            "Proposed tokens verified",
+            self.num_draft_tokens.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Proposed tokens accepted",
+            self.num_accepted_tokens.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, per position in the proposal",
+            self.num_accepted_tokens_per_pos.clone(),
+        );
+    }
+
+    /// Records one verification.
+    pub fn record(&self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.num_drafts.inc();
+        self.num_draft_tokens.inc_by(proposed as u64);
+        self.num_accepted_tokens.inc_by(accepted as u64);
+        for pos in 0..accepted {
+            self.num_accepted_tokens_per_pos
+                .get_or_create(&vec![("position".to_string(), pos.to_string())])
+                .inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vllm_config_and_refuses_bad_ones() {
+        let c = SpecConfig::parse(
+            r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.num_speculative_tokens,
+                c.prompt_lookup_max,
+                c.prompt_lookup_min
+            ),
+            (5, 3, 1)
+        );
+        let c = SpecConfig::parse(r#"{"method": "ngram", "prompt_lookup_max": 3}"#).unwrap();
+        assert_eq!((c.prompt_lookup_max, c.prompt_lookup_min), (3, 3));
+        assert!(matches!(
+            SpecConfig::parse(r#"{"method": "eagle"}"#),
+            Err(SpecConfigError::Method(_))
+        ));
+        assert!(matches!(
+            SpecConfig::parse(r#"{"num_speculative_tokens": 0}"#),
+            Err(SpecConfigError::Invalid(_))
+        ));
+        assert!(matches!(
+            SpecConfig::parse(r#"{"prompt_lookup_min": 5, "prompt_lookup_max": 2}"#),
+            Err(SpecConfigError::Invalid(_))
+        ));
+        assert!(matches!(
+            SpecConfig::parse(r#"{"draft_model": "x"}"#),
+            Err(SpecConfigError::Json(_))
+        ));
+        assert!(matches!(
+            SpecConfig::parse("not json"),
+            Err(SpecConfigError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn proposes_what_followed_the_latest_match_of_the_longest_suffix() {
+        let c = SpecConfig::default();
+        // ... 1 2 3 [9 9] ... 1 2 3 [7 7 7 7 7] ... 1 2 3
+        let t = [1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 7, 7, 7, 7, 6, 2, 3];
+        // Suffix [2, 3] (n=2; no 3- or 4-token match): latest earlier match at 7..9.
+        assert_eq!(propose(&t, &c, 4), vec![7, 7, 7, 7]);
+        assert_eq!(propose(&t, &c, 2), vec![7, 7]);
+        assert_eq!(propose(&t, &c, 0), Vec::<u32>::new());
+        // A longer suffix wins over a more recent shorter one.
+        let t = [4, 1, 2, 3, 8, 0, 2, 3, 9, 1, 2, 3];
+        assert_eq!(propose(&t, &c, 4), vec![8, 0, 2, 3]);
+        // Nothing repeats: no proposal.
+        assert!(propose(&[1, 2, 3, 4, 5, 6], &c, 4).is_empty());
+        // Proposals stop at the end of the sequence.
+        assert_eq!(propose(&[5, 6, 5, 6], &c, 4), vec![5, 6]);
+    }
+
+    #[test]
+    fn adaptive_policy_proposes_what_pays_and_pauses_when_nothing_does() {
+        // With rows costing half a step: no proposal pays below p = 0.5, one at 0.6,
+        // the full four near 1; with free rows every proposal pays.
+        assert_eq!(best_len(0.4, 0.5, 4), 0);
+        assert_eq!(best_len(0.6, 0.5, 4), 1);
+        assert_eq!(best_len(0.97, 0.5, 4), 4);
+        assert_eq!(best_len(0.3, 0.0, 4), 4);
+        assert_eq!(best_len(0.99, 0.5, 0), 0);
+
+        let c = SpecConfig::default();
+        assert_eq!(batch_row_cost(0.5, 1), 0.5);
+        assert!(batch_row_cost(0.5, 16) > 0.9);
+        assert_eq!(batch_row_cost(0.0, 16), 0.0);
+        // Sixteen decodes in the step: even good proposals do not pay.
+        assert_eq!(SpecState::default().budget(&SpecConfig::default(), 16), 0);
+
+        let mut s = SpecState::default();
+        let mut proposals = 0;
+        for _ in 0..60 {
+            let k = s.budget(&c, 1);
+            if k > 0 {
+                proposals += 1;
+                s.record(k, 0);
+            }
+        }
+        // Always rejected: pauses of 8, 16 and 32 steps leave a few proposals out of 60.
+        assert!(proposals <= 8, "{proposals}");
+        assert!(s.backoff > MIN_BACKOFF);
+        // Always accepted: it proposes every step, and soon the most it may.
+        let mut s = SpecState::default();
+        let mut last = 0;
+        for _ in 0..20 {
+            last = s.budget(&c, 1);
+            assert!(last > 0);
+            s.record(last, last);
+        }
+        assert_eq!(last, c.num_speculative_tokens);
+        assert!(s.acceptance() > 0.95);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(accepted_prefix(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(accepted_prefix(&[1], &[0, 3]), 0);
+    }
+}

@@ -1,0 +1,397 @@
+//! Stage 1, admission: everything the gateway checks before any cache or model work, in
+//! this order: key → body size → JSON shape → model → permission → guardrails → budget →
+//! rate limits on the estimate. The result is a typed [`Admitted`] request (parsed once)
+//! and its [`Settle`], or the [`Refusal`] to send.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderName};
+use serde_json::Value;
+
+use super::refusal::Refusal;
+use super::settle::Settle;
+use super::shape::{check_shape, prompt_chars};
+use super::{hv, Route, DEFAULT_OUTPUT_ESTIMATE, REQUEST_ID_HEADER};
+use crate::config::{FailureMode, ModelConfig, Resolved};
+use crate::keys;
+use crate::ratelimit::{LimitCheck, LimitDecision, LimitKind};
+use crate::state::{unix_now, Gateway, KeyEntry};
+use crate::store::{BudgetHold, HoldOutcome, StoreError};
+
+/// A request that passed admission.
+pub(crate) struct Admitted {
+    pub key: Arc<KeyEntry>,
+    /// The config this request started with (a reload mid-request does not change it).
+    pub resolved: Arc<Resolved>,
+    pub route: Route,
+    /// The client's request headers.
+    pub headers: HeaderMap,
+    /// The body as received, forwarded as is when nothing in it must change.
+    pub bytes: Bytes,
+    /// The body parsed once; `model` names the canonical public model from here on.
+    pub body: Value,
+    /// Whether `body` differs from `bytes` beyond its `model` (then it is re-serialized).
+    pub rewritten: bool,
+    /// The `model` the client sent (a public name or an alias).
+    pub requested: String,
+    /// Index of the model in `resolved.config.models`.
+    model_index: usize,
+    pub stream: bool,
+    /// Characters of prompt text.
+    pub prompt_chars: usize,
+    /// Estimated prompt + output tokens (charged to token limits until settled).
+    pub estimate: u64,
+    /// Headers every answer carries from here on (request id, rate-limit state, cache).
+    pub extra: HeaderMap,
+    pub request_id: axum::http::HeaderValue,
+}
+
+impl Admitted {
+    /// The public model the request names.
+    pub fn model(&self) -> &ModelConfig {
+        &self.resolved.config.models[self.model_index]
+    }
+}
+
+/// The authenticated key of a request.
+pub(crate) fn authenticate_key(
+    gw: &Gateway,
+    headers: &HeaderMap,
+) -> Result<Arc<KeyEntry>, Refusal> {
+    match keys::from_headers(headers) {
+        None => Err(Refusal::MissingKey),
+        Some(presented) => gw.authenticate(presented).ok_or(Refusal::BadKey),
+    }
+}
+
+fn may_use(resolved: &Resolved, key: &KeyEntry, requested: &str, canonical: &str) -> bool {
+    let allowed =
+        |list: &[String]| list.is_empty() || list.iter().any(|m| m == requested || m == canonical);
+    let tenant_ok = resolved
+        .tenants
+        .get(&key.record.tenant)
+        .is_none_or(|t| allowed(&t.allowed_models));
+    tenant_ok && allowed(&key.record.allowed_models)
+}
+
+/// Runs every admission check; see the module doc for the order.
+pub(crate) async fn admit(
+    gw: &Arc<Gateway>,
+    route: Route,
+    req: Request,
+) -> Result<(Admitted, Settle), Refusal> {
+    let (parts, body) = req.into_parts();
+    let key = authenticate_key(gw, &parts.headers)?;
+    let resolved = gw.config.get();
+    let server = &resolved.config.server;
+
+    // Body: refuse by Content-Length before reading when possible.
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = Refusal::BodyTooLarge {
+        limit: server.max_body_bytes,
+    };
+    if declared.is_some_and(|n| n > server.max_body_bytes as u64) {
+        return Err(too_large);
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, server.max_body_bytes).await else {
+        return Err(too_large);
+    };
+
+    // Shape: the body is parsed once; the typed check runs over that parse and names the
+    // faulty field. The forwarded body stays as sent unless the gateway must change it.
+    let mut body = check_shape(route, &bytes).map_err(Refusal::BadShape)?;
+    let Some(requested) = body
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return Err(Refusal::MissingModel);
+    };
+    let max_tokens = body
+        .get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .filter(|v| !v.is_null());
+    let max_tokens = match max_tokens.map(Value::as_i64) {
+        None => None,
+        Some(Some(n)) if n >= 1 => Some(n as u64),
+        Some(_) => return Err(Refusal::BadMaxTokens),
+    };
+    let n_choices = body
+        .get("n")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .clamp(1, 128);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+
+    // Model and permission.
+    let Some(&model_index) = resolved.model_index.get(&requested) else {
+        return Err(Refusal::UnknownModel(requested));
+    };
+    let model = &resolved.config.models[model_index];
+    if !may_use(&resolved, &key, &requested, &model.name) {
+        return Err(Refusal::ModelForbidden(requested));
+    }
+
+    // Guardrails before the model.
+    let chars = prompt_chars(&body);
+    if let Some(max) = resolved.guardrails.max_prompt_chars {
+        if chars > max {
+            return Err(Refusal::PromptTooLarge { chars, max });
+        }
+    }
+    let rewritten = resolved
+        .guardrails
+        .apply_request(&mut body)
+        .map_err(Refusal::GuardrailBlocked)?;
+
+    // Budget: this replica's view first (no I/O); a shared store then holds the
+    // estimated cost so that other replicas see it at once.
+    if let Some(msg) = gw.budget_exhausted(&key) {
+        return Err(Refusal::BudgetExceeded(msg));
+    }
+    let prompt_estimate = (chars as u64).div_ceil(4).max(1);
+    let output_estimate = if route == Route::Embeddings {
+        0
+    } else {
+        max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE) * n_choices
+    };
+    let estimate = prompt_estimate + output_estimate;
+    let ledger_id = gw.next_request_id();
+    let held = hold_budget(
+        gw,
+        &key,
+        &ledger_id,
+        model.price.cost_micros(prompt_estimate, output_estimate),
+    )
+    .await?;
+
+    // Rate limits on the estimate.
+    let (request_checks, token_checks) = gw.limit_checks(&key, estimate);
+    let all_checks: Vec<LimitCheck> = request_checks
+        .iter()
+        .chain(&token_checks)
+        .cloned()
+        .collect();
+    let decision = match gw.limiter.check(&all_checks).await {
+        Ok(d) => d,
+        Err(e) => {
+            release_hold(gw, held, &ledger_id);
+            gw.metrics
+                .backend_errors
+                .get_or_create(&vec![("backend", "ratelimit".into())])
+                .inc();
+            return Err(Refusal::BackendUnavailable {
+                what: "Rate limiting",
+                error: e.to_string(),
+            });
+        }
+    };
+    if decision.degraded {
+        gw.metrics
+            .backend_errors
+            .get_or_create(&vec![("backend", "ratelimit".into())])
+            .inc();
+    }
+    let mut extra = HeaderMap::new();
+    let request_id = parts
+        .headers
+        .get(REQUEST_ID_HEADER)
+        .cloned()
+        .unwrap_or_else(|| hv(gw.next_request_id()));
+    extra.insert(REQUEST_ID_HEADER, request_id.clone());
+    ratelimit_headers(&mut extra, &all_checks, &decision);
+    if !decision.allowed {
+        release_hold(gw, held, &ledger_id);
+        return Err(Refusal::RateLimited {
+            key_id: key.record.id.clone(),
+            retry_after: decision.retry_after,
+            too_large: decision
+                .too_large
+                .map(|i| (all_checks[i].cost, all_checks[i].limit)),
+            headers: Box::new(extra),
+        });
+    }
+
+    let settle = Settle::new(
+        gw.clone(),
+        ledger_id,
+        token_checks,
+        estimate,
+        prompt_estimate,
+        key.record.id.clone(),
+        key.record.tenant.clone(),
+        model.name.clone(),
+        model.price,
+    );
+    body["model"] = Value::String(model.name.clone());
+    Ok((
+        Admitted {
+            key,
+            resolved: resolved.clone(),
+            route,
+            headers: parts.headers,
+            bytes,
+            body,
+            rewritten,
+            requested,
+            model_index,
+            stream,
+            prompt_chars: chars,
+            estimate,
+            extra,
+            request_id,
+        },
+        settle,
+    ))
+}
+
+/// Holds `amount` of the key's and tenant's budgets in a shared store (several gateway
+/// replicas), so that replicas never admit together more than the budget left: true
+/// when a hold was taken. Nothing to do without a budget or with a single-replica store.
+/// A store that fails follows `store.on_error`: open admits on this replica's view of
+/// spend (already checked), closed refuses.
+async fn hold_budget(
+    gw: &Arc<Gateway>,
+    key: &KeyEntry,
+    ledger_id: &str,
+    amount: i64,
+) -> Result<bool, Refusal> {
+    if !gw.store.shares_budgets() {
+        return Ok(false);
+    }
+    let (key_budget, tenant_budget) = gw.budgets(key);
+    if key_budget.is_none() && tenant_budget.is_none() {
+        return Ok(false);
+    }
+    let resolved = gw.config.get();
+    let store_cfg = &resolved.config.store;
+    let now = unix_now();
+    let hold = BudgetHold {
+        id: ledger_id.to_string(),
+        tenant: key.record.tenant.clone(),
+        key_id: key.record.id.clone(),
+        amount_micros: amount.max(0),
+        tenant_budget_micros: tenant_budget,
+        key_budget_micros: key_budget,
+        now,
+        expires_at: now.saturating_add(store_cfg.hold_ttl_secs as i64),
+    };
+    let store = gw.store.clone();
+    let res = tokio::task::spawn_blocking(move || store.hold_budget(&hold))
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string())));
+    match res {
+        Ok(HoldOutcome::Held) => Ok(true),
+        Ok(HoldOutcome::Spent {
+            tenant,
+            spent_micros,
+            budget_micros,
+        }) => {
+            let whose = if tenant {
+                format!("tenant `{}`", key.record.tenant)
+            } else {
+                format!("API key {}", key.record.id)
+            };
+            Err(Refusal::BudgetExceeded(format!(
+                "Budget exceeded for {whose}: spent ${:.6} of ${:.6}.",
+                spent_micros as f64 / 1e6,
+                budget_micros as f64 / 1e6
+            )))
+        }
+        Err(e) => {
+            gw.metrics
+                .backend_errors
+                .get_or_create(&vec![("backend", "store".into())])
+                .inc();
+            match store_cfg.on_error {
+                FailureMode::Open => {
+                    tracing::warn!(error = %e, "budget store failed; admitting on this replica's view (fail open)");
+                    Ok(false)
+                }
+                FailureMode::Closed => Err(Refusal::BackendUnavailable {
+                    what: "The budget store",
+                    error: e.to_string(),
+                }),
+            }
+        }
+    }
+}
+
+/// Gives back a hold taken for a request refused after it (in the background: the
+/// refusal does not wait; a hold that cannot be dropped lapses at its expiry).
+fn release_hold(gw: &Arc<Gateway>, held: bool, ledger_id: &str) {
+    if !held {
+        return;
+    }
+    let store = gw.store.clone();
+    let id = ledger_id.to_string();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = store.release_hold(&id) {
+            tracing::warn!(error = %e, "could not release a budget hold; it lapses at expiry");
+        }
+    });
+}
+
+/// Formats a reset time as OpenAI does (`1s`, `6m0s`, `20ms`).
+fn reset_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        let s = d.as_secs();
+        if s >= 60 {
+            format!("{}m{}s", s / 60, s % 60)
+        } else {
+            let text = format!("{:.3}", d.as_secs_f64());
+            format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+        }
+    }
+}
+
+/// `x-ratelimit-*` headers: the tightest limit of each kind.
+fn ratelimit_headers(headers: &mut HeaderMap, checks: &[LimitCheck], d: &LimitDecision) {
+    for (kind, suffix) in [
+        (LimitKind::Requests, "requests"),
+        (LimitKind::Tokens, "tokens"),
+    ] {
+        let tightest = checks
+            .iter()
+            .zip(&d.states)
+            .filter(|(c, _)| c.kind == kind)
+            .min_by_key(|(_, (remaining, _))| *remaining);
+        if let Some((c, (remaining, reset))) = tightest {
+            let pairs = [
+                (format!("x-ratelimit-limit-{suffix}"), c.limit.to_string()),
+                (
+                    format!("x-ratelimit-remaining-{suffix}"),
+                    remaining.to_string(),
+                ),
+                (format!("x-ratelimit-reset-{suffix}"), reset_text(*reset)),
+            ];
+            for (name, value) in pairs {
+                if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
+                    headers.insert(name, hv(value));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_text_formats() {
+        assert_eq!(reset_text(Duration::from_millis(20)), "20ms");
+        assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
+    }
+}

@@ -1,0 +1,202 @@
+//! Stage 2, lookup: answers that need no model.
+//! * The exact-match response cache (deterministic, non-streamed requests, keyed per
+//!   tenant).
+//! * The semantic cache ([`crate::semantic`]): the last user message is embedded by the
+//!   configured embedding model and compared with stored ones of the same tenant, model
+//!   and context.
+//!
+//! `Cache-Control: no-cache` (or `no-store`) skips both lookups but still stores the
+//! answer; `x-strata-semantic-cache: off` skips the semantic cache.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue};
+use serde_json::json;
+
+use super::admit::Admitted;
+use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply};
+use super::{Route, CACHE_HEADER};
+use crate::cache;
+use crate::config::Resolved;
+use crate::routing;
+use crate::semantic::{self, HeaderAsk, SEMANTIC_HEADER};
+use crate::state::Gateway;
+
+/// Largest embedding answer read.
+const EMBEDDING_ANSWER_LIMIT: usize = 1 << 20;
+
+/// What the caches said.
+pub(crate) enum Lookup {
+    /// A stored answer for exactly this request.
+    Hit(Bytes),
+    /// A stored answer for a similar request.
+    Semantic(Bytes),
+    /// No answer; where a fresh one is stored.
+    Miss(Store),
+}
+
+/// Where a fresh answer goes.
+#[derive(Default)]
+pub(crate) struct Store {
+    /// The exact cache's key (`None`: not cacheable).
+    pub cache_key: Option<[u8; 32]>,
+    /// The semantic cache's bucket and the request's vector.
+    pub semantic: Option<([u8; 32], Vec<f32>)>,
+}
+
+fn no_cache(req: &Admitted) -> bool {
+    req.headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("no-cache") || v.contains("no-store"))
+}
+
+pub(crate) async fn lookup(gw: &Gateway, req: &mut Admitted) -> Lookup {
+    let skip_lookup = no_cache(req);
+    let mut store = Store::default();
+    if let Some(c) = &gw.cache {
+        if !req.stream && cache::is_deterministic(&req.body) {
+            let key = cache::cache_key(&req.key.record.tenant, req.route.name(), &req.body);
+            if !skip_lookup {
+                if let Some(hit) = c.get(&key).await {
+                    count(gw, "hit");
+                    return Lookup::Hit(hit);
+                }
+            }
+            count(gw, "miss");
+            req.extra
+                .insert(CACHE_HEADER, HeaderValue::from_static("miss"));
+            store.cache_key = Some(key);
+        }
+    }
+    if let Some(index) = &gw.semantic {
+        let resolved = req.resolved.clone();
+        let cfg = &resolved.config.cache.semantic;
+        let ask = HeaderAsk::parse(
+            req.headers
+                .get(SEMANTIC_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let key = (cfg.enabled && req.route == Route::Chat && ask != HeaderAsk::Off)
+            .then(|| {
+                semantic::request_key(&req.key.record.tenant, &req.model().name, &req.body, cfg)
+                    .ok()
+            })
+            .flatten();
+        if let Some(key) = key {
+            if let Some(vector) = embed(gw, &resolved, &cfg.embedding_model, req, &key.text).await {
+                let tenant = req.key.record.tenant.clone();
+                if !skip_lookup {
+                    let threshold = ask.threshold(cfg.threshold);
+                    if let Some((hit, _)) =
+                        index.get(&key.bucket, &vector, threshold, Instant::now())
+                    {
+                        count(gw, "semantic");
+                        count_semantic(gw, tenant, "hit");
+                        return Lookup::Semantic(hit);
+                    }
+                }
+                count_semantic(gw, tenant, "miss");
+                req.extra
+                    .insert(CACHE_HEADER, HeaderValue::from_static("miss"));
+                store.semantic = Some((key.bucket, vector));
+            }
+        }
+    }
+    Lookup::Miss(store)
+}
+
+fn count(gw: &Gateway, result: &str) {
+    gw.metrics
+        .cache
+        .get_or_create(&vec![("result", result.into())])
+        .inc();
+}
+
+fn count_semantic(gw: &Gateway, tenant: String, result: &str) {
+    gw.metrics
+        .semantic
+        .get_or_create(&vec![("tenant", tenant), ("result", result.into())])
+        .inc();
+}
+
+/// The unit-length embedding of `text` from the embedding model's plan (its targets in
+/// order, one try each); `None` when none answers (the request then goes uncached).
+async fn embed(
+    gw: &Gateway,
+    resolved: &Resolved,
+    model: &str,
+    req: &Admitted,
+    text: &str,
+) -> Option<Vec<f32>> {
+    let model = resolved.model(model)?;
+    let tries = {
+        let mut rng = gw.rng.lock();
+        routing::plan(resolved, model, 0, &mut *rng)
+    };
+    let deadline = Instant::now() + Duration::from_millis(model.timeout_ms);
+    for att in tries {
+        let Some(up) = resolved.upstreams.get(&att.upstream) else {
+            continue;
+        };
+        let payload = match serde_json::to_vec(&json!({"model": att.upstream_model, "input": text}))
+        {
+            Ok(p) => Bytes::from(p),
+            Err(_) => return None,
+        };
+        let per_try = att
+            .try_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        if per_try.is_zero() {
+            break;
+        }
+        let sent = match &up.router {
+            None => {
+                send_direct(
+                    gw,
+                    up,
+                    Route::Embeddings,
+                    &payload,
+                    &req.request_id,
+                    per_try,
+                )
+                .await
+            }
+            Some(emb) => {
+                let ask = RouterAsk {
+                    model: &att.upstream_model,
+                    prefix: "",
+                    headers: &req.headers,
+                    priority: 0,
+                };
+                send_via_router(
+                    gw,
+                    &emb.router,
+                    Route::Embeddings,
+                    &payload,
+                    &req.request_id,
+                    &ask,
+                    Instant::now() + per_try,
+                )
+                .await
+            }
+        };
+        let Ok(UpstreamReply { resp, lease }) = sent else {
+            continue;
+        };
+        if !resp.status().is_success() {
+            continue;
+        }
+        let read = read_limited(resp, EMBEDDING_ANSWER_LIMIT, Instant::now() + per_try).await;
+        drop(lease);
+        if let Ok((_, _, bytes)) = read {
+            if let Some(v) = semantic::embedding_from_json(&bytes).and_then(semantic::normalized) {
+                return Some(v);
+            }
+        }
+        tracing::debug!(upstream = %att.upstream, "embedding try failed; semantic cache skipped");
+    }
+    None
+}

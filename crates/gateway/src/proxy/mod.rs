@@ -1,0 +1,172 @@
+//! The request path for `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings`,
+//! as stages that each return a value, one file each:
+//!
+//! 1. [`admit`]: key → body size → JSON shape → model → permission → guardrails →
+//!    budget → rate limits (on an estimate). Gives an [`admit::Admitted`] request and its
+//!    [`settle::Settle`], or a [`refusal::Refusal`].
+//! 2. [`lookup`]: caches; a hit skips to *respond*.
+//! 3. [`plan`]: the ordered tries (targets, fallbacks, context-length skips); for a
+//!    cascade model, [`cascade`] plans and tries each of its models in turn.
+//! 4. [`attempt`] (*try*): runs the tries and *returns* the answer (a whole body, or a
+//!    stream's head) instead of sending it.
+//! 5. [`respond`]: output guardrails, cache store, headers naming who answered, relayed
+//!    client errors or a 503.
+//! 6. [`settle`]: usage, cost, token-limit reconcile and the ledger row, exactly once,
+//!    also when the client goes away mid-try or mid-stream.
+//!
+//! Refusals are one enum ([`refusal::Refusal`]) mapped once to an OpenAI-shaped error and
+//! a metric label. Streamed answers are passed through chunk by chunk ([`stream`]); an SSE
+//! decoder watches them for the `usage` chunk (requested with
+//! `stream_options.include_usage`). One upstream call lives in [`send`], the bodies as
+//! the gateway reads them in [`shape`].
+
+pub(crate) mod admit;
+pub(crate) mod attempt;
+pub(crate) mod cascade;
+pub(crate) mod lookup;
+pub(crate) mod plan;
+pub mod refusal;
+pub(crate) mod respond;
+pub(crate) mod send;
+pub mod settle;
+pub(crate) mod shape;
+pub(crate) mod stream;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use strata_api::ApiError;
+
+use crate::state::{Gateway, KeyEntry};
+use lookup::Lookup;
+
+/// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
+/// Bytes of an upstream error body kept for classification and relay.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+pub const CACHE_HEADER: &str = "x-strata-cache";
+/// On a cascade's answer: `<model that answered>;<reason>` ([`crate::cascade`]).
+pub const CASCADE_HEADER: &str = "x-strata-cascade";
+pub const UPSTREAM_HEADER: &str = "x-strata-upstream";
+pub const MODEL_HEADER: &str = "x-strata-model";
+/// Taken from the client when present, generated otherwise; sent upstream and back.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// The replica (`host:port`) that served, when an embedded router chose it.
+pub const SERVED_BY_HEADER: &str = strata_router::proxy::SERVED_BY;
+
+/// The OpenAI routes the gateway forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Route {
+    /// Index into [`crate::config::ROUTE_PATHS`] and [`ResolvedUpstream::route_urls`].
+    fn index(self) -> usize {
+        match self {
+            Route::Chat => 0,
+            Route::Completions => 1,
+            Route::Embeddings => 2,
+        }
+    }
+
+    pub fn path(self) -> &'static str {
+        crate::config::ROUTE_PATHS[self.index()]
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+            Route::Embeddings => "embeddings",
+        }
+    }
+}
+
+/// An OpenAI-shaped error response.
+pub fn error_response(err: &ApiError) -> Response {
+    // The one mapping every Strata front shares: status, OpenAI's body, and `Retry-After`
+    // on 429 and 503 (a refusal that knows a better wait overwrites it).
+    strata_api::http::error_response(err, None)
+}
+
+fn hv(v: impl ToString) -> HeaderValue {
+    HeaderValue::from_str(&v.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// The authenticated key of a request, or the 401 to send (counted as a rejection).
+pub fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<KeyEntry>, ApiError> {
+    admit::authenticate_key(gw, headers).map_err(|r| {
+        gw.metrics.reject(r.metric_label());
+        r.to_api_error()
+    })
+}
+
+/// Handles one proxied request end to end: the stages in order (see the module doc).
+pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
+    let started = Instant::now();
+    let (mut req, mut settle) = match admit::admit(&gw, route, req).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused.into_response(&gw),
+    };
+    let store = match lookup::lookup(&gw, &mut req).await {
+        Lookup::Hit(hit) => {
+            let reply = respond::cached(&gw, req, hit, "hit", &mut settle);
+            return settle::settle(&gw, settle, reply).await;
+        }
+        Lookup::Semantic(hit) => {
+            let reply = respond::cached(&gw, req, hit, "semantic", &mut settle);
+            return settle::settle(&gw, settle, reply).await;
+        }
+        Lookup::Miss(store) => store,
+    };
+    let deadline = attempt::deadline(started, req.model().timeout_ms);
+    let tried = match req.resolved.cascades.get(&req.model().name).cloned() {
+        Some(policy) => {
+            plan::prepare_body(&mut req);
+            cascade::try_cascade(&gw, &mut req, &policy, &mut settle, started, deadline).await
+        }
+        None => match plan::plan(&gw, &mut req) {
+            Ok(tries) => Ok(attempt::try_plan(&gw, &mut req, &tries, started, deadline).await),
+            Err(refused) => Err(refused),
+        },
+    };
+    let tried = match tried {
+        Ok(tried) => tried,
+        Err(refused) => {
+            settle
+                .finish(None, refused.to_api_error().status, false)
+                .await;
+            return refused.into_response(&gw);
+        }
+    };
+    let reply = respond::respond(&gw, req, tried, store, &mut settle).await;
+    settle::settle(&gw, settle, reply).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::header;
+
+    #[test]
+    fn every_503_and_429_says_when_to_retry_like_the_engine_and_router() {
+        for err in [
+            ApiError::unavailable("no upstream could answer"),
+            ApiError::rate_limited("slow down"),
+        ] {
+            let resp = error_response(&err);
+            assert_eq!(resp.status().as_u16(), err.status);
+            assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        }
+        let resp = error_response(&ApiError::invalid("model", "bad"));
+        assert!(resp.headers().get(header::RETRY_AFTER).is_none());
+    }
+}

@@ -1,0 +1,226 @@
+//! Stage 5, respond: turns what the tries came to (or a cache hit) into the client's
+//! answer: output guardrails over a whole body, storing it in the cache, the headers
+//! naming who answered, relaying an upstream's client error as worded, or a 503 when every
+//! try failed. It says what to settle; it settles nothing itself.
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde_json::Value;
+use strata_api::ApiError;
+
+use super::admit::Admitted;
+use super::attempt::{Served, Tried};
+use super::lookup::Store;
+use super::send::Replica;
+use super::settle::Settle;
+use super::shape::usage_from_json;
+use super::{error_response, hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
+use crate::routing::{self, Failure, Next};
+use crate::state::Gateway;
+use crate::stream_guard::StreamGuard;
+use crate::upstream::UpstreamBody;
+
+/// The client's answer and what its accounting needs.
+pub(crate) enum Reply {
+    /// A complete response; settle with this usage and status now.
+    Whole {
+        response: Response,
+        usage: Option<(u64, u64)>,
+        status: u16,
+        cached: bool,
+    },
+    /// A stream still to be relayed; settled when it ends.
+    Stream(Box<StreamReply>),
+}
+
+/// A streamed answer's head, body to come, replica lease and output guardrails.
+pub(crate) struct StreamReply {
+    pub resp: axum::http::Response<UpstreamBody>,
+    pub lease: Option<Replica>,
+    pub guard: Option<StreamGuard>,
+    pub extra: HeaderMap,
+}
+
+pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
+    gw.metrics
+        .requests
+        .get_or_create(&vec![
+            ("model", model.to_string()),
+            ("status", status.to_string()),
+        ])
+        .inc();
+}
+
+/// A cache hit (`which`: `hit` for the exact cache, `semantic`), answered as stored.
+pub(crate) fn cached(
+    gw: &Gateway,
+    req: Admitted,
+    hit: Bytes,
+    which: &'static str,
+    settle: &mut Settle,
+) -> Reply {
+    settle.answered_by_cache();
+    count_request(gw, &req.model().name, 200);
+    let mut response = Response::new(Body::from(hit));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static(which));
+    response.headers_mut().extend(req.extra);
+    Reply::Whole {
+        response,
+        usage: None,
+        status: 200,
+        cached: true,
+    }
+}
+
+/// Names who answered in the headers and in the accounting.
+fn served(gw: &Gateway, req: &mut Admitted, served: &Served, settle: &mut Settle) {
+    let att = &served.attempt;
+    settle.served_by(&att.upstream, &att.model, att.price);
+    if served.tries > 1 {
+        gw.metrics.fallbacks.inc();
+    }
+    req.extra.insert(UPSTREAM_HEADER, hv(&att.upstream));
+    req.extra.insert(MODEL_HEADER, hv(&att.model));
+    if let Some(r) = &served.replica {
+        req.extra.insert(SERVED_BY_HEADER, hv(r));
+    }
+}
+
+pub(crate) async fn respond(
+    gw: &Gateway,
+    mut req: Admitted,
+    tried: Tried,
+    store: Store,
+    settle: &mut Settle,
+) -> Reply {
+    let public_model = req.model().name.clone();
+    match tried {
+        Tried::Stream {
+            resp,
+            lease,
+            served: s,
+        } => {
+            served(gw, &mut req, &s, settle);
+            count_request(gw, &public_model, 200);
+            let guard = (!req.resolved.guardrails.is_empty())
+                .then(|| StreamGuard::new(req.resolved.clone()));
+            Reply::Stream(Box::new(StreamReply {
+                resp,
+                lease,
+                guard,
+                extra: req.extra,
+            }))
+        }
+        Tried::Whole {
+            status,
+            content_type,
+            mut bytes,
+            served: s,
+        } => {
+            served(gw, &mut req, &s, settle);
+            let usage = usage_from_json(&bytes);
+            if !req.resolved.guardrails.is_empty() {
+                if let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
+                    match req.resolved.guardrails.apply_response(&mut v) {
+                        Ok(true) => {
+                            if let Ok(b) = serde_json::to_vec(&v) {
+                                bytes = Bytes::from(b);
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(reason) => {
+                            count_request(gw, &public_model, 400);
+                            gw.metrics.reject("guardrail");
+                            let mut response = error_response(
+                                &ApiError::invalid_no_param(format!(
+                                    "The response was withheld: {reason}"
+                                ))
+                                .with_code("guardrail_blocked"),
+                            );
+                            response.headers_mut().extend(req.extra);
+                            // The model did the work: charged at the upstream's status.
+                            return Reply::Whole {
+                                response,
+                                usage,
+                                status,
+                                cached: false,
+                            };
+                        }
+                    }
+                }
+            }
+            if status == 200 {
+                if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
+                    c.put(k, bytes.clone()).await;
+                }
+                if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
+                    index.put(bucket, vector, bytes.clone(), std::time::Instant::now());
+                }
+            }
+            count_request(gw, &public_model, status);
+            let mut response = Response::new(Body::from(bytes));
+            *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                content_type.unwrap_or_else(|| HeaderValue::from_static("application/json")),
+            );
+            response.headers_mut().extend(req.extra);
+            Reply::Whole {
+                response,
+                usage,
+                status,
+                cached: false,
+            }
+        }
+        Tried::Failed(last) => {
+            let mut response = failed(&public_model, last);
+            let status = response.status().as_u16();
+            count_request(gw, &public_model, status);
+            response.headers_mut().extend(req.extra);
+            Reply::Whole {
+                response,
+                usage: None,
+                status,
+                cached: false,
+            }
+        }
+    }
+}
+
+/// Nothing succeeded: relay a client error as the upstream worded it, else 503.
+fn failed(model: &str, last: Option<Failure>) -> Response {
+    let relay = last
+        .as_ref()
+        .is_some_and(|f| matches!(f, Failure::Status(..)) && routing::classify(f) == Next::Relay);
+    match last {
+        Some(Failure::Status(status, text)) if relay => {
+            let err = serde_json::from_str::<strata_api::ErrorResponse>(&text)
+                .map(|e| e.into_api_error(status))
+                .unwrap_or_else(|_| {
+                    ApiError::new(
+                        strata_api::ErrorKind::from_status(status),
+                        format!("Upstream answered {status}."),
+                    )
+                });
+            error_response(&err)
+        }
+        other => {
+            let why = match other {
+                Some(Failure::Timeout) => "timed out".to_string(),
+                Some(Failure::Connect) => "could not be reached".to_string(),
+                Some(Failure::Status(s, _)) => format!("answered {s}"),
+                None => "were not tried (deadline)".to_string(),
+            };
+            error_response(&ApiError::unavailable(format!(
+                "All upstreams for model `{model}` failed: the last {why}."
+            )))
+        }
+    }
+}

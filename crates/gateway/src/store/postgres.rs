@@ -1,0 +1,795 @@
+//! The shared store: PostgreSQL, so that several gateway replicas keep one set of keys,
+//! tenants, budgets, one usage ledger and one audit log.
+//!
+//! The [`Store`] trait is synchronous (the usage writer is a plain thread; admin calls use
+//! `spawn_blocking`), and the client is async (`tokio-postgres`). The store therefore owns
+//! a small tokio runtime on a thread of its own and runs each call there, waiting for the
+//! answer at most `timeout`: a call never starts or drops a runtime inside the caller's,
+//! so it is safe from any thread.
+//!
+//! Connections: a few, each behind a lock, opened on first use and opened again after
+//! the server went away (a restart costs the calls made while it is down, not the store).
+//!
+//! Invariants:
+//! * A ledger row is written at most once per [`UsageEvent::id`] (`ON CONFLICT DO
+//!   NOTHING`), and only rows actually inserted add to spend, so a batch retried after a
+//!   commit whose answer was lost changes nothing twice.
+//! * Budget holds and spend change under the tenant's (then the key's) row lock, in that
+//!   order everywhere, so two gateways see each other's holds and never deadlock on them.
+//!   At any moment every admitted request counts once: as its hold until its ledger row
+//!   commits, then as its real cost.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex as AsyncMutex;
+use tokio_postgres::{Client, NoTls};
+
+use super::{
+    AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, StoreError, TenantRecord, UsageEvent,
+    UsageFilter, UsageRow,
+};
+use crate::config::RateLimits;
+
+/// Schema steps, applied in order under an advisory lock (replicas starting together
+/// migrate once); entry `i` moves the database to version `i + 1`. Append, never edit.
+const MIGRATIONS: &[&str] = &[
+    // 1: keys, tenants, usage ledger, audit log, budget holds.
+    "CREATE TABLE tenants (
+        name TEXT PRIMARY KEY,
+        rpm BIGINT, tpm BIGINT,
+        budget_micros BIGINT,
+        spend_micros BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE api_keys (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        salt TEXT NOT NULL,
+        hash TEXT NOT NULL,
+        allowed_models TEXT NOT NULL DEFAULT '[]',
+        rpm BIGINT, tpm BIGINT,
+        budget_micros BIGINT,
+        spend_micros BIGINT NOT NULL DEFAULT 0,
+        created_at BIGINT NOT NULL,
+        revoked_at BIGINT
+    );
+    CREATE INDEX api_keys_tenant ON api_keys(tenant);
+    CREATE TABLE usage (
+        id BIGSERIAL PRIMARY KEY,
+        event_id TEXT UNIQUE,
+        ts BIGINT NOT NULL,
+        key_id TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        model TEXT NOT NULL,
+        upstream TEXT NOT NULL,
+        input_tokens BIGINT NOT NULL,
+        output_tokens BIGINT NOT NULL,
+        cost_micros BIGINT NOT NULL,
+        cached BOOLEAN NOT NULL,
+        status INTEGER NOT NULL
+    );
+    CREATE INDEX usage_ts ON usage(ts);
+    CREATE INDEX usage_tenant ON usage(tenant, ts);
+    CREATE TABLE audit (
+        id BIGSERIAL PRIMARY KEY,
+        ts BIGINT NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    CREATE TABLE budget_holds (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        amount_micros BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE INDEX budget_holds_tenant ON budget_holds(tenant);
+    CREATE INDEX budget_holds_key ON budget_holds(key_id);
+    CREATE INDEX budget_holds_expiry ON budget_holds(expires_at);",
+];
+
+/// Any number; the advisory lock that serializes migrations across replicas.
+const MIGRATION_LOCK: i64 = 0x5354_5241_5441_4757;
+
+/// Connections per store: the usage writer, admin calls and budget holds rarely need
+/// more at once.
+const CONNECTIONS: usize = 4;
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Settings of a [`PgStore`].
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `postgres://user:pass@host:port/db` (or the key=value form).
+    pub url: String,
+    /// Longest wait for one call (connecting included) before it fails as unavailable.
+    pub timeout: Duration,
+}
+
+pub struct PgStore {
+    inner: Arc<Inner>,
+    handle: tokio::runtime::Handle,
+    timeout: Duration,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Inner {
+    url: String,
+    slots: Vec<Arc<AsyncMutex<Option<Client>>>>,
+    next: AtomicUsize,
+}
+
+impl PgStore {
+    /// Starts the store's runtime, connects and migrates the schema.
+    pub fn connect(opts: PgOptions) -> Result<PgStore, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("gateway-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("cannot start a runtime: {e}")))?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // The runtime lives and is dropped on this thread, never inside a caller's.
+        let thread = std::thread::Builder::new()
+            .name("gateway-pg-runtime".into())
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = stopped.await;
+                });
+            })
+            .map_err(|e| StoreError::Unavailable(format!("cannot start a thread: {e}")))?;
+        let store = PgStore {
+            inner: Arc::new(Inner {
+                url: opts.url,
+                slots: (0..CONNECTIONS)
+                    .map(|_| Arc::new(AsyncMutex::new(None)))
+                    .collect(),
+                next: AtomicUsize::new(0),
+            }),
+            handle,
+            timeout: opts.timeout,
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        store.call(|inner| Box::pin(async move { inner.migrate().await }))?;
+        Ok(store)
+    }
+
+    /// The schema version after migration.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        self.call(|inner| {
+            Box::pin(async move {
+                let mut conn = inner.conn().await?;
+                let c = conn.client()?;
+                let row = c
+                    .query_one(
+                        "SELECT COALESCE(MAX(version), 0)::int8 FROM strata_schema",
+                        &[],
+                    )
+                    .await;
+                conn.check(row).map(|r| r.get::<_, i64>(0))
+            })
+        })
+    }
+
+    /// Runs `op` on the store's runtime and waits for it, at most `timeout`.
+    fn call<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(Arc<Inner>) -> BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = op(self.inner.clone());
+        let timeout = self.timeout;
+        self.handle.spawn(async move {
+            let res = match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "no answer within {} ms",
+                    timeout.as_millis()
+                ))),
+            };
+            let _ = tx.send(res);
+        });
+        rx.recv()
+            .map_err(|_| StoreError::Unavailable("the store's runtime stopped".into()))?
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One connection slot, locked for the duration of a call.
+struct Conn {
+    slot: tokio::sync::OwnedMutexGuard<Option<Client>>,
+}
+
+impl Conn {
+    fn client(&mut self) -> Result<&mut Client, StoreError> {
+        self.slot
+            .as_mut()
+            .ok_or_else(|| StoreError::Unavailable("not connected".into()))
+    }
+
+    /// Passes a result through; after an error on a connection the server closed, the
+    /// slot is emptied so the next call connects again.
+    fn check<T>(&mut self, res: Result<T, tokio_postgres::Error>) -> Result<T, StoreError> {
+        if res.is_err() && self.slot.as_ref().is_some_and(Client::is_closed) {
+            *self.slot = None;
+        }
+        res.map_err(StoreError::from)
+    }
+}
+
+impl Inner {
+    /// A free connection (or the next one in turn when all are busy), connected.
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        let mut guard = None;
+        for s in &self.slots {
+            if let Ok(g) = s.clone().try_lock_owned() {
+                guard = Some(g);
+                break;
+            }
+        }
+        let mut slot = match guard {
+            Some(g) => g,
+            None => {
+                let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+                self.slots[i].clone().lock_owned().await
+            }
+        };
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("cannot connect: {e}")))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "postgres connection ended");
+                }
+            });
+            *slot = Some(client);
+        }
+        Ok(Conn { slot })
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let res = async {
+            let c = conn.client()?;
+            let tx = c.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            tx.batch_execute("CREATE TABLE IF NOT EXISTS strata_schema (version BIGINT NOT NULL)")
+                .await?;
+            let version: i64 = tx
+                .query_one(
+                    "SELECT COALESCE(MAX(version), 0)::int8 FROM strata_schema",
+                    &[],
+                )
+                .await?
+                .get(0);
+            let known = MIGRATIONS.len() as i64;
+            if version > known {
+                return Err(StoreError::TooNew {
+                    found: version,
+                    known,
+                });
+            }
+            for (i, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+                tx.batch_execute(step).await?;
+                tx.execute(
+                    "INSERT INTO strata_schema (version) VALUES ($1)",
+                    &[&((i + 1) as i64)],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        if res.is_err() && conn.slot.as_ref().is_some_and(Client::is_closed) {
+            *conn.slot = None;
+        }
+        res
+    }
+}
+
+fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.and_then(|x| u64::try_from(x).ok())
+}
+
+fn opt_i64(v: Option<u64>) -> Option<i64> {
+    v.map(|x| i64::try_from(x).unwrap_or(i64::MAX))
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+const KEY_COLUMNS: &str = "id, tenant, name, salt, hash, allowed_models, rpm, tpm, budget_micros, \
+                           spend_micros, created_at, revoked_at";
+
+fn key_from_row(row: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
+    let id: String = row.try_get(0)?;
+    let models: String = row.try_get(5)?;
+    let allowed_models = serde_json::from_str(&models)
+        .map_err(|e| StoreError::Corrupt(format!("allowed_models of key {id}: {e}")))?;
+    Ok(KeyRecord {
+        id,
+        tenant: row.try_get(1)?,
+        name: row.try_get(2)?,
+        salt_hex: row.try_get(3)?,
+        hash_hex: row.try_get(4)?,
+        allowed_models,
+        limits: RateLimits {
+            rpm: opt_u64(row.try_get(6)?),
+            tpm: opt_u64(row.try_get(7)?),
+        },
+        budget_micros: row.try_get(8)?,
+        spend_micros: row.try_get(9)?,
+        created_at: row.try_get(10)?,
+        revoked_at: row.try_get(11)?,
+    })
+}
+
+/// Runs one query body against a connection, emptying the slot when the server went
+/// away (see [`Conn::check`]).
+macro_rules! with_conn {
+    ($inner:expr, |$c:ident| $body:expr) => {{
+        let mut conn = $inner.conn().await?;
+        let res: Result<_, StoreError> = async {
+            let $c = conn.client()?;
+            $body
+        }
+        .await;
+        if res.is_err() && conn.slot.as_ref().is_some_and(Client::is_closed) {
+            *conn.slot = None;
+        }
+        res
+    }};
+}
+
+impl Store for PgStore {
+    fn insert_key(&self, k: &KeyRecord) -> Result<(), StoreError> {
+        let models = serde_json::to_string(&k.allowed_models)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let k = k.clone();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let tx = c.transaction().await?;
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO api_keys ({KEY_COLUMNS}) \
+                             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+                        ),
+                        &[
+                            &k.id,
+                            &k.tenant,
+                            &k.name,
+                            &k.salt_hex,
+                            &k.hash_hex,
+                            &models,
+                            &opt_i64(k.limits.rpm),
+                            &opt_i64(k.limits.tpm),
+                            &k.budget_micros,
+                            &k.spend_micros,
+                            &k.created_at,
+                            &k.revoked_at,
+                        ],
+                    )
+                    .await?;
+                    tx.execute(
+                        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING",
+                        &[&k.tenant],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.call(|inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            &format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"),
+                            &[],
+                        )
+                        .await?;
+                    rows.iter().map(key_from_row).collect()
+                })
+            })
+        })
+    }
+
+    fn get_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let id = id.to_string();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let row = c
+                        .query_opt(
+                            &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"),
+                            &[&id],
+                        )
+                        .await?;
+                    row.as_ref().map(key_from_row).transpose()
+                })
+            })
+        })
+    }
+
+    fn revoke_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let n = c
+                        .execute(
+                            "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+                            &[&id, &now],
+                        )
+                        .await?;
+                    Ok(n > 0)
+                })
+            })
+        })
+    }
+
+    fn update_key(
+        &self,
+        id: &str,
+        limits: RateLimits,
+        budget_micros: Option<i64>,
+        allowed_models: &[String],
+    ) -> Result<bool, StoreError> {
+        let models = serde_json::to_string(allowed_models)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let id = id.to_string();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let n = c
+                        .execute(
+                            "UPDATE api_keys SET rpm = $2, tpm = $3, budget_micros = $4, \
+                             allowed_models = $5 WHERE id = $1",
+                            &[
+                                &id,
+                                &opt_i64(limits.rpm),
+                                &opt_i64(limits.tpm),
+                                &budget_micros,
+                                &models,
+                            ],
+                        )
+                        .await?;
+                    Ok(n > 0)
+                })
+            })
+        })
+    }
+
+    fn upsert_tenant(
+        &self,
+        name: &str,
+        limits: RateLimits,
+        budget_micros: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let name = name.to_string();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    c.execute(
+                        "INSERT INTO tenants (name, rpm, tpm, budget_micros) VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (name) DO UPDATE SET rpm = $2, tpm = $3, budget_micros = $4",
+                        &[&name, &opt_i64(limits.rpm), &opt_i64(limits.tpm), &budget_micros],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError> {
+        self.call(|inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            "SELECT name, rpm, tpm, budget_micros, spend_micros FROM tenants \
+                             ORDER BY name",
+                            &[],
+                        )
+                        .await?;
+                    rows.iter()
+                        .map(|r| {
+                            Ok(TenantRecord {
+                                name: r.try_get(0)?,
+                                limits: RateLimits {
+                                    rpm: opt_u64(r.try_get(1)?),
+                                    tpm: opt_u64(r.try_get(2)?),
+                                },
+                                budget_micros: r.try_get(3)?,
+                                spend_micros: r.try_get(4)?,
+                            })
+                        })
+                        .collect()
+                })
+            })
+        })
+    }
+
+    fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let events = events.to_vec();
+        self.call(move |inner| {
+            Box::pin(async move {
+                let ids: Vec<Option<&str>> = events
+                    .iter()
+                    .map(|e| (!e.id.is_empty()).then_some(e.id.as_str()))
+                    .collect();
+                let ts: Vec<i64> = events.iter().map(|e| e.ts).collect();
+                let key_ids: Vec<&str> = events.iter().map(|e| e.key_id.as_str()).collect();
+                let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
+                let models: Vec<&str> = events.iter().map(|e| e.model.as_str()).collect();
+                let upstreams: Vec<&str> = events.iter().map(|e| e.upstream.as_str()).collect();
+                let input: Vec<i64> = events.iter().map(|e| to_i64(e.input_tokens)).collect();
+                let output: Vec<i64> = events.iter().map(|e| to_i64(e.output_tokens)).collect();
+                let cost: Vec<i64> = events.iter().map(|e| e.cost_micros).collect();
+                let cached: Vec<bool> = events.iter().map(|e| e.cached).collect();
+                let status: Vec<i32> = events.iter().map(|e| i32::from(e.status)).collect();
+                let hold_ids: Vec<&str> = ids.iter().flatten().copied().collect();
+                with_conn!(inner, |c| {
+                    let tx = c.transaction().await?;
+                    // One statement for the whole batch; only rows not seen before come
+                    // back, and only they add to spend.
+                    let inserted = tx
+                        .query(
+                            "INSERT INTO usage (event_id, ts, key_id, tenant, model, upstream, \
+                             input_tokens, output_tokens, cost_micros, cached, status) \
+                             SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], \
+                             $5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[], \
+                             $10::bool[], $11::int4[]) \
+                             ON CONFLICT (event_id) DO NOTHING \
+                             RETURNING key_id, tenant, cost_micros",
+                            &[
+                                &ids, &ts, &key_ids, &tenants, &models, &upstreams, &input,
+                                &output, &cost, &cached, &status,
+                            ],
+                        )
+                        .await?;
+                    // Sorted maps: rows are locked tenants first, then keys, in name
+                    // order, as the budget holds lock them.
+                    let mut key_spend: BTreeMap<String, i64> = BTreeMap::new();
+                    let mut tenant_spend: BTreeMap<String, i64> = BTreeMap::new();
+                    for r in &inserted {
+                        let c: i64 = r.try_get(2)?;
+                        if c != 0 {
+                            *key_spend.entry(r.try_get(0)?).or_default() += c;
+                            *tenant_spend.entry(r.try_get(1)?).or_default() += c;
+                        }
+                    }
+                    for (name, c) in &tenant_spend {
+                        tx.execute(
+                            "INSERT INTO tenants (name, spend_micros) VALUES ($1, $2) \
+                             ON CONFLICT (name) DO UPDATE SET spend_micros = tenants.spend_micros + $2",
+                            &[name, c],
+                        )
+                        .await?;
+                    }
+                    for (id, c) in &key_spend {
+                        tx.execute(
+                            "UPDATE api_keys SET spend_micros = spend_micros + $2 WHERE id = $1",
+                            &[id, c],
+                        )
+                        .await?;
+                    }
+                    if !hold_ids.is_empty() {
+                        tx.execute(
+                            "DELETE FROM budget_holds WHERE id = ANY($1)",
+                            &[&hold_ids],
+                        )
+                        .await?;
+                    }
+                    let now = events.iter().map(|e| e.ts).max().unwrap_or(0);
+                    tx.execute("DELETE FROM budget_holds WHERE expires_at <= $1", &[&now])
+                        .await?;
+                    tx.commit().await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn usage(&self, f: &UsageFilter) -> Result<Vec<UsageRow>, StoreError> {
+        let f = f.clone();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            "SELECT tenant, key_id, model, COUNT(*)::int8, \
+                             COALESCE(SUM(input_tokens), 0)::int8, \
+                             COALESCE(SUM(output_tokens), 0)::int8, \
+                             COALESCE(SUM(cost_micros), 0)::int8 FROM usage \
+                             WHERE ($1::text IS NULL OR tenant = $1) \
+                               AND ($2::text IS NULL OR key_id = $2) \
+                               AND ($3::int8 IS NULL OR ts >= $3) \
+                             GROUP BY tenant, key_id, model ORDER BY tenant, key_id, model",
+                            &[&f.tenant, &f.key_id, &f.since],
+                        )
+                        .await?;
+                    rows.iter()
+                        .map(|r| {
+                            let cost: i64 = r.try_get(6)?;
+                            Ok(UsageRow {
+                                tenant: r.try_get(0)?,
+                                key_id: r.try_get(1)?,
+                                model: r.try_get(2)?,
+                                requests: opt_u64(r.try_get(3)?).unwrap_or(0),
+                                input_tokens: opt_u64(r.try_get(4)?).unwrap_or(0),
+                                output_tokens: opt_u64(r.try_get(5)?).unwrap_or(0),
+                                cost_micros: cost,
+                                cost_usd: cost as f64 / 1e6,
+                            })
+                        })
+                        .collect()
+                })
+            })
+        })
+    }
+
+    fn audit(&self, e: &AuditEntry) -> Result<(), StoreError> {
+        let e = e.clone();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    c.execute(
+                        "INSERT INTO audit (ts, actor, action, target, detail) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                        &[&e.ts, &e.actor, &e.action, &e.target, &e.detail],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+        let limit = i64::from(limit);
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            "SELECT ts, actor, action, target, detail FROM audit \
+                             ORDER BY id DESC LIMIT $1",
+                            &[&limit],
+                        )
+                        .await?;
+                    rows.iter()
+                        .map(|r| {
+                            Ok(AuditEntry {
+                                ts: r.try_get(0)?,
+                                actor: r.try_get(1)?,
+                                action: r.try_get(2)?,
+                                target: r.try_get(3)?,
+                                detail: r.try_get(4)?,
+                            })
+                        })
+                        .collect()
+                })
+            })
+        })
+    }
+
+    fn shares_budgets(&self) -> bool {
+        true
+    }
+
+    fn hold_budget(&self, hold: &BudgetHold) -> Result<HoldOutcome, StoreError> {
+        let h = hold.clone();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let tx = c.transaction().await?;
+                    tx.execute(
+                        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING",
+                        &[&h.tenant],
+                    )
+                    .await?;
+                    // The row locks serialize every gateway's holds on this tenant (and
+                    // key) until commit: the sums below cannot change under us.
+                    let tenant_spend: i64 = tx
+                        .query_one(
+                            "SELECT spend_micros FROM tenants WHERE name = $1 FOR UPDATE",
+                            &[&h.tenant],
+                        )
+                        .await?
+                        .try_get(0)?;
+                    let key_spend: i64 = tx
+                        .query_opt(
+                            "SELECT spend_micros FROM api_keys WHERE id = $1 FOR UPDATE",
+                            &[&h.key_id],
+                        )
+                        .await?
+                        .map(|r| r.try_get(0))
+                        .transpose()?
+                        .unwrap_or(0);
+                    let held = tx
+                        .query_one(
+                            "SELECT \
+                             COALESCE(SUM(amount_micros) FILTER (WHERE tenant = $1), 0)::int8, \
+                             COALESCE(SUM(amount_micros) FILTER (WHERE key_id = $2), 0)::int8 \
+                             FROM budget_holds \
+                             WHERE (tenant = $1 OR key_id = $2) AND expires_at > $3",
+                            &[&h.tenant, &h.key_id, &h.now],
+                        )
+                        .await?;
+                    let (tenant_held, key_held): (i64, i64) = (held.try_get(0)?, held.try_get(1)?);
+                    let checks = [
+                        (false, key_spend + key_held, h.key_budget_micros),
+                        (true, tenant_spend + tenant_held, h.tenant_budget_micros),
+                    ];
+                    for (tenant, spent, budget) in checks {
+                        if let Some(b) = budget {
+                            if spent >= b {
+                                tx.rollback().await?;
+                                return Ok(HoldOutcome::Spent {
+                                    tenant,
+                                    spent_micros: spent,
+                                    budget_micros: b,
+                                });
+                            }
+                        }
+                    }
+                    tx.execute(
+                        "INSERT INTO budget_holds (id, tenant, key_id, amount_micros, expires_at) \
+                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                        &[&h.id, &h.tenant, &h.key_id, &h.amount_micros, &h.expires_at],
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    Ok(HoldOutcome::Held)
+                })
+            })
+        })
+    }
+
+    fn release_hold(&self, id: &str) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    c.execute("DELETE FROM budget_holds WHERE id = $1", &[&id])
+                        .await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+}

@@ -1,0 +1,262 @@
+//! The semantic cache end to end: paraphrases are answered from the cache, unrelated
+//! questions and other tenants miss, a follow-up ("and the second one?") never gets
+//! another conversation's answer, and a header can raise the threshold but not lower it.
+//!
+//! Embeddings are real all-MiniLM-L6-v2 vectors: first from the fixture
+//! (`tests/fixtures/minilm/reference.json`, served by a small `/v1/embeddings` stand-in
+//! that looks the text up), then from Strata's own encoder (`strata engine --model
+//! all-minilm-l6-v2`) loaded in process.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::routing::post as route_post;
+use common::*;
+use serde_json::{json, Value};
+
+const FRANCE: &str = "What is the capital city of France?";
+const FRANCE_AGAIN: &str = "Tell me the capital of France.";
+const GERMANY: &str = "What is the capital of Germany?";
+const BREAD: &str = "How long should I knead bread dough?";
+const FOLLOW_UP: &str = "and the second one?";
+
+fn fixture() -> HashMap<String, Vec<f32>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/minilm/reference.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["text"].as_str().unwrap().to_string(),
+                serde_json::from_value(i["embedding"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// An OpenAI-compatible `/v1/embeddings` that answers the fixture's vectors (and 404 for
+/// a text it does not know, which the gateway treats as "no embedding").
+async fn fixture_embeddings() -> String {
+    let table = Arc::new(fixture());
+    let app = axum::Router::new().route(
+        "/v1/embeddings",
+        route_post(move |axum::Json(req): axum::Json<Value>| {
+            let table = table.clone();
+            async move {
+                let text = req["input"].as_str().unwrap_or_default();
+                match table.get(text) {
+                    Some(v) => (
+                        axum::http::StatusCode::OK,
+                        axum::Json(json!({"object": "list", "model": "all-minilm-l6-v2",
+                            "data": [{"object": "embedding", "index": 0, "embedding": v}]})),
+                    ),
+                    None => (
+                        axum::http::StatusCode::NOT_FOUND,
+                        axum::Json(json!({"error": {"message": "unknown text"}})),
+                    ),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    url
+}
+
+fn yaml(chat: &str, embed: &str) -> String {
+    format!(
+        r#"
+upstreams:
+  - {{name: up, base_url: "{chat}"}}
+  - {{name: local-embed, base_url: "{embed}"}}
+models:
+  - name: m
+    targets: [{{upstream: up}}]
+  - name: minilm
+    targets: [{{upstream: local-embed, model: all-minilm-l6-v2}}]
+cache:
+  semantic: {{enabled: true, embedding_model: minilm, threshold: 0.9, max_messages: 3, ttl_secs: 300, max_entries: 1000}}
+"#
+    )
+}
+
+fn ask(msgs: Value) -> Value {
+    json!({"model": "m", "temperature": 0, "max_tokens": 8, "messages": msgs})
+}
+
+fn user(text: &str) -> Value {
+    ask(json!([{"role": "user", "content": text}]))
+}
+
+fn follow_up(first: &str) -> Value {
+    ask(json!([
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "There are two."},
+        {"role": "user", "content": FOLLOW_UP}
+    ]))
+}
+
+async fn cache_result(url: &str, key: &str, body: &Value, header: Option<&str>) -> String {
+    let mut rb = client().post(url).bearer_auth(key).json(body);
+    if let Some(h) = header {
+        rb = rb.header("x-strata-semantic-cache", h);
+    }
+    let resp = rb.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let r = resp
+        .headers()
+        .get("x-strata-cache")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+    let _ = resp.text().await.unwrap();
+    r
+}
+
+/// The scenario every embedding source must pass.
+async fn paraphrases_hit_and_the_rest_miss(embed_url: &str) {
+    let chat = mock("m").await;
+    let gw = gateway(&yaml(&chat.url(), embed_url)).await;
+    let (a, b) = (key(&gw, "tenant-a"), key(&gw, "tenant-b"));
+    let url = format!("{}/v1/chat/completions", gw.url());
+
+    assert_eq!(cache_result(&url, &a, &user(FRANCE), None).await, "miss");
+    assert_eq!(chat.requests(), 1);
+    // A paraphrase is answered from the cache, without the model.
+    assert_eq!(
+        cache_result(&url, &a, &user(FRANCE_AGAIN), None).await,
+        "semantic"
+    );
+    assert_eq!(chat.requests(), 1);
+    // A raised threshold (0.95 > the pair's ~0.91) misses; a lowered one is ignored.
+    assert_eq!(
+        cache_result(&url, &a, &user(FRANCE_AGAIN), Some("0.95")).await,
+        "miss"
+    );
+    assert_eq!(
+        cache_result(&url, &a, &user(GERMANY), Some("0.5")).await,
+        "miss"
+    );
+    assert_eq!(cache_result(&url, &a, &user(BREAD), None).await, "miss");
+    // Opted out: the model answers.
+    let before = chat.requests();
+    assert_eq!(
+        cache_result(&url, &a, &user(FRANCE_AGAIN), Some("off")).await,
+        ""
+    );
+    assert_eq!(chat.requests(), before + 1);
+    // Another tenant never sees tenant a's answers.
+    assert_eq!(cache_result(&url, &b, &user(FRANCE), None).await, "miss");
+    // Follow-ups: the same words after different conversations are different questions.
+    assert_eq!(
+        cache_result(&url, &a, &follow_up(FRANCE), None).await,
+        "miss"
+    );
+    assert_eq!(
+        cache_result(&url, &a, &follow_up(BREAD), None).await,
+        "miss"
+    );
+    assert_eq!(
+        cache_result(&url, &a, &follow_up(FRANCE), None).await,
+        "semantic"
+    );
+
+    let metrics = client()
+        .get(format!("{}/metrics", gw.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"strata_gateway_semantic_cache_total{tenant="tenant-a",result="hit"} 2"#),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_cache_with_fixture_minilm_vectors() {
+    let embed = fixture_embeddings().await;
+    paraphrases_hit_and_the_rest_miss(&embed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_cache_skips_when_the_embedding_model_fails() {
+    // The stand-in does not know this text: no embedding, so no semantic cache (and no
+    // error for the client).
+    let embed = fixture_embeddings().await;
+    let chat = mock("m").await;
+    let gw = gateway(&yaml(&chat.url(), &embed)).await;
+    let k = key(&gw, "t");
+    let url = format!("{}/v1/chat/completions", gw.url());
+    for _ in 0..2 {
+        let (status, headers, _) = post(&url, Some(&k), &user("an unknown sentence")).await;
+        assert_eq!(status, 200);
+        assert!(headers.get("x-strata-cache").is_none());
+    }
+    assert_eq!(chat.requests(), 2);
+}
+
+/// Strata's encoder (`strata model pull all-minilm-l6-v2`, or
+/// `$STRATA_TEST_EMBED_MODEL`) serving `/v1/embeddings` in process. A missing model fails
+/// the test with what to run; it is never skipped.
+fn engine_embeddings() -> String {
+    use strata_engine::embed::server as embed_server;
+    use strata_engine::model_cache::{ModelCache, EMBEDDING_MODEL};
+    let dir = match std::env::var_os("STRATA_TEST_EMBED_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => ModelCache::from_env().path_of(EMBEDDING_MODEL),
+    };
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "the embedding model is missing at {}; run `cargo run -p strata-cli -- model pull \
+         {EMBEDDING_MODEL}`",
+        dir.display()
+    );
+    let loaded = embed_server::load(
+        &dir,
+        EMBEDDING_MODEL,
+        &strata_engine::server::EngineOptions::default(),
+    )
+    .expect("load the encoder");
+    let app = embed_server::router(loaded.state.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Its own runtime: the encoder outlives any one test's runtime.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr")).expect("send");
+            let _keep = loaded;
+            let _ = axum::serve(listener, app).await;
+        });
+    });
+    let addr = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("encoder address");
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_cache_with_strata_minilm_encoder() {
+    let embed = tokio::task::spawn_blocking(engine_embeddings)
+        .await
+        .unwrap();
+    paraphrases_hit_and_the_rest_miss(&embed).await;
+}

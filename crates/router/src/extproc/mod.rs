@@ -1,0 +1,723 @@
+//! The endpoint picker transport: `envoy.service.ext_proc.v3.ExternalProcessor` over gRPC
+//! (PROTOCOLS §5), so that an Envoy gateway (the Gateway API Inference Extension's data
+//! plane) asks this router which replica gets each request. It drives the same
+//! [`Router`] as the HTTP front in [`crate::proxy`]: one pool, one scheduler, two
+//! transports.
+//!
+//! One gRPC stream is one HTTP request. Envoy runs in `FULL_DUPLEX_STREAMED` mode for
+//! bodies, so it forwards upstream only what the picker streams back:
+//!
+//! 1. request headers are kept, not answered yet (the pick needs the body);
+//! 2. request body chunks are buffered (at most `max_body_bytes`, else 413) until end of
+//!    stream, then parsed once: not JSON or no `model` is answered 400 as an
+//!    `ImmediateResponse`, so a malformed request never reaches an engine;
+//! 3. admission (a sheddable request while the pool is saturated: 429) and
+//!    [`Router::pick_within`] restricted to the subset hint and the conformance selection
+//!    header (none left: 503); the pick's lease is taken here;
+//! 4. the answer: a header response that sets `x-gateway-destination-endpoint` to the pick
+//!    and the `envoy.lb` dynamic metadata to the ordered fallback list, a corrected
+//!    `Content-Length`, `clear_route_cache`; then the whole body in chunks of at most
+//!    62,000 bytes, the last one ending the stream;
+//! 5. the response passes straight through chunk by chunk; `usage` (JSON or the SSE usage
+//!    chunk) is read for the serving endpoint's token counters, and the lease is released
+//!    at the response's end, or when the stream goes away (the client or Envoy gave up),
+//!    whichever comes first: it is an owned value dropped once.
+//!
+//! A request whose headers end the stream (no body) is picked at once, with no model.
+
+pub mod messages;
+pub mod request;
+pub mod serve;
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use futures_util::Stream;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use rand::Rng;
+use strata_api::ApiError;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::router::{Lease, RouteError, Router};
+use crate::scheduling::{SchedRequest, ScheduleError};
+use messages::{DESTINATION, LB_NAMESPACE, SERVED, SUBSET_KEY, SUBSET_NAMESPACE};
+use request::{address_allowed, address_of, header, ApiKind, TEST_SELECTION};
+
+/// The gRPC service name, also a health-check service name.
+pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// How many ranked endpoints go into the fallback list at most (the pick included).
+const MAX_DESTINATIONS: usize = 4;
+/// Largest response kept whole to find `usage` in a non-streamed answer.
+const MAX_USAGE_SCAN: usize = 4 << 20;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: String,
+}
+
+/// Counters of the ext_proc transport (`strata_epp_*`).
+pub struct ExtProcMetrics {
+    registry: Registry,
+    /// Streams by outcome: `picked`, `passthrough` (no pick needed), or the HTTP status
+    /// of an immediate response.
+    pub requests: Family<CodeLabel, Counter>,
+    pub prompt_tokens: Family<EndpointLabel, Counter>,
+    pub completion_tokens: Family<EndpointLabel, Counter>,
+    /// Streams that ended before the response did (the client or Envoy went away).
+    pub abandoned: Counter,
+    /// `requests{code="picked"}`, held so the hot path does not look it up.
+    picked: Counter,
+}
+
+impl Default for ExtProcMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ExtProcMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("strata_epp");
+        let m = ExtProcMetrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            prompt_tokens: Family::default(),
+            completion_tokens: Family::default(),
+            abandoned: Counter::default(),
+            picked: Counter::default(),
+        };
+        registry.register(
+            "requests",
+            "ext_proc streams by outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens served, from the responses' usage",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Completion tokens served, from the responses' usage",
+            m.completion_tokens.clone(),
+        );
+        registry.register(
+            "abandoned",
+            "Streams that ended before their response finished",
+            m.abandoned.clone(),
+        );
+        let picked = m
+            .requests
+            .get_or_create(&CodeLabel {
+                code: "picked".into(),
+            })
+            .clone();
+        ExtProcMetrics {
+            registry,
+            picked,
+            ..m
+        }
+    }
+
+    fn outcome(&self, code: &str) {
+        self.requests
+            .get_or_create(&CodeLabel { code: code.into() })
+            .inc();
+    }
+
+    /// Prometheus text, without the closing `# EOF` (the caller joins registries).
+    pub fn encode_body(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        strip_eof(out)
+    }
+}
+
+pub(crate) fn strip_eof(mut s: String) -> String {
+    if let Some(i) = s.rfind("# EOF") {
+        s.truncate(i);
+    }
+    s
+}
+
+/// The ext_proc service over one [`Router`].
+#[derive(Clone)]
+pub struct ExtProc {
+    router: Router,
+    metrics: Arc<ExtProcMetrics>,
+}
+
+impl ExtProc {
+    pub fn new(router: Router) -> ExtProc {
+        ExtProc {
+            router,
+            metrics: Arc::new(ExtProcMetrics::new()),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<ExtProcMetrics> {
+        &self.metrics
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The tonic service, to add to a server.
+    pub fn into_service(self) -> ExternalProcessorServer<ExtProc> {
+        // 5 MB bodies arrive as 62 KB chunks, but Envoy's messages may be larger than
+        // tonic's 4 MiB default when it is configured to buffer.
+        ExternalProcessorServer::new(self)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+
+    /// Prometheus text of the router and the transport together.
+    pub fn encode_metrics(&self) -> String {
+        let mut out = strip_eof(self.router.metrics().encode());
+        out.push_str(&self.metrics.encode_body());
+        out.push_str("# EOF\n");
+        out
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ResponseStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let inbound = request.into_inner();
+        let state = StreamState::new(self.router.clone(), self.metrics.clone());
+        // The answers are produced as tonic polls for them, on its task: no task or
+        // channel per request. When Envoy or the client goes away, tonic drops this stream
+        // and with it the state, whose `Drop` releases a lease still held.
+        let answers = futures_util::stream::unfold(
+            (state, inbound, VecDeque::new()),
+            |(mut state, mut inbound, mut pending)| async move {
+                loop {
+                    if let Some(r) = pending.pop_front() {
+                        return Some((Ok(r), (state, inbound, pending)));
+                    }
+                    match inbound.message().await {
+                        Ok(Some(m)) => pending.extend(state.handle(m).await),
+                        // Envoy closed the stream, or it broke: the request is over.
+                        Ok(None) | Err(_) => {
+                            let finished = state.phase == Phase::Done;
+                            state.end(finished);
+                            return None;
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(answers)))
+    }
+}
+
+/// Where one stream is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the request headers.
+    Start,
+    /// Buffering the request body.
+    Body,
+    /// Picked (or passed through); the response has not ended.
+    Forwarded,
+    /// The response ended, or an immediate response was sent.
+    Done,
+}
+
+/// Reads `usage` out of the response as it passes.
+#[derive(Default)]
+struct UsageScan {
+    sse: bool,
+    /// SSE: the unfinished last line. JSON: the body so far (bounded).
+    buf: Vec<u8>,
+    overflow: bool,
+    usage: Option<(u64, u64)>,
+}
+
+impl UsageScan {
+    fn feed(&mut self, chunk: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        self.buf.extend_from_slice(chunk);
+        if self.sse {
+            while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                self.line(&line);
+            }
+        }
+        if self.buf.len() > MAX_USAGE_SCAN {
+            self.overflow = true;
+            self.buf = Vec::new();
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        if !memmem(data, b"\"usage\"") {
+            return;
+        }
+        if let Some(u) = usage_of(data) {
+            self.usage = Some(u);
+        }
+    }
+
+    fn finish(&mut self) -> Option<(u64, u64)> {
+        if !self.overflow {
+            let rest = std::mem::take(&mut self.buf);
+            if self.sse {
+                self.line(&rest);
+            } else if let Some(u) = usage_of(&rest) {
+                self.usage = Some(u);
+            }
+        }
+        self.usage
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// The `usage` object of a JSON answer, read without parsing the rest: the last `"usage"`
+/// key (an escaped quote inside a string can never form it) and the one value after it.
+fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut end = json.len();
+    while let Some(i) = json[..end].windows(KEY.len()).rposition(|w| w == KEY) {
+        if let Some(rest) = json[i + KEY.len()..].trim_ascii_start().strip_prefix(b":") {
+            let mut de = serde_json::Deserializer::from_slice(rest);
+            let u: Option<Usage> = serde::Deserialize::deserialize(&mut de).ok()?;
+            return u.map(|u| (u.prompt_tokens, u.completion_tokens));
+        }
+        end = i;
+    }
+    None
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+struct StreamState {
+    router: Router,
+    metrics: Arc<ExtProcMetrics>,
+    phase: Phase,
+    headers: Vec<(String, Vec<u8>)>,
+    request_id: String,
+    /// The subset hint, when Envoy sent one.
+    subset: Option<Vec<String>>,
+    body: BytesMut,
+    lease: Option<Lease>,
+    /// `host:port` of the picked endpoint (accounting falls back to it).
+    picked: Option<String>,
+    served: Option<String>,
+    usage: UsageScan,
+}
+
+impl StreamState {
+    fn new(router: Router, metrics: Arc<ExtProcMetrics>) -> StreamState {
+        StreamState {
+            router,
+            metrics,
+            phase: Phase::Start,
+            headers: Vec::new(),
+            request_id: String::new(),
+            subset: None,
+            body: BytesMut::new(),
+            lease: None,
+            picked: None,
+            served: None,
+            usage: UsageScan::default(),
+        }
+    }
+
+    /// Releases the lease (once: it is taken) and records the outcome.
+    fn end(&mut self, finished: bool) {
+        if let Some(lease) = self.lease.take() {
+            if !finished {
+                self.metrics.abandoned.inc();
+            }
+            if let Some((prompt, completion)) = self.usage.finish() {
+                let endpoint = self
+                    .served
+                    .clone()
+                    .or_else(|| self.picked.clone())
+                    .unwrap_or_else(|| address_of(lease.url()).to_string());
+                let l = EndpointLabel { endpoint };
+                self.metrics.prompt_tokens.get_or_create(&l).inc_by(prompt);
+                self.metrics
+                    .completion_tokens
+                    .get_or_create(&l)
+                    .inc_by(completion);
+            }
+            drop(lease);
+        }
+        self.phase = Phase::Done;
+    }
+
+    async fn handle(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+        use processing_request::Request as R;
+        let Some(req) = msg.request else {
+            return Vec::new();
+        };
+        match (self.phase, req) {
+            (Phase::Start, R::RequestHeaders(h)) => {
+                self.subset = messages::metadata_strings(
+                    msg.metadata_context.as_ref(),
+                    SUBSET_NAMESPACE,
+                    SUBSET_KEY,
+                );
+                self.on_request_headers(h).await
+            }
+            (Phase::Body, R::RequestBody(b)) => self.on_request_body(b).await,
+            // Trailers end a body that did not say so.
+            (Phase::Body, R::RequestTrailers(_)) => {
+                let mut out = self.finish_request(false).await;
+                if self.phase != Phase::Done {
+                    out.push(messages::request_trailers());
+                }
+                out
+            }
+            (Phase::Forwarded, R::RequestTrailers(_)) => vec![messages::request_trailers()],
+            (Phase::Forwarded, R::ResponseHeaders(h)) => {
+                self.on_response_headers(&h, &msg.attributes, msg.metadata_context.as_ref())
+            }
+            (Phase::Forwarded, R::ResponseBody(b)) => {
+                self.usage.feed(&b.body);
+                let eos = b.end_of_stream;
+                let out = vec![messages::response_body_chunk(b.body, eos)];
+                if eos {
+                    self.end(true);
+                }
+                out
+            }
+            (Phase::Forwarded, R::ResponseTrailers(_)) => {
+                self.end(true);
+                vec![messages::response_trailers()]
+            }
+            // Body still arriving after an immediate response: Envoy drops the stream.
+            (Phase::Done, R::RequestBody(_)) => Vec::new(),
+            // Anything after the end (or out of order) is answered so Envoy is never left
+            // waiting, and changes nothing.
+            (_, R::RequestTrailers(_)) => vec![messages::request_trailers()],
+            (_, R::ResponseTrailers(_)) => vec![messages::response_trailers()],
+            (_, R::ResponseHeaders(_)) => vec![messages::response_headers()],
+            (_, R::ResponseBody(b)) => vec![messages::response_body_chunk(b.body, b.end_of_stream)],
+            (phase, other) => {
+                tracing::warn!(?phase, message = ?kind_of(&other), "unexpected ext_proc message");
+                self.phase = Phase::Done;
+                vec![messages::immediate(
+                    &ApiError::internal(
+                        "The gateway sent the endpoint picker an unexpected message.",
+                    ),
+                    &self.request_id,
+                )]
+            }
+        }
+    }
+
+    async fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
+        self.headers = messages::headers_of(h.headers.as_ref());
+        self.request_id = match header(&self.headers, "x-request-id") {
+            Some(id) if id.len() <= 256 => id.to_string(),
+            _ => {
+                let n: u128 = rand::rng().random();
+                format!("{n:032x}")
+            }
+        };
+        self.router.metrics().requests.inc();
+        if h.end_of_stream {
+            // No body: picked at once, with no model to filter on.
+            let sreq = SchedRequest::default();
+            return self.answer(sreq, None, true).await;
+        }
+        self.phase = Phase::Body;
+        Vec::new()
+    }
+
+    async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+        let max = self.router.config().max_body_bytes;
+        if self.body.len() + b.body.len() > max {
+            return self.fail(ApiError::too_large(format!(
+                "The request body exceeds the limit of {max} bytes."
+            )));
+        }
+        self.body.extend_from_slice(&b.body);
+        if b.end_of_stream {
+            self.finish_request(true).await
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The body is complete: parse, admit, pick, answer.
+    async fn finish_request(&mut self, end_of_stream: bool) -> Vec<ProcessingResponse> {
+        let path = header(&self.headers, ":path").unwrap_or("/").to_string();
+        let kind = ApiKind::of_path(&path);
+        let body = std::mem::take(&mut self.body).freeze();
+        let rewrite = header(&self.headers, request::MODEL_REWRITE).map(str::to_string);
+        let parsed =
+            match request::parse_body(kind, body, rewrite.as_deref(), self.router.uses_precise()) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.router.metrics().fail("invalid_request");
+                    return self.fail(e);
+                }
+            };
+        if let Some(f) = header(&self.headers, request::FAIRNESS_ID) {
+            tracing::debug!(request_id = %self.request_id, fairness_id = %f, model = %parsed.model, "request");
+        }
+        let priority = request::priority(&self.router, &self.headers, parsed.priority);
+        if let Err(e) = self.router.admit(priority).await {
+            return self.fail(route_error(&e));
+        }
+        let sreq = request::sched_request(&self.router, &self.headers, &parsed, priority).await;
+        self.answer(sreq, Some(parsed.body), end_of_stream).await
+    }
+
+    /// Picks inside the allowed set, takes the lease, and builds the header response (and
+    /// the body chunks when there is a body).
+    async fn answer(
+        &mut self,
+        mut sreq: SchedRequest,
+        body: Option<Bytes>,
+        end_of_stream: bool,
+    ) -> Vec<ProcessingResponse> {
+        let selection: Option<Vec<String>> = header(&self.headers, TEST_SELECTION).map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        });
+        let subset = self.subset.clone();
+        if subset.as_ref().is_some_and(|s| s.is_empty()) {
+            return self.fail(ApiError::unavailable(
+                "The gateway's endpoint subset is empty.",
+            ));
+        }
+        let allow = move |url: &str| {
+            let addr = address_of(url);
+            subset.as_ref().is_none_or(|s| address_allowed(addr, s))
+                && selection.as_ref().is_none_or(|s| address_allowed(addr, s))
+        };
+        let restricted = self.subset.is_some() || header(&self.headers, TEST_SELECTION).is_some();
+        let picked = if restricted {
+            self.router.pick_within(&mut sreq, Some(&allow))
+        } else {
+            self.router.pick(&mut sreq)
+        };
+        let picked = match picked {
+            Ok(p) => p,
+            Err(e) => return self.fail(route_error(&e)),
+        };
+        // The lease goes to the first endpoint whose circuit lets it through; the rest of
+        // the ranking, in order, are the fallbacks Envoy may try.
+        let mut destinations: Vec<String> = Vec::new();
+        for (id, url) in &picked.ranked {
+            if self.lease.is_none() {
+                match self.router.lease(*id, url) {
+                    Some(l) => {
+                        self.picked = Some(address_of(url).to_string());
+                        self.lease = Some(l);
+                    }
+                    None => continue,
+                }
+            }
+            destinations.push(address_of(url).to_string());
+            if destinations.len() >= MAX_DESTINATIONS {
+                break;
+            }
+        }
+        if self.lease.is_none() {
+            return self.fail(ApiError::unavailable("No replica could take the request."));
+        }
+        // The header names the pick alone: Envoy's ORIGINAL_DST cluster reads one address
+        // from it (a list is "no healthy upstream"). The metadata carries the whole
+        // ordered list for a load-balancing policy that can fall back (override_host).
+        let value = destinations.join(",");
+        let mut set = vec![
+            messages::set_header(DESTINATION, &destinations[0]),
+            messages::set_header("x-request-id", &self.request_id),
+        ];
+        if let Some(b) = &body {
+            set.push(messages::set_header("content-length", &b.len().to_string()));
+        }
+        // A client must not name its own destination or claim who served.
+        let remove = vec![SERVED.to_string()];
+        let metadata = messages::dynamic_metadata(LB_NAMESPACE, DESTINATION, &value);
+        let mut out = vec![messages::request_headers(set, remove, Some(metadata))];
+        if let Some(b) = body {
+            out.extend(messages::request_body_chunks(&b, end_of_stream));
+        }
+        self.metrics.picked.inc();
+        self.phase = Phase::Forwarded;
+        out
+    }
+
+    fn on_response_headers(
+        &mut self,
+        h: &HttpHeaders,
+        attrs: &std::collections::HashMap<String, envoy_types::pb::google::protobuf::Struct>,
+        md: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
+    ) -> Vec<ProcessingResponse> {
+        let headers = messages::headers_of(h.headers.as_ref());
+        // Who served: the data plane's `envoy.lb` answer when it gives one, else the
+        // upstream address attribute, else the pick.
+        self.served = messages::metadata_strings(md, LB_NAMESPACE, SERVED)
+            .and_then(|v| v.into_iter().next())
+            .or_else(|| messages::attribute_string(attrs, "upstream.address"));
+        let status: u16 = header(&headers, ":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(200);
+        self.usage.sse =
+            header(&headers, "content-type").is_some_and(|c| c.starts_with("text/event-stream"));
+        if let Some(lease) = self.lease.as_mut() {
+            let served_elsewhere = self
+                .served
+                .as_ref()
+                .is_some_and(|s| Some(s) != self.picked.as_ref());
+            // The circuit of the pick learns only from answers the pick gave.
+            if !served_elsewhere {
+                if status >= 500 {
+                    lease.failure();
+                } else {
+                    lease.success();
+                }
+            }
+        }
+        let out = vec![messages::response_headers()];
+        if h.end_of_stream {
+            self.end(true);
+        }
+        out
+    }
+
+    fn fail(&mut self, err: ApiError) -> Vec<ProcessingResponse> {
+        self.metrics.outcome(&err.status.to_string());
+        self.phase = Phase::Done;
+        self.lease = None;
+        vec![messages::immediate(&err, &self.request_id)]
+    }
+}
+
+impl Drop for StreamState {
+    fn drop(&mut self) {
+        // Dropped with the lease still held: the stream went away before the response
+        // ended.
+        if self.lease.is_some() {
+            self.end(false);
+        }
+    }
+}
+
+fn kind_of(r: &processing_request::Request) -> &'static str {
+    use processing_request::Request as R;
+    match r {
+        R::RequestHeaders(_) => "request_headers",
+        R::ResponseHeaders(_) => "response_headers",
+        R::RequestBody(_) => "request_body",
+        R::ResponseBody(_) => "response_body",
+        R::RequestTrailers(_) => "request_trailers",
+        R::ResponseTrailers(_) => "response_trailers",
+    }
+}
+
+/// The OpenAI error for a routing failure (as the HTTP front maps them).
+pub fn route_error(e: &RouteError) -> ApiError {
+    match e {
+        RouteError::Shed => ApiError::rate_limited(
+            "The service is saturated; this request is sheddable. Retry later.",
+        ),
+        RouteError::QueueFull => {
+            ApiError::unavailable("Too many requests are waiting for capacity.")
+        }
+        RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
+        RouteError::Schedule(ScheduleError::UnknownProfile(p)) => ApiError::invalid(
+            crate::proxy::PROFILE,
+            format!("Unknown scheduling profile `{p}`."),
+        ),
+        RouteError::Schedule(ScheduleError::NoReadyEndpoint) => {
+            ApiError::unavailable("No replica is ready.")
+        }
+        RouteError::Schedule(ScheduleError::Filtered(_)) => {
+            ApiError::unavailable("No replica can take this request.")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_from_sse_split_across_chunks() {
+        let mut u = UsageScan {
+            sse: true,
+            ..Default::default()
+        };
+        let stream = b"data: {\"choices\":[{\"text\":\" tok\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n";
+        for c in stream.chunks(5) {
+            u.feed(c);
+        }
+        assert_eq!(u.finish(), Some((7, 3)));
+    }
+
+    #[test]
+    fn usage_from_json_and_absent() {
+        let mut u = UsageScan::default();
+        u.feed(br#"{"choices":[],"usage":{"prompt_tokens":2,"#);
+        u.feed(br#""completion_tokens":5}}"#);
+        assert_eq!(u.finish(), Some((2, 5)));
+        let mut u = UsageScan::default();
+        u.feed(b"not json");
+        assert_eq!(u.finish(), None);
+    }
+
+    #[test]
+    fn usage_is_read_from_its_key_only() {
+        // A quoted "usage" inside text is escaped and never taken for the key.
+        let body = br#"{"choices":[{"text":"say \"usage\": 5"}],"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}"#;
+        assert_eq!(usage_of(body), Some((4, 6)));
+        assert_eq!(usage_of(br#"{"object":"usage","usage":null}"#), None);
+        assert_eq!(usage_of(br#"{"choices":[]}"#), None);
+    }
+
+    #[test]
+    fn eof_is_stripped_once() {
+        assert_eq!(strip_eof("a 1\n# EOF\n".into()), "a 1\n");
+        assert_eq!(strip_eof("a 1\n".into()), "a 1\n");
+    }
+}

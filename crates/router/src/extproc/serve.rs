@@ -1,0 +1,195 @@
+//! Serving the picker: the ext_proc gRPC port, gRPC health on its own port (also on the
+//! ext_proc port, so a gateway can health-check the connection it uses), and Prometheus
+//! metrics over HTTP.
+//!
+//! Health services (`grpc.health.v1`): `liveness` is SERVING while the process runs;
+//! `readiness`, `inference-extension`, the ext_proc service name and the empty name are
+//! SERVING while at least one endpoint is ready, re-checked every 250 ms, so a gateway or
+//! a kubelet can hold traffic back from a picker with nothing to pick.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
+use tonic_health::ServingStatus;
+
+use super::{ExtProc, SERVICE_NAME};
+
+/// Why serving stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Health service names that follow readiness.
+pub const READY_SERVICES: [&str; 4] = ["", "readiness", "inference-extension", SERVICE_NAME];
+
+/// Bound listeners for the picker's ports; `health` and `metrics` are optional.
+pub struct Listeners {
+    pub ext_proc: TcpListener,
+    pub health: Option<TcpListener>,
+    pub metrics: Option<TcpListener>,
+}
+
+/// The addresses the listeners are bound to.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundAddrs {
+    pub ext_proc: SocketAddr,
+    pub health: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+}
+
+impl Listeners {
+    /// Binds `host` at each given port (0: any free port).
+    pub async fn bind(
+        host: &str,
+        ext_proc: u16,
+        health: Option<u16>,
+        metrics: Option<u16>,
+    ) -> std::io::Result<Listeners> {
+        let bind = |p: u16| TcpListener::bind((host.to_string(), p));
+        Ok(Listeners {
+            ext_proc: bind(ext_proc).await?,
+            health: match health {
+                Some(p) => Some(bind(p).await?),
+                None => None,
+            },
+            metrics: match metrics {
+                Some(p) => Some(bind(p).await?),
+                None => None,
+            },
+        })
+    }
+
+    pub fn addrs(&self) -> std::io::Result<BoundAddrs> {
+        Ok(BoundAddrs {
+            ext_proc: self.ext_proc.local_addr()?,
+            health: self.health.as_ref().map(|l| l.local_addr()).transpose()?,
+            metrics: self.metrics.as_ref().map(|l| l.local_addr()).transpose()?,
+        })
+    }
+}
+
+async fn set_ready(reporter: &HealthReporter, ready: bool) {
+    let status = if ready {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for s in READY_SERVICES {
+        reporter.set_service_status(s, status).await;
+    }
+}
+
+/// Serves until `shutdown` resolves. gRPC streams in flight are cut at shutdown: each is
+/// one request, and Envoy's `failure_mode_allow` decides what its client sees.
+pub async fn serve(
+    ext: ExtProc,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let reporter = HealthReporter::new();
+    reporter
+        .set_service_status("liveness", ServingStatus::Serving)
+        .await;
+    let router = ext.router().clone();
+    set_ready(&reporter, router.any_ready()).await;
+    let watcher = {
+        let reporter = reporter.clone();
+        tokio::spawn(async move {
+            let mut last = router.any_ready();
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let now = router.any_ready();
+                if now != last {
+                    set_ready(&reporter, now).await;
+                    last = now;
+                }
+            }
+        })
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let health_svc = || HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+    {
+        let svc = ext.clone().into_service();
+        let health = health_svc();
+        let incoming = TcpListenerStream::new(listeners.ext_proc);
+        let stop = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .add_service(svc)
+                .add_service(health)
+                .serve_with_incoming_shutdown(incoming, stop)
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    if let Some(l) = listeners.health {
+        let health = health_svc();
+        let incoming = TcpListenerStream::new(l);
+        let stop = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming_shutdown(incoming, stop)
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    if let Some(l) = listeners.metrics {
+        let ext = ext.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let ext = ext.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        ext.encode_metrics(),
+                    )
+                        .into_response()
+                }
+            }),
+        );
+        let stop = stopped(stop_rx.clone());
+        tasks.spawn(async move {
+            axum::serve(l, app)
+                .with_graceful_shutdown(stop)
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    // The first server to stop (shutdown, or an error) stops the others.
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok(Err(e)) = joined {
+            if result.is_ok() {
+                result = Err(e);
+            }
+        }
+        tasks.abort_all();
+    }
+    watcher.abort();
+    result
+}

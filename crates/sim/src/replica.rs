@@ -1,0 +1,285 @@
+//! A modelled engine replica: the engine's own step planner and block pool
+//! (`strata_engine::scheduler::StepPlanner`), driven the way the engine thread drives it,
+//! with the forward pass replaced by the step-time model.
+//!
+//! The engine loop (`crates/engine/src/engine.rs`) per step: plan, run one forward over
+//! the plan, advance every planned sequence by its tokens, sample those whose pending
+//! tokens are all computed, finish the ones at their length, name the blocks the step
+//! filled, release the finished, publish the cache changes. Here the forward is a wait of
+//! `StepModel::step_time` in virtual time and sampling is a deterministic token id (the
+//! simulated clients ask for `ignore_eos`, as `strata bench` does by default).
+
+use strata_api::block_hash::BlockHash;
+use strata_engine::kv::block_pool::{HashKey, PoolEvent};
+use strata_engine::sampler::{Sampler, SamplingConfig};
+use strata_engine::scheduler::{BlockHashFn, Policy, SchedulerConfig, StepPlan, StepPlanner};
+use strata_engine::sequence::{GenerationRequest, SeqEvent, Sequence};
+use tokio::sync::mpsc::UnboundedSender;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::profile::{StepModel, StepShape};
+use crate::routing::KvChange;
+
+/// Engine settings of every replica (the `strata engine` flags of the same names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineShape {
+    pub block_size: usize,
+    /// KV blocks; `None`: what the hardware's memory holds after the weights.
+    pub num_blocks: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub policy: Policy,
+    pub prefix_caching: bool,
+}
+
+impl Default for EngineShape {
+    fn default() -> Self {
+        // `strata engine`'s defaults.
+        EngineShape {
+            block_size: 16,
+            num_blocks: None,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            policy: Policy::Fcfs,
+            prefix_caching: true,
+        }
+    }
+}
+
+/// The prefix-cache block hash used in simulation: chained like the engine's (parent,
+/// tokens, salt), but xxh3 instead of SHA-256 over CBOR, since only equality matters to
+/// every decision and a million requests would otherwise spend most of their time hashing.
+pub fn fast_block_hash(parent: Option<&HashKey>, tokens: &[u32], salt: Option<&str>) -> HashKey {
+    let mut h = Xxh3::new();
+    if let Some(p) = parent {
+        h.update(p);
+    }
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    if let Some(s) = salt {
+        h.update(s.as_bytes());
+    }
+    let a = h.digest128().to_le_bytes();
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(&a);
+    // The second half is derived, so the wire form (the last 8 bytes) depends on all of it.
+    let b = xxhash_rust::xxh3::xxh3_128(&a).to_le_bytes();
+    out[16..].copy_from_slice(&b);
+    out
+}
+
+/// The wire (`u64`) hashes of every full block of `tokens`, as KV events name them.
+pub fn wire_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut parent: Option<HashKey> = None;
+    tokens
+        .chunks_exact(block_size.max(1))
+        .map(|block| {
+            let h = fast_block_hash(parent.as_ref(), block, None);
+            parent = Some(h);
+            BlockHash(h).to_u64()
+        })
+        .collect()
+}
+
+/// What one finished step produced.
+#[derive(Default)]
+pub struct StepResult {
+    /// Requests that got a token this step: (request id, tokens out so far).
+    pub tokens: Vec<(u64, u32)>,
+    /// Requests that finished, with their sequence (its generated tokens and cache hits).
+    pub finished: Vec<Sequence>,
+    /// Cache changes, for the router's precise index.
+    pub kv: Vec<KvChange>,
+}
+
+/// One engine replica.
+pub struct SimEngine {
+    pub planner: StepPlanner,
+    /// The step in flight, if any.
+    plan: Option<StepPlan>,
+    context_len: usize,
+    events_tx: UnboundedSender<SeqEvent>,
+    pub steps: u64,
+    pub preemptions: u64,
+}
+
+impl SimEngine {
+    /// A replica with `num_blocks` KV blocks. `events_tx` is a sender whose receiver the
+    /// simulation keeps open (nothing is sent on it: the simulation reads the sequences).
+    pub fn new(
+        shape: &EngineShape,
+        num_blocks: usize,
+        context_len: usize,
+        events_tx: UnboundedSender<SeqEvent>,
+    ) -> SimEngine {
+        let hash: Option<BlockHashFn> = shape
+            .prefix_caching
+            .then(|| Box::new(fast_block_hash) as BlockHashFn);
+        SimEngine {
+            planner: StepPlanner::new(
+                SchedulerConfig {
+                    block_size: shape.block_size,
+                    max_num_seqs: shape.max_num_seqs,
+                    max_num_batched_tokens: shape.max_num_batched_tokens,
+                    policy: shape.policy,
+                },
+                num_blocks,
+                hash,
+            ),
+            plan: None,
+            context_len,
+            events_tx,
+            steps: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// Queues a request; `id` orders admissions (FCFS) and names it in results.
+    pub fn submit(&mut self, id: u64, prompt: Vec<u32>, max_tokens: usize) {
+        let req = GenerationRequest {
+            request_id: String::new(),
+            prompt,
+            sampling: SamplingConfig::default(),
+            max_tokens,
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            priority: 0,
+            cache_salt: None,
+            arrival: std::time::Instant::now(),
+            events: self.events_tx.clone(),
+            grammar: None,
+            speculative: false,
+        };
+        let sampler = Sampler::new(SamplingConfig::default(), id);
+        self.planner.add(Sequence::new(req, sampler, id));
+    }
+
+    pub fn busy(&self) -> bool {
+        self.plan.is_some()
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.planner.has_work()
+    }
+
+    /// Plans a step and returns how long its forward takes, or `None` when there is
+    /// nothing to run.
+    pub fn start_step(&mut self, model: &StepModel) -> Option<f64> {
+        debug_assert!(self.plan.is_none());
+        let plan = self.planner.schedule();
+        self.preemptions += plan.num_preempted as u64;
+        if plan.work.is_empty() {
+            return None;
+        }
+        let mut shape = StepShape::default();
+        for w in &plan.work {
+            let seq = &self.planner.running[w.index];
+            let start = seq.num_computed;
+            let logits = start + w.num_tokens == seq.tokens.len();
+            shape.add(start as u64, w.num_tokens as u64, logits);
+        }
+        self.plan = Some(plan);
+        self.steps += 1;
+        Some(model.step_time(&shape))
+    }
+
+    /// Ends the step in flight: advances, samples, finishes, names the filled blocks and
+    /// adds the cache changes to `out.kv`.
+    pub fn finish_step(&mut self, out: &mut StepResult) {
+        out.tokens.clear();
+        out.finished.clear();
+        let Some(plan) = self.plan.take() else {
+            return;
+        };
+        let mut done: Vec<usize> = Vec::new();
+        for w in &plan.work {
+            let seq = &mut self.planner.running[w.index];
+            seq.num_computed += w.num_tokens;
+            if seq.num_computed != seq.tokens.len() {
+                continue; // a prefill chunk that yields no logits yet
+            }
+            let pos = seq.tokens.len() as u64;
+            seq.tokens.push(sampled_token(seq.arrival_seq, pos));
+            out.tokens.push((seq.arrival_seq, seq.num_output() as u32));
+            if seq.num_output() >= seq.max_tokens || seq.tokens.len() >= self.context_len {
+                done.push(w.index);
+            }
+        }
+        // Name the blocks this step filled before finished sequences release theirs.
+        self.planner.commit_full_blocks();
+        done.sort_unstable_by(|a, b| b.cmp(a));
+        for i in done {
+            out.finished.push(self.planner.finish_running(i));
+        }
+        for e in self.planner.pool.take_events() {
+            match e {
+                PoolEvent::Stored { hash, .. } => out.kv.push(KvChange {
+                    stored: true,
+                    hash: BlockHash(hash).to_u64(),
+                }),
+                PoolEvent::Removed { hash } => out.kv.push(KvChange {
+                    stored: false,
+                    hash: BlockHash(hash).to_u64(),
+                }),
+                PoolEvent::Cleared => {}
+            }
+        }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.planner.waiting.len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.planner.running.len()
+    }
+
+    pub fn kv_usage(&self) -> f64 {
+        self.planner.pool.usage()
+    }
+}
+
+/// A generated token: deterministic in (request, position), inside the token-id range
+/// `strata bench` prompts use.
+fn sampled_token(request: u64, pos: u64) -> u32 {
+    let r = strata_bench::prompt::TOKEN_ID_RANGE;
+    let span = u64::from(r.end - r.start);
+    r.start + (strata_bench::prompt::mix(&[request, pos]) % span) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{HardwareProfile, ModelProfile};
+
+    #[test]
+    fn kv_events_name_blocks_as_the_router_hashes_prompts() {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let shape = EngineShape::default();
+        let mut e = SimEngine::new(&shape, 64, 8192, tx);
+        let model = StepModel::new(
+            HardwareProfile::named("h100").unwrap(),
+            ModelProfile::named("llama-3.1-8b").unwrap(),
+            1,
+        )
+        .unwrap();
+        let prompt: Vec<u32> = (0..100).map(|i| 1000 + i * 7).collect();
+        e.submit(0, prompt.clone(), 3);
+        let mut out = StepResult::default();
+        let mut stored = Vec::new();
+        while e.has_work() {
+            assert!(e.start_step(&model).is_some());
+            e.finish_step(&mut out);
+            stored.extend(out.kv.drain(..).filter(|c| c.stored).map(|c| c.hash));
+        }
+        // 100 prompt + 2 fed-back tokens: six full blocks of 16, named in chain order.
+        assert_eq!(stored.len(), 6);
+        assert_eq!(stored, wire_hashes(&prompt, 16)[..6].to_vec());
+        // A second request with the same prompt finds them in the prefix cache.
+        e.submit(1, prompt.clone(), 1);
+        e.start_step(&model);
+        assert_eq!(e.planner.running[0].cached_tokens, 96);
+    }
+}
