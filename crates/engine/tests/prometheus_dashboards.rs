@@ -14,42 +14,20 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use strata_engine::server::{self, EngineOptions};
+use strata_engine::server::EngineOptions;
 
 const MODEL: &str = "smollm2-135m-instruct";
 const JOB: &str = "strata-engine";
 
 fn start_engine() -> SocketAddr {
-    let opts = EngineOptions {
+    common::serve(&EngineOptions {
         num_blocks: Some(128),
         max_model_len: Some(1024),
         ..EngineOptions::default()
-    };
-    let loaded = server::load(&common::model_path(), MODEL, &opts).expect("load the default model");
-    let app = server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let _keep = Arc::clone(&loaded.state);
-            axum::serve(listener, app).await.expect("serve");
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .expect("server address")
+    })
 }
 
 /// One HTTP/1.1 exchange (`Connection: close`): status and de-chunked body.

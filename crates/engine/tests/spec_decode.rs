@@ -8,36 +8,16 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use strata_engine::server::{self, EngineOptions};
+use strata_engine::server::EngineOptions;
 use strata_engine::spec_decode::SpecConfig;
 
 const MODEL: &str = "smollm2-135m-instruct";
 
 fn start(opts: EngineOptions) -> SocketAddr {
-    let loaded = server::load(&common::model_path(), MODEL, &opts).expect("load the model");
-    let app = server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let _keep = Arc::clone(&loaded.state);
-            axum::serve(listener, app).await.expect("serve");
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(60)).expect("address")
+    common::serve(&opts)
 }
 
 fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
