@@ -158,6 +158,10 @@ impl Refusal {
                 if too_large.is_none() {
                     let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
                     resp.headers_mut().insert(header::RETRY_AFTER, hv(secs));
+                } else {
+                    // A request larger than the whole per-minute limit never fits: waiting
+                    // would not help, so the default `Retry-After` is withdrawn.
+                    resp.headers_mut().remove(header::RETRY_AFTER);
                 }
             }
             _ => {}
