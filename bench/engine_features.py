@@ -6,7 +6,10 @@ Usage:
 
 WORKLOAD:
   repetitive  answers that copy or edit their input (code renames, quoting), greedy
-  random      continuations of random-word prompts, 128 tokens each (ignore_eos)
+  random      greedy continuations of prompts of 64 words drawn from 12, 128 tokens each
+              (ignore_eos; the small model's greedy continuations repeat themselves)
+  novel       sampled (temperature 1, seeded) continuations of 64 made-up words drawn
+              from ~600, 128 tokens each: little for prompt lookup to find
   schema      a JSON-schema response_format (an order with items), sampled
   noschema    the same prompts as `schema` without the response_format
 
@@ -30,11 +33,29 @@ CODE = """def total_price(items, tax):
     for item in items:
         subtotal = subtotal + item.price * item.quantity
     return subtotal + subtotal * tax
+
+
+def cheapest_item(items):
+    best = None
+    for item in items:
+        if best is None or item.price < best.price:
+            best = item
+    return best
+
+
+def count_items(items):
+    count = 0
+    for item in items:
+        count = count + item.quantity
+    return count
 """
 TEXT = (
     "The river flows through the valley, past the old mill and the stone bridge, "
     "and on to the sea. In spring the water rises and floods the meadows; in summer "
-    "it runs slow and clear, and children swim near the mill."
+    "it runs slow and clear, and children swim near the mill. In autumn the leaves "
+    "fall into the water and drift down to the bridge, where the old men fish in the "
+    "mornings. In winter the river freezes at the edges, and the mill wheel stops "
+    "until the spring comes back to the valley."
 )
 REPETITIVE = [
     f"Rename the function total_price to order_total in this code. Reply with the full code only.\n{CODE}",
@@ -43,6 +64,10 @@ REPETITIVE = [
     f"Quote the following text word for word:\n{TEXT}",
 ]
 WORDS = "apple river stone window quiet orange market seven lantern piano garden cloud".split()
+# A large vocabulary of made-up words, for prompts whose continuation nothing predicts.
+_SYL = "ka lo mi ten ru sa vo pel dri now gar ith ul ben cos fa".split()
+_rng = random.Random(5)
+NOVEL_WORDS = sorted({"".join(_rng.choice(_SYL) for _ in range(3)) for _ in range(600)})
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -73,7 +98,7 @@ def body(stream, i):
     if workload == "repetitive":
         return "/v1/chat/completions", {
             "messages": [{"role": "user", "content": REPETITIVE[(stream + i) % len(REPETITIVE)]}],
-            "max_tokens": 160,
+            "max_tokens": 256,
             "temperature": 0,
         }
     if workload == "random":
@@ -82,6 +107,15 @@ def body(stream, i):
             "prompt": prompt,
             "max_tokens": 128,
             "temperature": 0,
+            "ignore_eos": True,
+        }
+    if workload == "novel":
+        prompt = " ".join(rng.choice(NOVEL_WORDS) for _ in range(64))
+        return "/v1/completions", {
+            "prompt": prompt,
+            "max_tokens": 128,
+            "temperature": 1.0,
+            "seed": stream * 1000 + i,
             "ignore_eos": True,
         }
     prompt = f"Write an order for customer number {stream * 100 + i} as JSON."

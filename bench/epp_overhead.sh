@@ -173,7 +173,9 @@ for r in $(seq 1 "$ROUNDS"); do
     line=$(taskset -c "$LOAD_CPUS" $BIN load --url "${URL[$t]}" --conc "$CONC" --secs "$SECS" --label "$t")
     e1=$(ticks "$ENVOY_PID"); s1=$(ticks "${STRATA[$t]}")
     [ "$t" = direct ] && { e0=0; e1=0; }
-    echo "{\"round\":$r,\"run\":\"max\",\"envoy_cpu_s\":$(echo "($e1 - $e0) / $TCK" | bc -l),\"strata_cpu_s\":$(echo "($s1 - $s0) / $TCK" | bc -l),${line#\{}" >> "$OUT/results.jsonl"
+    # awk, not bc: bc prints ".77" for values below one, which is not JSON.
+    secs() { awk -v a="$1" -v b="$2" -v t="$TCK" 'BEGIN { printf "%.3f", (b - a) / t }'; }
+    echo "{\"round\":$r,\"run\":\"max\",\"envoy_cpu_s\":$(secs "$e0" "$e1"),\"strata_cpu_s\":$(secs "$s0" "$s1"),${line#\{}" >> "$OUT/results.jsonl"
   done
 done
 

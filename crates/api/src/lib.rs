@@ -20,6 +20,7 @@
 //!   [`model_server::LoadSample`] every reader of `/metrics` makes.
 //! * [`kv_events`], [`block_hash`]: vLLM's KV-event wire codec and prefix-cache hashes.
 //! * [`stats`]: the one sample-percentile definition.
+//! * [`trace`]: W3C `traceparent` and the hook the binary's trace exporter plugs into.
 //! * `http` (feature `http`): `IntoResponse for ApiError`, route fallbacks, the shutdown
 //!   signal, shared by every HTTP front.
 
@@ -35,6 +36,7 @@ pub mod model_server;
 pub mod prometheus;
 pub mod sse;
 pub mod stats;
+pub mod trace;
 pub mod types;
 pub mod validate;
 

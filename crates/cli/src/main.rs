@@ -12,7 +12,8 @@ use strata_engine::model::WeightFormat;
 use strata_engine::model_cache::{ModelCache, PullEvent, DEFAULT_MODEL, KNOWN_MODELS};
 use strata_engine::scheduler::Policy;
 use strata_engine::server::{EngineOptions, ServerConfig};
-use tracing_subscriber::EnvFilter;
+
+mod telemetry;
 
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Strata: an LLM serving stack")]
@@ -23,6 +24,11 @@ struct Cli {
     /// Log filter in RUST_LOG syntax (e.g. `info,strata_engine=debug`); RUST_LOG wins when set.
     #[arg(long, default_value = "info", global = true)]
     log: String,
+    /// Export trace spans over OTLP/HTTP to this base URL (e.g. `http://127.0.0.1:4318`;
+    /// spans go to `/v1/traces`). Default: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, then
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; none set: no export.
+    #[arg(long, global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -102,6 +108,11 @@ struct EngineCmd {
     /// Tokens per step at most (prefill chunks and decodes together).
     #[arg(long, default_value_t = 2048)]
     max_num_batched_tokens: usize,
+    /// Stall-free scheduling: a step that carries decodes is kept near this many
+    /// milliseconds by sizing the prefill chunks beside them from the measured step cost
+    /// (0: off, only --max-num-batched-tokens bounds a step).
+    #[arg(long, default_value_t = 100)]
+    step_time_budget_ms: u64,
     /// Waiting requests beyond this are answered 429.
     #[arg(long, default_value_t = 1024)]
     max_waiting: usize,
@@ -145,6 +156,24 @@ struct EngineCmd {
     /// (none), or a folder holding generation_config.json, or a JSON file.
     #[arg(long, default_value = "auto")]
     generation_config: String,
+    /// Serve LoRA adapters on the base model: a request's `model` names one; loaded with
+    /// --lora-modules at start-up and `POST /v1/load_lora_adapter` at run time.
+    #[arg(long)]
+    enable_lora: bool,
+    /// Distinct adapters in one step; requests for another adapter wait for a slot.
+    #[arg(long, default_value_t = 1, requires = "enable_lora")]
+    max_loras: usize,
+    /// Highest adapter rank accepted.
+    #[arg(long, default_value_t = 16, requires = "enable_lora")]
+    max_lora_rank: usize,
+    /// Adapters held in memory at once (default: --max-loras or the number of
+    /// --lora-modules, whichever is larger).
+    #[arg(long, requires = "enable_lora")]
+    max_cpu_loras: Option<usize>,
+    /// Adapters to load at start-up: `name=path` (a PEFT directory) or vLLM's JSON
+    /// `{"name": ..., "path": ...}`.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH", requires = "enable_lora")]
+    lora_modules: Vec<strata_engine::lora::LoraModule>,
     /// Refuse to load the model unless it verifies against its signed manifest with this
     /// public key (from `strata model keygen`; the manifest from `strata model sign`).
     #[arg(long, value_name = "FILE.pub")]
@@ -202,7 +231,23 @@ impl std::str::FromStr for KvDtypeArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format, &cli.log);
+    let otlp = otlp_target(&cli);
+    if let (Command::Up(_), Some(t)) = (&cli.command, &otlp) {
+        // `strata up`'s engine children are processes of their own: they read the same
+        // endpoint from their environment (set before any thread starts).
+        std::env::set_var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &t.traces_url);
+    }
+    let _telemetry = match telemetry::init(
+        matches!(cli.log_format, LogFormat::Json),
+        &cli.log,
+        otlp.as_ref(),
+    ) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Up(args) => block_on(strata_stack::run(*args)),
         Command::Router(args) => block_on(strata_router::run(*args)),
@@ -225,17 +270,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat, default: &str) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(default))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+/// Where this process exports trace spans: only the serving roles export, each under its
+/// own default service name.
+fn otlp_target(cli: &Cli) -> Option<telemetry::OtlpTarget> {
+    let service = match &cli.command {
+        Command::Up(_) => "strata-up",
+        Command::Engine(_) => "strata-engine",
+        Command::Router(_) => "strata-router",
+        Command::Gateway(_) => "strata-gateway",
+        _ => return None,
+    };
+    telemetry::resolve(cli.otlp_endpoint.as_deref(), service, |k| {
+        std::env::var(k).ok()
+    })
 }
 
 fn print_progress(event: PullEvent) {
@@ -401,6 +448,13 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
             kv_events_topic: cmd.kv_events_topic,
             speculative: cmd.speculative_config,
             generation_config: cmd.generation_config,
+            lora: cmd.enable_lora.then_some(strata_engine::lora::LoraOptions {
+                max_loras: cmd.max_loras,
+                max_lora_rank: cmd.max_lora_rank,
+                max_cpu_loras: cmd.max_cpu_loras,
+                modules: cmd.lora_modules,
+            }),
+            step_time_budget_ms: cmd.step_time_budget_ms,
         },
     };
     runtime()?.block_on(strata_engine::server::run(config))?;

@@ -23,9 +23,11 @@ use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
 use crate::metrics::{EngineMetrics, FinishedRequest};
 use crate::model::{Llama, SeqInput};
 use crate::sampler::{SampleOutput, Sampler};
-use crate::scheduler::{BlockHashFn, Policy, SchedulerConfig, StepPlan, StepPlanner};
+use crate::scheduler::{
+    BlockHashFn, LoraBlockHashFn, Policy, SchedulerConfig, StepBudget, StepPlan, StepPlanner,
+};
 use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, Sequence, TokenLogprob};
-use crate::spec_decode::{propose, SpecConfig};
+use crate::spec_decode::{linear_prices, propose, SpecConfig, StepCosts, PRIOR_ROW_COST};
 use crate::structured::GrammarStep;
 use crate::tokenizer::Tokenizer;
 
@@ -48,6 +50,12 @@ pub struct EngineConfig {
     pub hash_seed: String,
     /// Prompt-lookup speculative decoding; off when `None`.
     pub speculative: Option<SpecConfig>,
+    /// Distinct LoRA adapters in one step (`--max-loras`); `None` when LoRA is off.
+    pub max_loras: Option<usize>,
+    /// The time a step that carries decodes should stay within (`--step-time-budget-ms`):
+    /// prefill chunks beside decodes are sized to it from the measured step cost. `None`:
+    /// only `max_num_batched_tokens` bounds a step.
+    pub step_time_budget: Option<Duration>,
 }
 
 /// Why a request was not accepted.
@@ -177,6 +185,8 @@ struct EngineLoop {
     next_seq: u64,
     kv_events: Option<KvEventSink>,
     speculative: Option<SpecConfig>,
+    /// Times of decode-only steps, which price speculative rows (unless configured).
+    step_costs: StepCosts,
 }
 
 /// Where cache changes go (the ZMQ publisher in production, a channel in tests).
@@ -198,7 +208,7 @@ impl EngineLoop {
             model.kv_slot_width(),
             config.kv_dtype,
         );
-        let scheduler = StepPlanner::new(
+        let mut scheduler = StepPlanner::new(
             SchedulerConfig {
                 block_size: config.block_size,
                 max_num_seqs: config.max_num_seqs,
@@ -210,6 +220,11 @@ impl EngineLoop {
                 .prefix_caching
                 .then(|| block_hash_fn(&config.hash_seed, config.block_size)),
         );
+        scheduler.max_loras = config.max_loras;
+        scheduler.budget = StepBudget::new(config.step_time_budget);
+        if config.prefix_caching {
+            scheduler.set_lora_hash(lora_block_hash_fn(&config.hash_seed, config.block_size));
+        }
         let eos_ids = tokenizer.stop_ids().to_vec();
         Self {
             model,
@@ -223,6 +238,7 @@ impl EngineLoop {
             next_seq: 0,
             kv_events,
             speculative: config.speculative,
+            step_costs: StepCosts::default(),
         }
     }
 
@@ -310,6 +326,13 @@ impl EngineLoop {
         self.metrics
             .kv_cache_usage_perc
             .set(self.scheduler.pool.usage());
+        if let Some(max) = self.scheduler.max_loras {
+            self.metrics.set_lora_info(
+                max,
+                &self.scheduler.running_loras(),
+                &self.scheduler.waiting_loras(),
+            );
+        }
     }
 
     /// Appends n-gram proposals to every decoding sequence that may speculate, so the
@@ -326,6 +349,14 @@ impl EngineLoop {
             .iter()
             .filter(|s| s.num_pending() == 1)
             .count();
+        let max = spec.num_speculative_tokens;
+        let prices = match spec.row_cost {
+            Some(c) => linear_prices(c, batch, max),
+            None => {
+                let fallback = self.step_costs.row_cost().unwrap_or(PRIOR_ROW_COST);
+                self.step_costs.prices(batch, max, fallback)
+            }
+        };
         for seq in self.scheduler.running.iter_mut() {
             if !seq.speculative
                 || seq.grammar.is_some()
@@ -334,7 +365,7 @@ impl EngineLoop {
             {
                 continue;
             }
-            let budget = seq.spec.budget(&spec, batch);
+            let budget = seq.spec.budget(&spec, batch, &prices);
             if budget == 0 {
                 continue;
             }
@@ -404,7 +435,11 @@ impl EngineLoop {
         self.metrics
             .record_step(plan.work.iter().map(|w| w.num_tokens).sum());
         let now = Instant::now();
+        // A step of decode rows only (each sequence's pending token and proposals) is
+        // timed for the speculative row price.
+        let mut decode_only = true;
         let mut tails = Vec::with_capacity(plan.work.len());
+        let mut loras = Vec::with_capacity(plan.work.len());
         let inputs: Vec<SeqInput<'_>> = plan
             .work
             .iter()
@@ -414,6 +449,8 @@ impl EngineLoop {
                 let complete = start + w.num_tokens == seq.tokens.len();
                 // The pending token's row and one per proposal.
                 tails.push(if complete { 1 + seq.num_draft } else { 0 });
+                decode_only &= complete && start >= seq.prompt_len;
+                loras.push(seq.lora.as_deref());
                 SeqInput {
                     tokens: &seq.tokens[start..start + w.num_tokens],
                     start_pos: start,
@@ -423,8 +460,15 @@ impl EngineLoop {
                 }
             })
             .collect();
-        let result = self.model.forward_rows(&mut self.cache, &inputs, &tails);
+        let result = self
+            .model
+            .forward_rows_lora(&mut self.cache, &inputs, &tails, &loras);
         drop(inputs);
+        drop(loras);
+        // The step's cost feeds the planner's step-time budget.
+        let step_tokens: usize = plan.work.iter().map(|w| w.num_tokens).sum();
+        self.scheduler
+            .observe_step(step_tokens, now.elapsed().as_secs_f64());
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
@@ -450,6 +494,11 @@ impl EngineLoop {
             row_logits[w.index] = logits;
         }
         let mut samples = sample_all(running, row_logits, &self.eos_ids);
+        if decode_only && self.speculative.is_some() {
+            // With sampling, which every extra row also pays for.
+            self.step_costs
+                .observe(step_tokens, now.elapsed().as_secs_f64());
+        }
 
         let mut finished: Vec<(usize, FinishReason, Option<String>)> = Vec::new();
         for w in &plan.work {
@@ -623,6 +672,7 @@ impl EngineLoop {
             prompt_tokens: seq.prompt_len,
             completion_tokens: seq.num_output(),
             cached_tokens: seq.cached_tokens,
+            times: t,
         });
     }
 }
@@ -703,6 +753,19 @@ fn sample_all(
     } else {
         running.iter_mut().zip(logits).map(sample).collect()
     }
+}
+
+/// The block hash of a sequence with a LoRA adapter: the adapter's name is an extra key of
+/// every block, ahead of the salt (PROTOCOLS §3).
+fn lora_block_hash_fn(seed: &str, block_size: usize) -> LoraBlockHashFn {
+    let hasher = BlockHasher::new(seed, block_size);
+    Box::new(move |parent, tokens, lora, salt| {
+        let parent = parent.map(|p| BlockHash(*p));
+        let extra = block_extra_keys(0, Some(lora), salt);
+        hasher
+            .hash_block(parent.as_ref(), tokens, extra.as_deref())
+            .0
+    })
 }
 
 /// The prefix-cache block hash (PROTOCOLS §3) as the scheduler calls it.

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
-use strata_api::types::{ChatCompletionRequest, CompletionRequest};
+use strata_api::types::{ChatCompletionRequest, CompletionRequest, Prompt};
+use strata_api::validate::validate_completion;
 
 /// The defaults a model's generation config may set.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -38,6 +39,10 @@ pub enum GenerationConfigError {
     },
     #[error("the generation config {path} is not valid: {reason}")]
     Parse { path: PathBuf, reason: String },
+    /// A default a request could not send either (e.g. `temperature` 5): refused at
+    /// startup rather than turning every request that omits the field into a 400.
+    #[error("the generation config from {origin} sets a value out of range: {reason}")]
+    Invalid { origin: String, reason: String },
 }
 
 impl GenerationDefaults {
@@ -47,32 +52,53 @@ impl GenerationDefaults {
     }
 
     /// Resolves `--generation-config` for the model at `model_path` whose GGUF metadata is
-    /// `metadata`.
+    /// `metadata`. Every default is checked as if a request had sent it.
     pub fn resolve(
         spec: &str,
         model_path: &Path,
         metadata: &HashMap<String, GgufValue>,
     ) -> Result<Self, GenerationConfigError> {
-        match spec {
-            "vllm" | "none" | "" => Ok(Self::default()),
+        let (defaults, origin) = match spec {
+            "vllm" | "none" | "" => return Ok(Self::default()),
             "auto" => {
                 let beside = model_path.with_file_name("generation_config.json");
                 let named = model_path.with_extension("generation_config.json");
-                for p in [named, beside] {
-                    if p.is_file() {
-                        return Self::from_file(&p);
-                    }
+                match [named, beside].into_iter().find(|p| p.is_file()) {
+                    Some(p) => (Self::from_file(&p)?, p.display().to_string()),
+                    None => (
+                        Self::from_gguf(metadata),
+                        format!("the GGUF metadata of {}", model_path.display()),
+                    ),
                 }
-                Ok(Self::from_gguf(metadata))
             }
             path => {
                 let p = Path::new(path);
-                if p.is_dir() {
-                    Self::from_file(&p.join("generation_config.json"))
+                let file = if p.is_dir() {
+                    p.join("generation_config.json")
                 } else {
-                    Self::from_file(p)
-                }
+                    p.to_path_buf()
+                };
+                (Self::from_file(&file)?, file.display().to_string())
             }
+        };
+        defaults.check(&origin)?;
+        Ok(defaults)
+    }
+
+    /// Validates the defaults exactly as a request carrying them would be validated, so
+    /// an out-of-range default fails at startup, naming the field.
+    pub fn check(&self, origin: &str) -> Result<(), GenerationConfigError> {
+        let mut probe = CompletionRequest {
+            prompt: Prompt::Text("probe".to_string()),
+            ..Default::default()
+        };
+        self.apply_completion(&mut probe);
+        match validate_completion(probe) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(GenerationConfigError::Invalid {
+                origin: origin.to_string(),
+                reason: e.message,
+            }),
         }
     }
 
@@ -205,6 +231,19 @@ mod tests {
             GenerationDefaults::from_file(&dir.join("missing.json")),
             Err(GenerationConfigError::Read { .. })
         ));
+        // Defaults are checked as a request's values would be.
+        let hot = GenerationDefaults {
+            temperature: Some(5.0),
+            ..Default::default()
+        };
+        match hot.check("test") {
+            Err(GenerationConfigError::Invalid { origin, reason }) => {
+                assert_eq!(origin, "test");
+                assert!(reason.contains("temperature"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(d.check("test").is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -25,6 +25,9 @@
 use half::f16;
 use rayon::prelude::*;
 
+pub mod packed;
+pub use packed::{KernelPath, PackedQ4};
+
 /// Weights per block for every supported type.
 pub const BLOCK: usize = 32;
 /// Activation rows at and above which weights are expanded into an f32 panel first.
@@ -70,6 +73,9 @@ pub struct BlockMatrix {
     pub rows: usize,
     pub cols: usize,
     data: Vec<u8>,
+    /// The same 4-bit weights interleaved for the batched integer kernel (decode rows);
+    /// `None` for Q8_0.
+    packed: Option<PackedQ4>,
 }
 
 /// Why raw bytes cannot form a block matrix.
@@ -106,11 +112,13 @@ impl BlockMatrix {
                 got: data.len(),
             });
         }
+        let packed = PackedQ4::new(kind, rows, cols, &data);
         Ok(Self {
             kind,
             rows,
             cols,
             data,
+            packed,
         })
     }
 
@@ -126,11 +134,13 @@ impl BlockMatrix {
         for p in parts {
             data.extend_from_slice(&p.data);
         }
+        let packed = PackedQ4::new(kind, rows, cols, &data);
         Some(BlockMatrix {
             kind,
             rows,
             cols,
             data,
+            packed,
         })
     }
 
@@ -138,9 +148,9 @@ impl BlockMatrix {
         self.cols / BLOCK * self.kind.block_bytes()
     }
 
-    /// Bytes the weights take.
+    /// Bytes the weights take (both layouts of a 4-bit matrix).
     pub fn size_bytes(&self) -> usize {
-        self.data.len()
+        self.data.len() + self.packed.as_ref().map_or(0, PackedQ4::size_bytes)
     }
 
     /// The weights of row `n` as f32 (for tests and debugging).
@@ -172,6 +182,14 @@ impl BlockMatrix {
     /// integer dot products. Either way a row's result depends only on that row and on
     /// which of the two groups it is in, never on how many rows share the call.
     pub fn matmul_split(&self, x: &[f32], m: usize, exact: usize) -> Vec<f32> {
+        self.matmul_split_on(KernelPath::active(), x, m, exact)
+    }
+
+    /// [`BlockMatrix::matmul_split`] on a given instruction-set path (one this CPU lacks
+    /// runs the best one below it). Each path gives a row the same bits alone or in any
+    /// batch; the integer paths of decode rows all give the same bits as each other.
+    pub fn matmul_split_on(&self, path: KernelPath, x: &[f32], m: usize, exact: usize) -> Vec<f32> {
+        let path = path.or_supported();
         assert_eq!(x.len(), m * self.cols, "activation shape");
         let n = self.rows;
         let mut y = vec![0f32; m * n];
@@ -190,9 +208,10 @@ impl BlockMatrix {
             PANEL_ROWS
         } else {
             // Enough tasks to balance the pool, each a whole number of register tiles.
+            // Whole groups of the packed layout (a multiple of NR_DECODE too).
             (n / (rayon::current_num_threads() * 8))
                 .clamp(1, 256)
-                .next_multiple_of(NR_DECODE)
+                .next_multiple_of(packed::GROUP)
         };
         let out = OutPtr(y.as_mut_ptr());
         let tasks = n.div_ceil(rows_per_task);
@@ -203,10 +222,10 @@ impl BlockMatrix {
             // output, and every task's range is disjoint.
             unsafe {
                 if exact > 0 {
-                    self.chunk(&x[..exact * k], exact, first, rows, out, panel);
+                    self.chunk(path, &x[..exact * k], exact, first, rows, out, panel);
                 }
                 if let Some(q) = &quant {
-                    self.chunk_q8(q, first, rows, OutPtr(out.0.add(exact * n)));
+                    self.chunk_q8(path, q, first, rows, OutPtr(out.0.add(exact * n)));
                 }
             }
         });
@@ -218,12 +237,25 @@ impl BlockMatrix {
     /// # Safety
     /// `out` points to a `q.m × self.rows` buffer that no one else writes in these columns;
     /// the matrix is 4-bit.
-    unsafe fn chunk_q8(&self, q: &QuantRows, first: usize, rows: usize, out: OutPtr) {
+    unsafe fn chunk_q8(
+        &self,
+        path: KernelPath,
+        q: &QuantRows,
+        first: usize,
+        rows: usize,
+        out: OutPtr,
+    ) {
+        if let Some(p) = &self.packed {
+            // SAFETY: `first` is a multiple of the group size (tasks are whole groups),
+            // `path` is supported (checked by the caller), shapes as documented.
+            packed::q8_chunk(path, p, first, rows, q, out.0, self.rows);
+            return;
+        }
         let rb = self.row_bytes();
         let data = &self.data[first * rb..(first + rows) * rb];
         #[cfg(target_arch = "x86_64")]
         {
-            if has_avx2_fma() {
+            if path >= KernelPath::Avx2 {
                 // SAFETY: AVX2, FMA and F16C are present (checked above); shapes as documented.
                 avx2::q8_chunk(self.kind, data, rows, q, out.0.add(first), self.rows);
                 return;
@@ -240,8 +272,10 @@ impl BlockMatrix {
     ///
     /// # Safety
     /// `out` points to an `m × self.rows` buffer that no one else writes in these columns.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn chunk(
         &self,
+        path: KernelPath,
         x: &[f32],
         m: usize,
         first: usize,
@@ -253,8 +287,9 @@ impl BlockMatrix {
         let data = &self.data[first * rb..(first + rows) * rb];
         #[cfg(target_arch = "x86_64")]
         {
-            if has_avx2_fma() {
-                // SAFETY: AVX2, FMA and F16C are present (checked above); shapes as documented.
+            if path >= KernelPath::Avx2 {
+                // SAFETY: AVX2, FMA and F16C are present (the path is supported); shapes
+                // as documented.
                 let y = out.0.add(first);
                 if panel {
                     PANEL.with_borrow_mut(|buf| {
@@ -266,7 +301,7 @@ impl BlockMatrix {
                 return;
             }
         }
-        let _ = panel;
+        let _ = (panel, path);
         let mut col = vec![0f32; m];
         for (r, row) in data.chunks_exact(rb).enumerate() {
             row_dot_scalar(self.kind, row, x, self.cols, &mut col);
@@ -1127,5 +1162,132 @@ mod tests {
             BlockMatrix::new(BlockType::Q8_0, 2, 32, vec![0; 34]),
             Err(BlockError::Len { .. })
         ));
+    }
+
+    /// The paths this machine runs (the scalar one always).
+    fn paths_here() -> Vec<KernelPath> {
+        KernelPath::ALL
+            .into_iter()
+            .filter(|p| p.supported())
+            .collect()
+    }
+
+    #[test]
+    fn every_integer_path_gives_the_scalar_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1] {
+            // Rows not a multiple of the group (a padded last group), several tasks.
+            for (n, k) in [(37, 96), (53, 160), (130, 64)] {
+                let w = random_blocks(kind, n, k, 17);
+                assert!(w.packed.is_some());
+                for m in [1, 2, 5, 8, 9, 17] {
+                    let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    let want = w.matmul_split_on(KernelPath::Scalar, &x, m, 0);
+                    for path in paths_here() {
+                        let got = w.matmul_split_on(path, &x, m, 0);
+                        for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                s.to_bits(),
+                                "{kind:?} {path:?} n={n} m={m} output {i}: {g} vs {s}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_keeps_a_row_identical_alone_and_in_a_batch() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+        for path in paths_here() {
+            for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
+                let (n, k, m) = (45, 128, 13);
+                let w = random_blocks(kind, n, k, 19);
+                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                for exact in [0, 2, 5, m] {
+                    let batch = w.matmul_split_on(path, &x, m, exact);
+                    for i in 0..m {
+                        let row = &x[i * k..(i + 1) * k];
+                        // A decode row alone is a split call with no f32 rows; an f32 row
+                        // alone keeps its f32 activations.
+                        let alone = w.matmul_split_on(path, row, 1, usize::from(i < exact));
+                        for j in 0..n {
+                            assert_eq!(
+                                alone[j].to_bits(),
+                                batch[i * n + j].to_bits(),
+                                "{path:?} {kind:?} exact={exact} row {i} col {j}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_packed_kernel_agrees_with_the_gguf_integer_kernel_and_the_f32_product() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1] {
+            let (n, k, m) = (40, 192, 6);
+            let w = random_blocks(kind, n, k, 29);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let want = reference(&w, &x, m);
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let q = QuantRows::new(&x, m, k);
+            let rb = w.row_bytes();
+            for path in paths_here() {
+                let got = w.matmul_split_on(path, &x, m, 0);
+                for i in 0..m {
+                    for j in 0..n {
+                        let g = got[i * n + j];
+                        // Same terms, another order: within float rounding of the GGUF twin.
+                        let twin = row_dot_q8_scalar(kind, &w.data[j * rb..(j + 1) * rb], &q, i);
+                        assert!(
+                            (g - twin).abs() <= 1e-5 * scale,
+                            "{path:?} {i},{j}: {g} vs {twin}"
+                        );
+                        // 8-bit activations: close to the exact product.
+                        let r = want[i * n + j];
+                        assert!(
+                            (g - r).abs() <= 1e-2 * scale,
+                            "{path:?} {i},{j}: {g} vs {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unpackable_weights_fall_back_to_the_gguf_kernels() {
+        // A Q4_0 scale so large that −8·d overflows f16: not packed, still multiplied.
+        let mut block = vec![0u8; 18];
+        block[..2].copy_from_slice(&f16::from_f32(16384.0).to_bits().to_le_bytes());
+        block[2] = 0x19;
+        let w = BlockMatrix::new(BlockType::Q4_0, 1, 32, block).expect("one block");
+        assert!(w.packed.is_none());
+        let x = vec![1e-4f32; 32];
+        let got = w.matmul_split(&x, 1, 0);
+        let want = reference(&w, &x, 1);
+        assert!(
+            (got[0] - want[0]).abs() <= 1e-2 * want[0].abs().max(1.0),
+            "{got:?} {want:?}"
+        );
+        assert!(PackedQ4::new(BlockType::Q8_0, 1, 32, &[0; 34]).is_none());
+    }
+
+    #[test]
+    fn kernel_paths_parse_and_never_pick_one_the_cpu_lacks() {
+        for p in KernelPath::ALL {
+            assert_eq!(KernelPath::parse(p.name()), Some(p));
+            assert!(p.or_supported().supported());
+            assert!(p.or_supported() <= p);
+        }
+        assert_eq!(KernelPath::parse("avx1024"), None);
+        assert!(KernelPath::Scalar.supported());
+        assert!(KernelPath::best().supported());
+        assert!(KernelPath::active().supported());
     }
 }

@@ -104,6 +104,11 @@ pub struct EngineMetrics {
     process: ProcessMetrics,
     // --- speculative decoding (PROTOCOLS §12), defined in spec_decode.rs ---
     pub spec_decode: crate::spec_decode::SpecDecodeMetrics,
+    /// `vllm:lora_requests_info{max_lora, waiting_lora_adapters, running_lora_adapters}`
+    /// = the wall time of the last update; one series, the current one (no series at all
+    /// while LoRA is off, as vLLM).
+    pub lora_requests_info: Family<Labels, Gauge<f64, AtomicU64>>,
+    lora_last: Mutex<Option<Labels>>,
 }
 
 fn histogram(buckets: &[f64]) -> Histogram {
@@ -160,6 +165,8 @@ impl EngineMetrics {
             }),
             process: ProcessMetrics::default(),
             spec_decode: Default::default(),
+            lora_requests_info: Family::default(),
+            lora_last: Mutex::new(None),
             registry: Registry::default(),
         };
         // Every series but the `http_*` and `process_*` ones carries the model and engine,
@@ -344,8 +351,35 @@ impl EngineMetrics {
             "Latency by handler and method, to the start of the response",
             m.http_request_duration.clone(),
         );
+        // vLLM's carries no model_name or engine label.
+        registry.register(
+            vllm::LORA_REQUESTS_INFO,
+            "Running stats on lora requests.",
+            m.lora_requests_info.clone(),
+        );
         m.process.register(&mut registry);
         Self { registry, ..m }
+    }
+
+    /// The LoRA slots and the adapters of the running and waiting requests (comma-joined,
+    /// as vLLM's labels), stamped with the current wall time. The previous series is
+    /// removed once the new one is in, so the page holds the current state only.
+    pub fn set_lora_info(&self, max_lora: usize, running: &[String], waiting: &[String]) {
+        let labels: Labels = vec![
+            ("max_lora".into(), max_lora.to_string()),
+            ("waiting_lora_adapters".into(), waiting.join(",")),
+            ("running_lora_adapters".into(), running.join(",")),
+        ];
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.lora_requests_info.get_or_create(&labels).set(now);
+        let mut last = self.lora_last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(prev) = last.as_ref().filter(|p| **p != labels) {
+            self.lora_requests_info.remove(prev);
+        }
+        *last = Some(labels);
     }
 
     /// Counts a finished request under its `finished_reason`.

@@ -16,6 +16,7 @@ use crate::attention::{attend, AttnShape, TokenCtx};
 use crate::gguf::{GgufFile, LlamaConfig, ModelError};
 use crate::kernels::{BlockMatrix, BlockType};
 use crate::kv::cache::{KvCache, KvDtype};
+use crate::lora::{apply_rows_strided, LoraAdapter, Module as LoraModule};
 use crate::sampler::fast_exp;
 use rayon::prelude::*;
 
@@ -252,11 +253,25 @@ impl Llama {
         seqs: &[SeqInput<'_>],
         tails: &[usize],
     ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        self.forward_rows_lora(cache, seqs, tails, &[])
+    }
+
+    /// [`Self::forward_rows`] where sequence `i` runs with LoRA adapter `loras[i]` (`None`,
+    /// or an index past the end, is the base model): after each projection an adapter
+    /// targets, each of its rows adds its own `scale · B (A x)`. Rows are updated one by
+    /// one, so a row's result does not depend on the other rows of the step.
+    pub fn forward_rows_lora(
+        &self,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+        tails: &[usize],
+        loras: &[Option<&LoraAdapter>],
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         // The step runs on a pool thread, so its ~6 parallel sections per layer fork from
         // inside the pool: without this, each one would hand work from the caller's
         // thread to the pool and put the caller to sleep until it is done (a thread wake-up
         // per section, hundreds per step).
-        rayon::scope(|_| self.forward_in_pool(cache, seqs, tails))
+        rayon::scope(|_| self.forward_in_pool(cache, seqs, tails, loras))
     }
 
     fn forward_in_pool(
@@ -264,6 +279,7 @@ impl Llama {
         cache: &mut KvCache,
         seqs: &[SeqInput<'_>],
         tails: &[usize],
+        loras: &[Option<&LoraAdapter>],
     ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
         let cfg = &self.config;
         let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
@@ -327,6 +343,17 @@ impl Llama {
         if n_tok == 0 {
             return Ok(vec![Vec::new(); seqs.len()]);
         }
+        // Each row's adapter; none at all skips every LoRA pass.
+        let row_lora: Vec<Option<&LoraAdapter>> = seq_of
+            .iter()
+            .map(|&s| loras.get(s).copied().flatten())
+            .collect();
+        let any_lora = row_lora.iter().any(Option::is_some);
+        let lora = |layer: usize, m: LoraModule, x: &[f32], y: &mut [f32], stride, offset| {
+            if any_lora {
+                apply_rows_strided(&row_lora, layer, m, x, y, stride, offset);
+            }
+        };
         let ids_t = Tensor::from_slice(&ids, n_tok, &Device::Cpu)?;
         let mut x: Vec<f32> = self
             .embed
@@ -355,6 +382,10 @@ impl Llama {
             let v = qkv.pop().unwrap_or_default();
             let mut k = qkv.pop().unwrap_or_default();
             let mut q = qkv.pop().unwrap_or_default();
+            let mut v = v;
+            lora(l, LoraModule::Q, &normed, &mut q, nh * hd, 0);
+            lora(l, LoraModule::K, &normed, &mut k, kv_dim, 0);
+            lora(l, LoraModule::V, &normed, &mut v, kv_dim, 0);
             self.apply_rope(&mut q, &positions, nh);
             self.apply_rope(&mut k, &positions, nkv);
             let (kc, vc) = (&mut cache.keys[l], &mut cache.values[l]);
@@ -363,14 +394,18 @@ impl Llama {
                 vc.write(slot * kv_dim, &v[t * kv_dim..(t + 1) * kv_dim]);
             }
             attend(shape, &q, &cache.keys[l], &cache.values[l], &ctx, &mut attn);
-            let o = matmul(&layer.wo, &attn, n_tok, exact)?;
+            let mut o = matmul(&layer.wo, &attn, n_tok, exact)?;
+            lora(l, LoraModule::O, &attn, &mut o, h, 0);
             add_in_place(&mut x, &o);
 
             let normed = rms_norm(&x, &layer.ffn_norm, cfg.rms_eps);
-            let act = layer
-                .gate_up
-                .swiglu(&normed, n_tok, exact, cfg.ffn_hidden)?;
-            let d = matmul(&layer.down, &act, n_tok, exact)?;
+            let ffn = cfg.ffn_hidden;
+            let mut gu = layer.gate_up.gate_up(&normed, n_tok, exact, ffn)?;
+            lora(l, LoraModule::Gate, &normed, &mut gu, 2 * ffn, 0);
+            lora(l, LoraModule::Up, &normed, &mut gu, 2 * ffn, ffn);
+            let act = silu_mul(&gu, n_tok, ffn);
+            let mut d = matmul(&layer.down, &act, n_tok, exact)?;
+            lora(l, LoraModule::Down, &act, &mut d, h, 0);
             add_in_place(&mut x, &d);
         }
 
@@ -396,6 +431,45 @@ impl Llama {
         Ok(out)
     }
 
+    /// Folds an adapter into the weights, `W + scale·B·A` in f32: the reference the
+    /// per-row update is checked against. Only for f32 weights (other formats would
+    /// requantize the sum).
+    pub fn merge_lora(&mut self, adapter: &LoraAdapter) -> Result<(), ModelError> {
+        if self.format != WeightFormat::F32 {
+            return Err(ModelError::Unsupported(
+                "merging a LoRA adapter needs f32 weights".into(),
+            ));
+        }
+        let cfg = self.config.clone();
+        let q = cfg.n_head * cfg.head_dim;
+        let kv = cfg.n_kv_head * cfg.head_dim;
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let parts = [
+                (
+                    &mut layer.qkv,
+                    vec![
+                        (LoraModule::Q, 0),
+                        (LoraModule::K, q),
+                        (LoraModule::V, q + kv),
+                    ],
+                ),
+                (
+                    &mut layer.gate_up,
+                    vec![(LoraModule::Gate, 0), (LoraModule::Up, cfg.ffn_hidden)],
+                ),
+            ];
+            for (proj, modules) in parts {
+                let Proj::Fused { mat, .. } = proj else {
+                    return Err(ModelError::Unsupported("unfused f32 projections".into()));
+                };
+                merge_into(mat, adapter, l, &modules)?;
+            }
+            merge_into(&mut layer.wo, adapter, l, &[(LoraModule::O, 0)])?;
+            merge_into(&mut layer.down, adapter, l, &[(LoraModule::Down, 0)])?;
+        }
+        Ok(())
+    }
+
     /// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head: GGUF stores llama's Q/K
     /// rows permuted for this "normal" RoPE layout.
     fn apply_rope(&self, x: &mut [f32], positions: &[usize], n_heads: usize) {
@@ -414,6 +488,43 @@ impl Llama {
             }
         });
     }
+}
+
+/// Adds `scale·B·A` of each `(module, first row)` into an f32 matrix whose rows from
+/// `first row` on are that module's.
+fn merge_into(
+    mat: &mut Linear,
+    adapter: &LoraAdapter,
+    layer: usize,
+    modules: &[(LoraModule, usize)],
+) -> Result<(), ModelError> {
+    let Linear::Candle(QMatMul::Tensor(t)) = mat else {
+        return Err(ModelError::Unsupported(
+            "merging needs an f32 matrix".into(),
+        ));
+    };
+    let (rows, cols) = t.dims2()?;
+    let mut w: Vec<f32> = t.flatten_all()?.to_vec1()?;
+    for &(m, first) in modules {
+        let Some(p) = adapter.pair(layer, m) else {
+            continue;
+        };
+        if p.inp != cols || first + p.out > rows {
+            return Err(ModelError::Unsupported(format!(
+                "adapter {} does not fit layer {layer}",
+                adapter.name
+            )));
+        }
+        let block = &mut w[first * cols..(first + p.out) * cols];
+        let merged = adapter.merged(layer, m, block);
+        block.copy_from_slice(&merged);
+    }
+    *mat = Linear::Candle(QMatMul::Tensor(Tensor::from_vec(
+        w,
+        (rows, cols),
+        &Device::Cpu,
+    )?));
+    Ok(())
 }
 
 fn proj(ws: Vec<QTensor>, format: WeightFormat) -> Result<Proj, ModelError> {
@@ -485,9 +596,8 @@ impl Proj {
 
 /// `x: [rows, in]` times the matrix; rows from `exact` on are decode rows.
 impl Proj {
-    /// `silu(gate) · up` for `x: [rows, in]` (this projection being gate and up):
-    /// `[rows, ffn]`, straight from the fused product when there is one.
-    fn swiglu(
+    /// The gate and up products side by side, `[rows, 2·ffn]` (each row: gate, then up).
+    fn gate_up(
         &self,
         x: &[f32],
         rows: usize,
@@ -512,15 +622,20 @@ impl Proj {
                 "gate and up projections do not match the feed-forward size".into(),
             ));
         }
-        let mut out = vec![0f32; rows * ffn];
-        for_rows(&mut out, ffn, |t, o| {
-            let (gate, up) = gu[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
-            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-                *o = g / (1.0 + fast_exp(-g)) * u;
-            }
-        });
-        Ok(out)
+        Ok(gu)
     }
+}
+
+/// `silu(gate) · up` row by row over `gu: [rows, 2·ffn]`.
+fn silu_mul(gu: &[f32], rows: usize, ffn: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * ffn];
+    for_rows(&mut out, ffn, |t, o| {
+        let (gate, up) = gu[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
+        for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + fast_exp(-g)) * u;
+        }
+    });
+    out
 }
 
 /// Rows at and above which row-wise work is split over the pool.

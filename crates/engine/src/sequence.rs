@@ -63,6 +63,8 @@ pub enum SeqEvent {
         prompt_tokens: usize,
         completion_tokens: usize,
         cached_tokens: usize,
+        /// When it queued, was first scheduled and produced tokens (for trace spans).
+        times: SeqTimes,
     },
 }
 
@@ -84,10 +86,13 @@ pub struct GenerationRequest {
     pub grammar: Option<Box<GrammarState>>,
     /// Whether the engine may speculate for this request (when it is configured to).
     pub speculative: bool,
+    /// The LoRA adapter the request's `model` named; `None` is the base model. Holding it
+    /// keeps the adapter from being unloaded while the request runs.
+    pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
 }
 
-/// Timestamps for the latency histograms.
-#[derive(Debug, Clone, Copy)]
+/// Timestamps for the latency histograms and trace spans.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SeqTimes {
     pub arrival: Instant,
     pub first_scheduled: Option<Instant>,
@@ -130,6 +135,8 @@ pub struct Sequence {
     pub num_draft: usize,
     /// How this sequence's proposals have fared (the adaptive policy's input).
     pub spec: SpecState,
+    /// The LoRA adapter this sequence runs with (`None`: the base model).
+    pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
 }
 
 impl Sequence {
@@ -163,6 +170,7 @@ impl Sequence {
             speculative: req.speculative,
             num_draft: 0,
             spec: SpecState::default(),
+            lora: req.lora,
         }
     }
 

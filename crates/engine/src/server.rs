@@ -31,7 +31,7 @@ use strata_api::validate::{
     check_context, parse_json, validate_chat, validate_completion, validate_tokenize,
     ChatMessage as ApiMessage, PromptInput, SamplingParams, StructuredOutput, TokenizeInput,
 };
-use strata_api::{sse, ApiError};
+use strata_api::{sse, trace, ApiError};
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 
 use crate::chat_template::{ChatMessage, ChatTemplate};
@@ -42,11 +42,13 @@ use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::BlockHash;
 use crate::kv_events::{self, KvEvent, KvEventPublisher, KvEventsConfig};
+use crate::lora::registry::read_adapter;
+use crate::lora::{LoadLoraRequest, LoraAdapter, LoraOptions, LoraRegistry, UnloadLoraRequest};
 use crate::metrics::{EngineMetrics, MetricLimits};
 use crate::model::{Llama, WeightFormat};
 use crate::sampler::SamplingConfig;
 use crate::scheduler::Policy;
-use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, TokenLogprob};
+use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, SeqTimes, TokenLogprob};
 use crate::spec_decode::SpecConfig;
 use crate::structured::{GrammarCompiler, GrammarState};
 use crate::tokenizer::Tokenizer;
@@ -90,6 +92,13 @@ pub struct EngineOptions {
     /// Default sampling parameters (`--generation-config`): `auto` (the model's own),
     /// `vllm` (none), or a folder / JSON file.
     pub generation_config: String,
+    /// Multi-LoRA (`--enable-lora` and its limits); off when `None`.
+    pub lora: Option<LoraOptions>,
+    /// Stall-free scheduling (`--step-time-budget-ms`): a step that carries decodes is
+    /// kept near this time by sizing the prefill chunks beside them from the measured step
+    /// cost (at least 256 prefill tokens a step, so prompts always progress). Zero turns it
+    /// off: only `max_num_batched_tokens` bounds a step.
+    pub step_time_budget_ms: u64,
 }
 
 impl Default for EngineOptions {
@@ -116,6 +125,8 @@ impl Default for EngineOptions {
             kv_events_topic: None,
             speculative: None,
             generation_config: "auto".to_string(),
+            lora: None,
+            step_time_budget_ms: 100,
         }
     }
 }
@@ -169,6 +180,36 @@ pub struct AppState {
     pub grammar: Option<Arc<GrammarCompiler>>,
     /// Sampling defaults for fields a request leaves out.
     pub generation_defaults: GenerationDefaults,
+    /// The loaded LoRA adapters; `None` when LoRA is off.
+    pub lora: Option<std::sync::Mutex<LoraRegistry>>,
+}
+
+impl AppState {
+    /// The adapter registry, or the 400 that says LoRA is off.
+    fn lora_registry(&self) -> Result<std::sync::MutexGuard<'_, LoraRegistry>, ApiError> {
+        let Some(r) = &self.lora else {
+            return Err(ApiError::invalid(
+                "lora_name",
+                "LoRA is not enabled on this engine; start it with --enable-lora.",
+            ));
+        };
+        Ok(r.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// What a request's `model` names: the base model (`None`, or its name) or a loaded
+    /// adapter; anything else is a 404 like vLLM's.
+    fn resolve_model(&self, model: Option<&str>) -> Result<Option<Arc<LoraAdapter>>, ApiError> {
+        match model {
+            None => Ok(None),
+            Some(m) if m == self.model_name => Ok(None),
+            Some(m) => self
+                .lora
+                .as_ref()
+                .and_then(|r| r.lock().unwrap_or_else(|e| e.into_inner()).get(m))
+                .map(Some)
+                .ok_or_else(|| ApiError::model_not_found(m)),
+        }
+    }
 }
 
 /// A loaded model and a running engine thread, ready to serve.
@@ -201,6 +242,10 @@ pub fn load(
     }
     let mut model = Llama::from_gguf(&mut file, opts.weights)?;
     model.q8_decode &= !opts.exact_decode;
+    let lora = match &opts.lora {
+        None => None,
+        Some(l) => Some(load_lora_modules(l, &model, model_name)?),
+    };
     let cfg = &model.config;
     let kv_dtype = opts
         .kv_cache_dtype
@@ -271,6 +316,9 @@ pub fn load(
             prefix_caching: opts.prefix_caching,
             hash_seed: opts.prefix_caching_hash_seed.clone(),
             speculative: opts.speculative,
+            max_loras: opts.lora.as_ref().map(|l| l.max_loras),
+            step_time_budget: (opts.step_time_budget_ms > 0)
+                .then(|| Duration::from_millis(opts.step_time_budget_ms)),
         },
         metrics.clone(),
         kv_events,
@@ -287,11 +335,48 @@ pub fn load(
         created: unix_now(),
         grammar,
         generation_defaults,
+        lora: lora.map(std::sync::Mutex::new),
     });
     Ok(Loaded {
         state,
         engine_thread,
     })
+}
+
+/// The registry with the `--lora-modules` adapters loaded; an adapter that cannot be used
+/// stops the start-up with what is wrong with it.
+fn load_lora_modules(
+    l: &LoraOptions,
+    model: &Llama,
+    model_name: &str,
+) -> Result<LoraRegistry, ServerError> {
+    l.validate().map_err(ServerError::Option)?;
+    let mut registry = LoraRegistry::new(
+        model.config.clone(),
+        model_name,
+        l.max_lora_rank,
+        l.cpu_loras(),
+    );
+    for m in &l.modules {
+        let started = Instant::now();
+        let adapter = registry
+            .load(LoadLoraRequest {
+                lora_name: Some(m.name.clone()),
+                lora_path: Some(m.path.clone()),
+            })
+            .map_err(|e| {
+                ServerError::Option(format!("--lora-modules {}: {}", m.name, e.message))
+            })?;
+        tracing::info!(
+            adapter = %adapter.name,
+            path = %m.path,
+            rank = adapter.rank,
+            targets = adapter.targets().count(),
+            load_ms = started.elapsed().as_secs_f64() * 1e3,
+            "LoRA adapter loaded"
+        );
+    }
+    Ok(registry)
 }
 
 /// The KV-event publisher, when an endpoint is configured.
@@ -330,14 +415,18 @@ pub fn to_kv_events(events: Vec<PoolEvent>, block_size: usize) -> Vec<KvEvent> {
                 hash,
                 parent,
                 tokens,
+                lora,
             } => {
                 if let Some(KvEvent::BlockStored {
                     block_hashes,
                     token_ids,
+                    lora_name,
                     ..
                 }) = out.last_mut()
                 {
-                    if parent.as_ref().map(wire) == block_hashes.last().copied() {
+                    if parent.as_ref().map(wire) == block_hashes.last().copied()
+                        && lora_name.as_deref() == lora.as_ref().map(|l| l.name.as_str())
+                    {
                         block_hashes.push(wire(&hash));
                         token_ids.extend_from_slice(&tokens);
                         continue;
@@ -348,9 +437,9 @@ pub fn to_kv_events(events: Vec<PoolEvent>, block_size: usize) -> Vec<KvEvent> {
                     parent_block_hash: parent.as_ref().map(wire),
                     token_ids: tokens,
                     block_size,
-                    lora_id: None,
+                    lora_id: lora.as_ref().map(|l| l.id),
                     medium: Some(kv_events::MEDIUM_GPU.to_string()),
-                    lora_name: None,
+                    lora_name: lora.map(|l| l.name),
                 });
             }
             PoolEvent::Removed { hash } => {
@@ -382,6 +471,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/version", get(version))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .fallback(strata_api::http::not_found)
         .method_not_allowed_fallback(strata_api::http::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -530,11 +621,7 @@ async fn read_body(state: &AppState, req: Request) -> Result<(HeaderMap, Bytes),
 }
 
 fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        None => Ok(()),
-        Some(m) if m == state.model_name => Ok(()),
-        Some(m) => Err(ApiError::model_not_found(m)),
-    }
+    state.resolve_model(model).map(|_| ())
 }
 
 fn check_token_ids(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
@@ -582,6 +669,8 @@ struct Job {
     prompt: Vec<u32>,
     max_tokens: usize,
     sampling: SamplingParams,
+    /// The adapter `model` named; `None` for the base model.
+    lora: Option<Arc<LoraAdapter>>,
 }
 
 fn check_sampling_ids(state: &AppState, p: &SamplingParams) -> Result<(), ApiError> {
@@ -622,6 +711,7 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
             events: tx,
             grammar: grammars.next(),
             speculative: job.sampling.speculative,
+            lora: job.lora.clone(),
         };
         state.engine.submit(req).map_err(|e| match e {
             SubmitError::QueueFull(_) => ApiError::rate_limited(
@@ -670,6 +760,71 @@ struct Collected {
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
+    times: Option<SeqTimes>,
+}
+
+/// The request's trace span, child of the caller's `traceparent` (a malformed one starts a
+/// new trace). Exported only when the binary exports traces; otherwise disabled.
+fn trace_span(headers: &HeaderMap, route: &'static str) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        "engine.request",
+        otel.kind = "server",
+        http.route = route
+    );
+    trace::accept(&span, headers.get(trace::TRACEPARENT).map(|v| v.as_bytes()));
+    span
+}
+
+/// One choice's queue, prefill and decode as child spans of the request's, from the
+/// engine thread's timestamps (taken there, emitted here once the choice is over).
+fn trace_phases(
+    span: &tracing::Span,
+    choice: usize,
+    t: &SeqTimes,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+) {
+    if !trace::exporting() {
+        return;
+    }
+    let choice = ("choice", choice as i64);
+    let end = t.first_scheduled.unwrap_or_else(Instant::now);
+    trace::record_child(
+        span,
+        trace::ChildSpan {
+            name: "engine.queue",
+            start: t.arrival,
+            end,
+            attributes: &[choice],
+        },
+    );
+    let (Some(scheduled), Some(first)) = (t.first_scheduled, t.first_token) else {
+        return;
+    };
+    trace::record_child(
+        span,
+        trace::ChildSpan {
+            name: "engine.prefill",
+            start: scheduled,
+            end: first,
+            attributes: &[
+                choice,
+                ("prompt_tokens", prompt_tokens as i64),
+                ("cached_tokens", cached_tokens as i64),
+            ],
+        },
+    );
+    trace::record_child(
+        span,
+        trace::ChildSpan {
+            name: "engine.decode",
+            start: first,
+            end: t.last_token.unwrap_or(first),
+            attributes: &[choice, ("completion_tokens", completion_tokens as i64)],
+        },
+    );
 }
 
 async fn collect(mut rx: UnboundedReceiver<SeqEvent>) -> Collected {
@@ -694,8 +849,10 @@ async fn collect(mut rx: UnboundedReceiver<SeqEvent>) -> Collected {
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                times,
             } => {
                 c.text.push_str(&text);
+                c.times = Some(times);
                 c.finish = Some(reason);
                 c.stop = stop;
                 c.prompt_tokens = prompt_tokens;
@@ -844,11 +1001,12 @@ fn sse_response(
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let span = trace_span(req.headers(), "/v1/chat/completions");
     let (headers, body) = read_body(&state, req).await?;
     let mut parsed: ChatCompletionRequest = parse_json(&body)?;
     state.generation_defaults.apply_chat(&mut parsed);
     let chat = validate_chat(parsed)?;
-    check_model(&state, chat.model.as_deref())?;
+    let lora = state.resolve_model(chat.model.as_deref())?;
     check_sampling_ids(&state, &chat.sampling)?;
     let messages: Vec<ChatMessage> = chat.messages.iter().map(to_template_message).collect();
     let prompt_text = state
@@ -872,10 +1030,12 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
         prompt,
         max_tokens: max_tokens as usize,
         sampling: chat.sampling.clone(),
+        lora,
     };
     let receivers = submit(&state, &job)?;
     let created = unix_now();
-    let model = state.model_name.clone();
+    // Answers name what was asked for: the adapter, or the base model.
+    let model = served_name(&state, &job);
     let echo_prefix = match (chat.echo, chat.messages.last()) {
         (true, Some(m)) if m.role == Role::Assistant => m.content.clone(),
         _ => String::new(),
@@ -885,6 +1045,18 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
         let mut collected = Vec::new();
         for rx in receivers {
             collected.push(collect(rx).await);
+        }
+        for (i, c) in collected.iter().enumerate() {
+            if let Some(t) = &c.times {
+                trace_phases(
+                    &span,
+                    i,
+                    t,
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    c.cached_tokens,
+                );
+            }
         }
         if let Some(FinishReason::Error(e)) = collected.iter().find_map(|c| match &c.finish {
             Some(FinishReason::Error(e)) => Some(FinishReason::Error(e.clone())),
@@ -929,7 +1101,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
         ))
         .unwrap_or_default()
     };
-    let (usage_id, usage_model) = (job.id.clone(), state.model_name.clone());
+    let (usage_id, usage_model) = (job.id.clone(), served_name(&state, &job));
     let encode = move |event: Option<(usize, SeqEvent)>| -> Vec<String> {
         let Some((i, ev)) = event else {
             if !include_usage {
@@ -987,8 +1159,10 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
                 text,
                 prompt_tokens: p,
                 completion_tokens: c,
-                ..
+                cached_tokens,
+                times,
             } => {
+                trace_phases(&span, i, &times, p, c, cached_tokens);
                 prompt_tokens = p;
                 completion_tokens += c;
                 out.push(chunk(vec![ChatChunkChoice {
@@ -1016,11 +1190,12 @@ fn to_template_message(m: &ApiMessage) -> ChatMessage {
 }
 
 async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let span = trace_span(req.headers(), "/v1/completions");
     let (headers, body) = read_body(&state, req).await?;
     let mut parsed: CompletionRequest = parse_json(&body)?;
     state.generation_defaults.apply_completion(&mut parsed);
     let c = validate_completion(parsed)?;
-    check_model(&state, c.model.as_deref())?;
+    let lora = state.resolve_model(c.model.as_deref())?;
     check_sampling_ids(&state, &c.sampling)?;
     let prompt = match &c.prompt {
         PromptInput::Text(t) => state
@@ -1056,15 +1231,28 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
         prompt,
         max_tokens: max_tokens as usize,
         sampling: c.sampling.clone(),
+        lora,
     };
     let receivers = submit(&state, &job)?;
     let created = unix_now();
-    let model = state.model_name.clone();
+    let model = served_name(&state, &job);
 
     if !c.stream {
         let mut collected = Vec::new();
         for rx in receivers {
             collected.push(collect(rx).await);
+        }
+        for (i, c) in collected.iter().enumerate() {
+            if let Some(t) = &c.times {
+                trace_phases(
+                    &span,
+                    i,
+                    t,
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    c.cached_tokens,
+                );
+            }
         }
         if let Some(e) = collected.iter().find_map(|c| match &c.finish {
             Some(FinishReason::Error(e)) => Some(e.clone()),
@@ -1168,8 +1356,10 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
                 text,
                 prompt_tokens: p,
                 completion_tokens: ct,
-                ..
+                cached_tokens,
+                times,
             } => {
+                trace_phases(&span, i, &times, p, ct, cached_tokens);
                 prompt_tokens = p;
                 completion_tokens += ct;
                 out.push(chunk(CompletionChoice {
@@ -1186,8 +1376,16 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
     Ok(sse_response(receivers, encode))
 }
 
+fn served_name(state: &AppState, job: &Job) -> String {
+    job.lora
+        .as_ref()
+        .map_or_else(|| state.model_name.clone(), |a| a.name.clone())
+}
+
+/// The base model, then each adapter with `parent` = the base and `root` = its path, as
+/// vLLM lists them.
 async fn models(State(state): State<Arc<AppState>>) -> Response {
-    json_response(&ModelList::new(vec![ModelCard {
+    let mut cards = vec![ModelCard {
         id: state.model_name.clone(),
         object: "model".into(),
         created: state.created,
@@ -1195,7 +1393,80 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
         root: Some(state.model_name.clone()),
         parent: None,
         max_model_len: Some(state.max_model_len as u32),
-    }]))
+    }];
+    if let Ok(registry) = state.lora_registry() {
+        for a in registry.adapters() {
+            cards.push(ModelCard {
+                id: a.name.clone(),
+                object: "model".into(),
+                created: state.created,
+                owned_by: "strata".into(),
+                root: Some(a.path.to_string_lossy().into_owned()),
+                parent: Some(state.model_name.clone()),
+                max_model_len: None,
+            });
+        }
+    }
+    json_response(&ModelList::new(cards))
+}
+
+/// `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` (vLLM's): 200 with vLLM's
+/// text on success; a missing field, a taken name, a full registry or an adapter that
+/// cannot be used is a 400 naming the problem, a path with nothing there a 404. The file
+/// is read off the async threads, without holding the registry.
+async fn load_lora_adapter(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (_, body) = read_body(&state, req).await?;
+    let parsed: LoadLoraRequest = parse_json(&body)?;
+    let (name, path, base, max_rank) = {
+        let registry = state.lora_registry()?;
+        let (name, path) = registry.check_load(parsed)?;
+        let (base, max_rank) = registry.limits();
+        (name, path, base, max_rank)
+    };
+    let started = Instant::now();
+    let (n, p) = (name.clone(), path.clone());
+    let adapter = tokio::task::spawn_blocking(move || read_adapter(&n, &p, &base, max_rank))
+        .await
+        .map_err(|e| ApiError::internal(format!("adapter loading failed: {e}")))??;
+    let adapter = state.lora_registry()?.insert(adapter)?;
+    tracing::info!(
+        adapter = %name,
+        path = %path,
+        rank = adapter.rank,
+        load_ms = started.elapsed().as_secs_f64() * 1e3,
+        "LoRA adapter loaded"
+    );
+    Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
+}
+
+/// How long an unload waits for the requests that hold the adapter before refusing.
+const UNLOAD_WAIT: Duration = Duration::from_secs(2);
+
+/// `POST /v1/unload_lora_adapter {"lora_name"}` (vLLM's): an unknown name is a 404; an
+/// adapter that requests still use is waited for (up to [`UNLOAD_WAIT`]: a request that
+/// just finished may not have let go yet), then refused with a 400 that says so.
+async fn unload_lora_adapter(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let (_, body) = read_body(&state, req).await?;
+    let parsed: UnloadLoraRequest = parse_json(&body)?;
+    let name = parsed.lora_name.clone().unwrap_or_default();
+    let deadline = Instant::now() + UNLOAD_WAIT;
+    loop {
+        let result = {
+            let mut registry = state.lora_registry()?;
+            let busy = registry.holders(&name).is_some_and(|n| n > 0);
+            if busy && Instant::now() < deadline {
+                None
+            } else {
+                Some(registry.unload(parsed.clone()))
+            }
+        };
+        match result {
+            Some(r) => break r?,
+            None => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    tracing::info!(adapter = %name, "LoRA adapter unloaded");
+    Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
 }
 
 async fn embeddings(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {

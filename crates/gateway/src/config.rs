@@ -662,6 +662,11 @@ impl Config {
                     "cache.semantic.max_entries and max_messages must be > 0",
                 ));
             }
+            if sem.redis_url.as_deref() == Some("") || sem.redis_stream.is_empty() {
+                return Err(invalid(
+                    "cache.semantic.redis_url and redis_stream must not be empty",
+                ));
+            }
         }
         if self.cache.enabled && self.cache.max_entries == 0 {
             return Err(invalid("cache.max_entries must be > 0"));

@@ -9,7 +9,9 @@
 //! * [`ratelimit`]: pure GCRA plus in-memory and Redis (Lua) backends.
 //! * [`cache`]: exact-match response cache, keyed per tenant (memory LRU or Redis).
 //! * [`semantic`]: the semantic cache (similar last user message, exact context, per
-//!   tenant and model; in-memory index).
+//!   tenant and model; in-memory index), [`semantic_share`] (its entries shared across
+//!   replicas through a Redis stream) and [`sse_answer`] (a streamed answer as a whole
+//!   one and back, so both kinds of request share the caches).
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
 //! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
 //! * [`cascade`]: pure cascade policy (which model first, whether an answer escalates).
@@ -39,7 +41,9 @@ pub mod ratelimit;
 pub mod redis_conn;
 pub mod routing;
 pub mod semantic;
+pub mod semantic_share;
 pub mod server;
+pub mod sse_answer;
 pub mod state;
 pub mod store;
 pub mod stream_guard;

@@ -47,6 +47,10 @@ pub struct Metrics {
     /// `strata_gateway_semantic_cache_total{tenant, result=hit|miss}`: semantic lookups
     /// per tenant (the hit rate is hit / (hit + miss)).
     pub semantic: Family<Labels, Counter>,
+    /// `strata_gateway_cache_outcomes_total{tenant, outcome=hit|semantic|miss}`: what each
+    /// cacheable request's `x-strata-cache` said, by tenant (the hit rate per tenant is
+    /// (hit + semantic) / all).
+    pub cache_outcomes: Family<Labels, Counter>,
     /// `strata_gateway_cascade_escalations_total{from, reason}`: answers (or failures) of
     /// an earlier cascade model that sent the request on.
     pub cascade_escalations: Family<Labels, Counter>,
@@ -75,6 +79,7 @@ impl Metrics {
             ledger_dropped: Counter::default(),
             cascade: Family::default(),
             semantic: Family::default(),
+            cache_outcomes: Family::default(),
             cascade_escalations: Family::default(),
         };
         let r = &mut m.registry;
@@ -132,6 +137,11 @@ impl Metrics {
             "strata_gateway_semantic_cache",
             "Semantic cache lookups by tenant and result",
             m.semantic.clone(),
+        );
+        r.register(
+            "strata_gateway_cache_outcomes",
+            "Cacheable requests by tenant and x-strata-cache outcome",
+            m.cache_outcomes.clone(),
         );
         r.register(
             "strata_gateway_cascade",

@@ -11,8 +11,9 @@
 //!   reach the threshold (default 0.9; a request header may raise it, never lower it).
 //!
 //! Requests are not looked up or stored ([`Skip`]) above `max_messages` messages, when
-//! they call or offer tools, when they sample (`temperature` absent or above 0) unless
-//! configured, and when streamed.
+//! they call or offer tools, and when they sample (`temperature` absent or above 0) unless
+//! configured. A streamed request is looked up like any other; its answer is stored only
+//! once the stream completed (`proxy::stream`).
 //!
 //! The index ([`SemanticIndex`]) is in memory: entries grouped by (scope, context) and
 //! scanned there (vectors are unit length, so cosine is a dot product), a TTL, and a
@@ -49,6 +50,13 @@ pub struct SemanticConfig {
     /// Also cache requests that sample (`temperature` absent or above 0).
     #[serde(default)]
     pub include_sampled: bool,
+    /// Share entries with the other replicas through this Redis
+    /// ([`crate::semantic_share`]); unset: this replica's index only.
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    /// The Redis stream that carries the shared entries.
+    #[serde(default = "default_redis_stream")]
+    pub redis_stream: String,
 }
 
 impl Default for SemanticConfig {
@@ -61,10 +69,15 @@ impl Default for SemanticConfig {
             ttl_secs: default_ttl(),
             max_entries: default_max_entries(),
             include_sampled: false,
+            redis_url: None,
+            redis_stream: default_redis_stream(),
         }
     }
 }
 
+fn default_redis_stream() -> String {
+    "strata:semantic".into()
+}
 fn default_threshold() -> f32 {
     0.9
 }
@@ -116,7 +129,6 @@ impl HeaderAsk {
 /// Why a request does not use the semantic cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
-    Streamed,
     TooManyMessages,
     Tools,
     Sampled,
@@ -140,9 +152,6 @@ pub fn request_key(
     body: &Value,
     config: &SemanticConfig,
 ) -> Result<SemanticKey, Skip> {
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(Skip::Streamed);
-    }
     let msgs = body
         .get("messages")
         .and_then(Value::as_array)
@@ -216,19 +225,75 @@ pub fn normalized(mut v: Vec<f32>) -> Option<Vec<f32>> {
     Some(v)
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// The dot product, in eight independent lanes so the compiler can keep them in one
+/// vector register (a single running sum is a chain of dependent adds, several times
+/// slower). Summing in another order changes the last bits only.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
+/// One stored answer (its vector lives in the bucket's `vectors`, same position).
 struct Entry {
     seq: u64,
-    vector: Vec<f32>,
     answer: Bytes,
     stored: Instant,
 }
 
+/// The entries of one (scope, context). Invariant: `vectors.len() == entries.len() * dim`,
+/// entry `i`'s vector at `vectors[i * dim..][..dim]`; one contiguous array, so a lookup
+/// streams through memory instead of following a pointer per entry.
+struct Bucket {
+    dim: usize,
+    vectors: Vec<f32>,
+    entries: Vec<Entry>,
+}
+
+impl Bucket {
+    fn vector(&self, i: usize) -> &[f32] {
+        &self.vectors[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Removes entry `i` by moving the last one into its place.
+    fn swap_remove(&mut self, i: usize) {
+        let last = self.entries.len() - 1;
+        if i != last {
+            let (d, v) = (self.dim, &mut self.vectors);
+            v.copy_within(last * d..(last + 1) * d, i * d);
+        }
+        self.vectors.truncate(last * self.dim);
+        self.entries.swap_remove(i);
+    }
+
+    /// Drops entries stored `ttl` or longer before `now`; how many went.
+    fn expire(&mut self, ttl: Duration, now: Instant) -> usize {
+        let before = self.entries.len();
+        let mut i = 0;
+        while i < self.entries.len() {
+            if now.saturating_duration_since(self.entries[i].stored) >= ttl {
+                self.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        before - self.entries.len()
+    }
+}
+
 struct Inner {
-    buckets: HashMap<[u8; 32], Vec<Entry>>,
+    buckets: HashMap<[u8; 32], Bucket>,
     /// Insertion order over all buckets, for eviction: (bucket, entry seq).
     order: VecDeque<([u8; 32], u64)>,
     len: usize,
@@ -267,52 +332,63 @@ impl SemanticIndex {
     ) -> Option<(Bytes, f32)> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        let ttl = self.ttl;
-        let (best, expired, empty) = {
-            let entries = inner.buckets.get_mut(bucket)?;
-            let before = entries.len();
-            entries.retain(|e| now.saturating_duration_since(e.stored) < ttl);
-            let best = entries
-                .iter()
-                .map(|e| (dot(&e.vector, vector), e))
-                .filter(|(s, _)| *s >= threshold)
-                .max_by(|a, b| a.0.total_cmp(&b.0))
-                .map(|(s, e)| (e.answer.clone(), s));
-            (best, before - entries.len(), entries.is_empty())
-        };
-        if empty {
+        let b = inner.buckets.get_mut(bucket)?;
+        let expired = b.expire(self.ttl, now);
+        // A vector of another length (another embedding model) never matches.
+        let best = (b.dim == vector.len())
+            .then(|| {
+                (0..b.entries.len())
+                    .map(|i| (dot(b.vector(i), vector), i))
+                    .filter(|(s, _)| *s >= threshold)
+                    .max_by(|x, y| x.0.total_cmp(&y.0))
+                    .map(|(s, i)| (b.entries[i].answer.clone(), s))
+            })
+            .flatten();
+        if b.entries.is_empty() {
             inner.buckets.remove(bucket);
         }
         inner.len -= expired;
         best
     }
 
-    /// Stores an answer; the oldest entries go once the bound is reached.
+    /// Stores an answer (stored at `now`); the oldest entries go once the bound is
+    /// reached. A vector whose length differs from the bucket's is not stored.
     pub fn put(&self, bucket: [u8; 32], vector: Vec<f32>, answer: Bytes, now: Instant) {
+        if vector.is_empty() {
+            return;
+        }
         let mut inner = self.inner.lock();
         let seq = inner.next_seq;
-        inner.next_seq += 1;
-        inner.buckets.entry(bucket).or_default().push(Entry {
+        let b = inner.buckets.entry(bucket).or_insert_with(|| Bucket {
+            dim: vector.len(),
+            vectors: Vec::new(),
+            entries: Vec::new(),
+        });
+        if b.dim != vector.len() {
+            return;
+        }
+        b.vectors.extend_from_slice(&vector);
+        b.entries.push(Entry {
             seq,
-            vector,
             answer,
             stored: now,
         });
+        inner.next_seq += 1;
         inner.order.push_back((bucket, seq));
         inner.len += 1;
         while inner.len > self.max_entries {
-            let Some((b, s)) = inner.order.pop_front() else {
+            let Some((k, s)) = inner.order.pop_front() else {
                 break;
             };
-            let Some(entries) = inner.buckets.get_mut(&b) else {
+            let Some(b) = inner.buckets.get_mut(&k) else {
                 continue; // already gone (expired)
             };
-            let Some(pos) = entries.iter().position(|e| e.seq == s) else {
+            let Some(pos) = b.entries.iter().position(|e| e.seq == s) else {
                 continue;
             };
-            entries.remove(pos);
-            if entries.is_empty() {
-                inner.buckets.remove(&b);
+            b.swap_remove(pos);
+            if b.entries.is_empty() {
+                inner.buckets.remove(&k);
             }
             inner.len -= 1;
         }
@@ -322,7 +398,7 @@ impl SemanticIndex {
             let live: std::collections::HashSet<([u8; 32], u64)> = inner
                 .buckets
                 .iter()
-                .flat_map(|(b, es)| es.iter().map(move |e| (*b, e.seq)))
+                .flat_map(|(k, b)| b.entries.iter().map(move |e| (*k, e.seq)))
                 .collect();
             inner.order.retain(|k| live.contains(k));
         }
@@ -473,8 +549,6 @@ mod tests {
     #[test]
     fn skipped_requests() {
         let c = config();
-        let mut streamed = user(FRANCE);
-        streamed["stream"] = json!(true);
         let many = chat(json!([
             {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
@@ -493,7 +567,6 @@ mod tests {
         unset.as_object_mut().unwrap().remove("temperature");
         let last_assistant = chat(json!([{"role": "assistant", "content": "hi"}]));
         let cases = [
-            (streamed, Skip::Streamed),
             (many, Skip::TooManyMessages),
             (tools, Skip::Tools),
             (tool_reply, Skip::Tools),
@@ -513,6 +586,14 @@ mod tests {
             ..config()
         };
         assert!(request_key("t", "m", &sampled, &with_sampling).is_ok());
+        // A streamed request has the same key as the same request unstreamed.
+        let mut streamed = user(FRANCE);
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        assert_eq!(
+            request_key("t", "m", &streamed, &c),
+            request_key("t", "m", &user(FRANCE), &c)
+        );
     }
 
     #[test]
@@ -530,6 +611,35 @@ mod tests {
             .get(&[3; 32], &v, 0.9, t0 + Duration::from_secs(11))
             .is_none());
         assert_eq!(idx.len(), 1, "the expired entry was dropped");
+    }
+
+    #[test]
+    fn removal_keeps_vectors_with_their_answers() {
+        // Three entries in one bucket; the oldest is evicted from the middle of the
+        // contiguous array, and each remaining answer still comes with its own vector.
+        let idx = SemanticIndex::new(2, Duration::from_secs(60));
+        let t0 = Instant::now();
+        let unit = |i: usize| {
+            let mut v = vec![0.0; 10];
+            v[i] = 1.0;
+            v
+        };
+        idx.put([1; 32], unit(0), Bytes::from_static(b"zero"), t0);
+        idx.put([1; 32], unit(1), Bytes::from_static(b"one"), t0);
+        idx.put([1; 32], unit(2), Bytes::from_static(b"two"), t0);
+        assert_eq!(idx.len(), 2);
+        assert!(idx.get(&[1; 32], &unit(0), 0.9, t0).is_none());
+        assert_eq!(idx.get(&[1; 32], &unit(1), 0.9, t0).unwrap().0, "one");
+        assert_eq!(idx.get(&[1; 32], &unit(2), 0.9, t0).unwrap().0, "two");
+        // Another length (another embedding model) is neither stored nor matched.
+        idx.put([1; 32], vec![1.0; 3], Bytes::from_static(b"short"), t0);
+        assert_eq!(idx.len(), 2);
+        assert!(idx.get(&[1; 32], &[1.0, 0.0, 0.0], 0.5, t0).is_none());
+        // The lane-wise dot product equals the plain one (up to rounding).
+        let a: Vec<f32> = (0..21).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..21).map(|i| (i as f32 * 0.11).cos()).collect();
+        let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - plain).abs() < 1e-5);
     }
 
     #[test]

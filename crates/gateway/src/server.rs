@@ -483,6 +483,11 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
     // always handled (never the default action, which would end the process).
     let hangup = hangup_signal();
     let watcher = tokio::spawn(watch_config(gw.clone(), hangup));
+    // Other replicas' semantic-cache entries, while serving (when shared through Redis).
+    let follower = gw
+        .semantic_share
+        .is_some()
+        .then(|| tokio::spawn(crate::semantic_share::follow(gw.clone())));
     // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
     // segment, e.g. between the chunks of a stream).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -498,6 +503,9 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
             tracing::error!(error = %e, "gateway server failed");
         }
         watcher.abort();
+        if let Some(f) = follower {
+            f.abort();
+        }
     });
     Ok(RunningGateway {
         addr,

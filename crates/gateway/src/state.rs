@@ -89,6 +89,8 @@ pub struct Gateway {
     pub cache: Option<ResponseCache>,
     /// The semantic cache's index, when `cache.semantic.enabled` at start.
     pub semantic: Option<crate::semantic::SemanticIndex>,
+    /// The semantic cache's entries shared through Redis, when `cache.semantic.redis_url`.
+    pub semantic_share: Option<crate::semantic_share::SemanticShare>,
     pub metrics: Metrics,
     pub client: crate::upstream::UpstreamClient,
     pub admin_key: Option<String>,
@@ -155,6 +157,17 @@ impl Gateway {
                 Duration::from_secs(c.cache.semantic.ttl_secs),
             )
         });
+        let sem = &c.cache.semantic;
+        let semantic_share = match (&sem.redis_url, sem.enabled) {
+            (Some(url), true) => Some(crate::semantic_share::SemanticShare::new(
+                url,
+                &sem.redis_stream,
+                redis_timeout,
+                Duration::from_secs(sem.ttl_secs),
+                sem.max_entries,
+            )?),
+            _ => None,
+        };
         let client = crate::upstream::UpstreamClient::new(Duration::from_secs(5))
             .map_err(|e| StateError::Client(e.to_string()))?;
         let (tx, rx) = std_mpsc::sync_channel(LEDGER_QUEUE);
@@ -177,6 +190,7 @@ impl Gateway {
             limiter,
             cache,
             semantic,
+            semantic_share,
             metrics,
             client,
             admin_key: opts.admin_key.filter(|k| !k.is_empty()),

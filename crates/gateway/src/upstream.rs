@@ -62,18 +62,22 @@ impl UpstreamClient {
         })
     }
 
-    /// POSTs a JSON body. Any status comes back as a response; only a failure to get
-    /// response headers is an error. Bounding the wait is the caller's job.
+    /// POSTs a JSON body, with the W3C `traceparent` when the request is traced. Any
+    /// status comes back as a response; only a failure to get response headers is an
+    /// error. Bounding the wait is the caller's job.
     pub async fn post_json(
         &self,
         uri: &Uri,
         body: Bytes,
         request_id: (&'static str, &HeaderValue),
         auth: Option<&HeaderValue>,
+        traceparent: Option<&HeaderValue>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         #[cfg(feature = "tls")]
         if uri.scheme_str() == Some("https") {
-            return self.post_tls(uri, body, request_id, auth).await;
+            return self
+                .post_tls(uri, body, request_id, auth, traceparent)
+                .await;
         }
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
@@ -86,6 +90,12 @@ impl UpstreamClient {
         h.insert(HeaderName::from_static(request_id.0), request_id.1.clone());
         if let Some(a) = auth {
             h.insert(header::AUTHORIZATION, a.clone());
+        }
+        if let Some(tp) = traceparent {
+            h.insert(
+                HeaderName::from_static(strata_api::trace::TRACEPARENT),
+                tp.clone(),
+            );
         }
         match self.http.request(req).await {
             Ok(resp) => Ok(resp.map(|b| b.map_err(BodyError::from).boxed_unsync())),
@@ -101,6 +111,7 @@ impl UpstreamClient {
         body: Bytes,
         request_id: (&'static str, &HeaderValue),
         auth: Option<&HeaderValue>,
+        traceparent: Option<&HeaderValue>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let mut rb = self
             .tls
@@ -110,6 +121,9 @@ impl UpstreamClient {
             .body(body);
         if let Some(a) = auth {
             rb = rb.header(header::AUTHORIZATION, a.clone());
+        }
+        if let Some(tp) = traceparent {
+            rb = rb.header(strata_api::trace::TRACEPARENT, tp.clone());
         }
         match rb.send().await {
             Ok(resp) => {

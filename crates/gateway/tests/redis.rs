@@ -271,3 +271,94 @@ async fn redis_cache_is_shared_by_replicas_but_never_across_tenants() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// `x-strata-cache` of one chat request.
+async fn cache_outcome(url: &str, key: &str, text: &str) -> String {
+    let body = json!({"model": "m", "temperature": 0, "max_tokens": 8,
+        "messages": [{"role": "user", "content": text}]});
+    let (status, headers, _) = post(&format!("{url}/v1/chat/completions"), Some(key), &body).await;
+    assert_eq!(status, 200);
+    headers
+        .get("x-strata-cache")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_string())
+}
+
+/// Waits (bounded) until a gateway's semantic index holds `n` entries.
+async fn index_reaches(gw: &strata_gateway::RunningGateway, n: usize) {
+    let index = gw.gateway.semantic.as_ref().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while index.len() < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(index.len(), n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_entries_are_shared_by_replicas_but_never_across_tenants() {
+    const FRANCE: &str = "What is the capital city of France?";
+    const FRANCE_AGAIN: &str = "Tell me the capital of France.";
+    const GERMANY: &str = "What is the capital of Germany?";
+    let mut redis = Redis::start().await;
+    let embed = fixture_embeddings().await;
+    let m = mock("m").await;
+    let yaml = format!(
+        r#"
+upstreams:
+  - {{name: up, base_url: "{}"}}
+  - {{name: local-embed, base_url: "{embed}"}}
+models:
+  - name: m
+    targets: [{{upstream: up}}]
+  - name: minilm
+    targets: [{{upstream: local-embed, model: all-minilm-l6-v2}}]
+limits: {{redis_timeout_ms: 300}}
+cache:
+  semantic: {{enabled: true, embedding_model: minilm, redis_url: "{}"}}
+"#,
+        m.url(),
+        redis.url()
+    );
+    let ((a, b), t) = two_gateways(&yaml).await;
+    let other = key(&a, "other");
+    b.gateway.refresh_from_store().unwrap();
+
+    assert_eq!(cache_outcome(&a.url(), &t, FRANCE).await, "miss");
+    // B learns A's entry from the shared stream, and answers a paraphrase with it.
+    index_reaches(&b, 1).await;
+    assert_eq!(cache_outcome(&b.url(), &t, FRANCE_AGAIN).await, "semantic");
+    assert_eq!(m.requests(), 1);
+    // Never across tenants: another tenant's same question goes to the model.
+    assert_eq!(cache_outcome(&b.url(), &other, FRANCE).await, "miss");
+    assert_eq!(m.requests(), 2);
+    // B's entry travels to A too, in that tenant's scope only.
+    index_reaches(&a, 2).await;
+    assert_eq!(
+        cache_outcome(&a.url(), &other, FRANCE_AGAIN).await,
+        "semantic"
+    );
+    assert_eq!(m.requests(), 2);
+    // A replica that starts later reads the stream from the beginning: warm at once.
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
+    let c = gateway_with(&yaml, Some(store)).await;
+    index_reaches(&c, 2).await;
+
+    // Redis gone: each replica keeps its own index and keeps answering.
+    redis.stop();
+    assert_eq!(cache_outcome(&a.url(), &t, GERMANY).await, "miss");
+    assert_eq!(cache_outcome(&a.url(), &t, FRANCE_AGAIN).await, "semantic");
+    let text = client()
+        .get(format!("{}/metrics", a.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("strata_gateway_backend_errors_total{backend=\"semantic_cache\"}"),
+        "{text}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}

@@ -9,11 +9,8 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use axum::routing::post as route_post;
 use common::*;
 use serde_json::{json, Value};
 
@@ -22,55 +19,6 @@ const FRANCE_AGAIN: &str = "Tell me the capital of France.";
 const GERMANY: &str = "What is the capital of Germany?";
 const BREAD: &str = "How long should I knead bread dough?";
 const FOLLOW_UP: &str = "and the second one?";
-
-fn fixture() -> HashMap<String, Vec<f32>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/minilm/reference.json");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            (
-                i["text"].as_str().unwrap().to_string(),
-                serde_json::from_value(i["embedding"].clone()).unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// An OpenAI-compatible `/v1/embeddings` that answers the fixture's vectors (and 404 for
-/// a text it does not know, which the gateway treats as "no embedding").
-async fn fixture_embeddings() -> String {
-    let table = Arc::new(fixture());
-    let app = axum::Router::new().route(
-        "/v1/embeddings",
-        route_post(move |axum::Json(req): axum::Json<Value>| {
-            let table = table.clone();
-            async move {
-                let text = req["input"].as_str().unwrap_or_default();
-                match table.get(text) {
-                    Some(v) => (
-                        axum::http::StatusCode::OK,
-                        axum::Json(json!({"object": "list", "model": "all-minilm-l6-v2",
-                            "data": [{"object": "embedding", "index": 0, "embedding": v}]})),
-                    ),
-                    None => (
-                        axum::http::StatusCode::NOT_FOUND,
-                        axum::Json(json!({"error": {"message": "unknown text"}})),
-                    ),
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    url
-}
 
 fn yaml(chat: &str, embed: &str) -> String {
     format!(
@@ -259,4 +207,131 @@ async fn semantic_cache_with_strata_minilm_encoder() {
         .await
         .unwrap();
     paraphrases_hit_and_the_rest_miss(&embed).await;
+}
+
+/// Both caches on (exact and semantic), in front of a chat model that streams slowly
+/// enough for a client to leave mid-answer.
+fn yaml_both(chat: &str, embed: &str) -> String {
+    yaml(chat, embed).replace(
+        "cache:\n  semantic:",
+        "cache:\n  enabled: true\n  ttl_secs: 60\n  semantic:",
+    )
+}
+
+async fn stream(url: &str, key: &str, body: &Value) -> (String, String, String) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let resp = client()
+        .post(url)
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map_or(String::new(), |v| v.to_str().unwrap().to_string())
+    };
+    let (cache, ct) = (header("x-strata-cache"), header("content-type"));
+    (cache, ct, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_answers_enter_the_caches_only_when_complete_and_hits_stream_back() {
+    let embed = fixture_embeddings().await;
+    let chat = strata_mock::MockEngine::spawn(strata_mock::MockConfig {
+        model: "m".into(),
+        output_tokens: 8,
+        itl: std::time::Duration::from_millis(25),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gw = gateway(&yaml_both(&chat.url(), &embed)).await;
+    let k = key(&gw, "t");
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let index = || gw.gateway.semantic.as_ref().unwrap().len();
+
+    // A stream the upstream cuts is not stored.
+    chat.set_fault(strata_mock::Fault::CloseMidStream { after_chunks: 2 });
+    let (cache, _, text) = stream(&url, &k, &user(FRANCE)).await;
+    assert_eq!(cache, "miss");
+    assert!(!sse_content(&text).1, "cut: no [DONE]");
+    chat.set_fault(strata_mock::Fault::None);
+    // Nor is one the client leaves after the first chunk.
+    let mut body = user(FRANCE);
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(&url)
+        .bearer_auth(&k)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-strata-cache"], "miss");
+    assert!(resp.chunk().await.unwrap().is_some());
+    drop(resp);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(
+        index(),
+        0,
+        "nothing stored from broken or abandoned streams"
+    );
+
+    // A stream that completes is stored (in the background, once it ended).
+    let (cache, _, text) = stream(&url, &k, &user(FRANCE)).await;
+    assert_eq!(cache, "miss");
+    let (answer, done) = sse_content(&text);
+    assert!(done && !answer.is_empty(), "{text}");
+    for _ in 0..100 {
+        if index() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(index(), 1);
+    let served = chat.requests();
+
+    // A streamed paraphrase is answered from the semantic cache, as a stream.
+    let (cache, ct, text) = stream(&url, &k, &user(FRANCE_AGAIN)).await;
+    assert_eq!(cache, "semantic");
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    assert_eq!(sse_content(&text), (answer.clone(), true), "{text}");
+    assert!(
+        text.contains("\"usage\""),
+        "the usage chunk is replayed: {text}"
+    );
+    // The same stored answer serves a non-streamed paraphrase as JSON...
+    let (status, headers, whole) = post(&url, Some(&k), &user(FRANCE_AGAIN)).await;
+    assert_eq!(
+        (status, headers["x-strata-cache"].to_str().unwrap()),
+        (200, "semantic")
+    );
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["choices"][0]["message"]["content"], answer.as_str());
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    // ...and the identical streamed request is an exact hit, streamed.
+    let (cache, ct, text) = stream(&url, &k, &user(FRANCE)).await;
+    assert_eq!(cache, "hit");
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    assert_eq!(sse_content(&text), (answer, true));
+    assert_eq!(chat.requests(), served, "no model call for any hit");
+
+    let metrics = client()
+        .get(format!("{}/metrics", gw.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (outcome, n) in [("miss", 3), ("semantic", 2), ("hit", 1)] {
+        let line = format!(
+            "strata_gateway_cache_outcomes_total{{tenant=\"t\",outcome=\"{outcome}\"}} {n}"
+        );
+        assert!(metrics.contains(&line), "{line}\n{metrics}");
+    }
+    gw.shutdown().await;
 }

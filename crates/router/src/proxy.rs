@@ -27,6 +27,7 @@ use axum::routing::{get, post};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use rand::Rng;
+use strata_api::trace::{self, TraceParent};
 use strata_api::types::{ChatCompletionRequest, CompletionRequest};
 use strata_api::validate::{parse_json, validate_chat, validate_completion, PromptInput};
 use strata_api::{sse, ApiError, StreamWatch};
@@ -204,8 +205,30 @@ async fn completions(State(router): State<Router>, req: Request) -> Response {
     generate(router, req, false).await
 }
 
+/// A request's trace span and the `traceparent` it came with.
+struct Traced {
+    span: tracing::Span,
+    incoming: Option<TraceParent>,
+}
+
+/// The request's span, child of the caller's `traceparent` when it sent a valid one.
+fn traced(parts: &axum::http::request::Parts) -> Traced {
+    let span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        "router.request",
+        otel.kind = "server",
+        http.route = parts.uri.path()
+    );
+    let incoming = trace::accept(
+        &span,
+        parts.headers.get(trace::TRACEPARENT).map(|v| v.as_bytes()),
+    );
+    Traced { span, incoming }
+}
+
 async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
     let (parts, body) = req.into_parts();
+    let traced = traced(&parts);
     let rid = request_id(&parts.headers);
     router.metrics().requests.inc();
     let body = match read_body(&router, body).await {
@@ -263,11 +286,12 @@ async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
         sreq.precise_blocks =
             tokens.map(|t| router.precise_blocks(&t, sreq.lora.as_deref(), parsed.salt.as_deref()));
     }
-    forward(&router, &parts, body, sreq, rid).await
+    forward(&router, &parts, body, sreq, rid, traced).await
 }
 
 async fn generic_post(State(router): State<Router>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
+    let traced = traced(&parts);
     let rid = request_id(&parts.headers);
     router.metrics().requests.inc();
     let body = match read_body(&router, body).await {
@@ -298,7 +322,7 @@ async fn generic_post(State(router): State<Router>, req: Request) -> Response {
         model,
         ..Default::default()
     };
-    forward(&router, &parts, body, sreq, rid).await
+    forward(&router, &parts, body, sreq, rid, traced).await
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -322,11 +346,45 @@ async fn forward(
     body: Bytes,
     mut sreq: SchedRequest,
     rid: HeaderValue,
+    traced: Traced,
 ) -> Response {
-    let picked = match router.pick(&mut sreq) {
-        Ok(p) => p,
-        Err(e) => return error_response(&route_error(&e), Some(&rid)),
+    let pick_span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        parent: &traced.span,
+        "router.pick",
+        model = %sreq.model,
+        profile = tracing::field::Empty,
+        endpoint = tracing::field::Empty,
+        candidates = tracing::field::Empty,
+        scores = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    let picked = pick_span.in_scope(|| router.pick(&mut sreq));
+    let picked = match picked {
+        Ok(p) => {
+            if !pick_span.is_disabled() {
+                record_pick(&pick_span, &p);
+            }
+            p
+        }
+        Err(e) => {
+            pick_span.record("error", tracing::field::display(&e));
+            return error_response(&route_error(&e), Some(&rid));
+        }
     };
+    drop(pick_span);
+    let proxy_span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        parent: &traced.span,
+        "router.proxy",
+        otel.kind = "client",
+        endpoint = tracing::field::Empty,
+        attempts = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    // Every attempt names this span as its parent; what the caller sent is replaced.
+    let traceparent = trace::outgoing(&proxy_span, traced.incoming.as_ref())
+        .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
     let path = parts
         .uri
         .path_and_query()
@@ -350,11 +408,16 @@ async fn forward(
             .method(parts.method.clone())
             .uri(format!("{url}{path}"));
         for (name, value) in &parts.headers {
-            if !is_hop_by_hop(name) && name != REQUEST_ID {
+            if !is_hop_by_hop(name) && name != REQUEST_ID && name != trace::TRACEPARENT {
                 builder = builder.header(name, value);
             }
         }
         builder = builder.header(REQUEST_ID, rid.clone());
+        if let Some(tp) = &traceparent {
+            builder = builder.header(trace::TRACEPARENT, tp.clone());
+        }
+        proxy_span.record("endpoint", &**url);
+        proxy_span.record("attempts", attempts);
         let upstream_req = match builder.body(Full::new(body.clone())) {
             Ok(r) => r,
             Err(e) => {
@@ -373,6 +436,7 @@ async fn forward(
             }
         };
         let status = resp.status();
+        proxy_span.record("http.response.status_code", status.as_u16());
         let (resp_parts, incoming) = resp.into_parts();
         if status.is_server_error() {
             lease.failure();
@@ -397,7 +461,8 @@ async fn forward(
             headers.insert(SERVED_BY, v);
         }
         if is_sse {
-            let body = stream_through(incoming, lease);
+            // The spans end with the stream, not with its head.
+            let body = stream_through(incoming, lease, [traced.span, proxy_span]);
             let mut out = Response::new(body);
             *out.status_mut() = status;
             *out.headers_mut() = headers;
@@ -436,6 +501,32 @@ async fn forward(
     }
 }
 
+/// The pick on its span: the chosen endpoint, the candidates ranked and the best scores.
+fn record_pick(span: &tracing::Span, picked: &crate::router::Picked) {
+    use std::fmt::Write as _;
+    let mut scores = String::new();
+    for (id, url) in picked.ranked.iter().take(4) {
+        let Some(s) = picked.decision.ranked.iter().find(|s| s.id == *id) else {
+            continue;
+        };
+        if !scores.is_empty() {
+            scores.push(' ');
+        }
+        let _ = write!(
+            scores,
+            "{}={:.3}",
+            url.trim_start_matches("http://"),
+            s.score
+        );
+    }
+    span.record("profile", picked.decision.profile.as_str());
+    if let Some((_, url)) = picked.ranked.first() {
+        span.record("endpoint", &**url);
+    }
+    span.record("candidates", picked.ranked.len());
+    span.record("scores", scores.as_str());
+}
+
 async fn collect_limited(body: hyper::body::Incoming) -> Option<Bytes> {
     Limited::new(body, MAX_UPSTREAM_BODY)
         .collect()
@@ -448,16 +539,22 @@ async fn collect_limited(body: hyper::body::Incoming) -> Option<Bytes> {
 /// `data: [DONE]` split across network chunks is seen, and content that merely quotes
 /// `[DONE]` is not taken for it). A broken upstream, or one that ends without `[DONE]`,
 /// ends the client's stream with an error event and counts against the endpoint.
-fn stream_through(incoming: hyper::body::Incoming, lease: crate::router::Lease) -> Body {
+fn stream_through(
+    incoming: hyper::body::Incoming,
+    lease: crate::router::Lease,
+    spans: [tracing::Span; 2],
+) -> Body {
     struct St {
         data: http_body_util::BodyDataStream<hyper::body::Incoming>,
         lease: crate::router::Lease,
         watch: StreamWatch,
+        _spans: [tracing::Span; 2],
     }
     let st = St {
         data: incoming.into_data_stream(),
         lease,
         watch: StreamWatch::new(),
+        _spans: spans,
     };
     let s = futures_util::stream::unfold(Some(st), |st| async move {
         let mut st = st?;

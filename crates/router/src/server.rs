@@ -55,6 +55,14 @@ pub struct RouterArgs {
     /// `--ext-proc-port` (the HTTP front serves `/metrics` itself).
     #[arg(long, default_value_t = 9090, value_name = "PORT")]
     pub metrics_port: u16,
+    /// Fallback endpoints the picker names after each pick, in rank order, in both the
+    /// `x-gateway-destination-endpoint` header and the `envoy.lb` metadata (`ip:port,...`).
+    /// Keep 0 for Envoy's `ORIGINAL_DST` cluster, which reads one address; a data plane
+    /// that walks the list on retries (the `override_host` load-balancing policy) can take
+    /// up to 7.
+    #[arg(long, default_value_t = 0, value_name = "N",
+          value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub ext_proc_fallbacks: u8,
     /// Discover endpoints from this InferencePool's Ready pods (Kubernetes API, in-cluster
     /// service account or kubeconfig).
     #[arg(long, value_name = "NAME", env = "STRATA_POOL_NAME")]
@@ -200,7 +208,8 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             .context("binding the endpoint picker's ports")?;
             let bound = listeners.addrs()?;
             tracing::info!(ext_proc = %bound.ext_proc, health = ?bound.health, metrics = ?bound.metrics, "endpoint picker serving");
-            let ext = crate::extproc::ExtProc::new(router.clone());
+            let ext = crate::extproc::ExtProc::new(router.clone())
+                .with_fallbacks(usize::from(args.ext_proc_fallbacks));
             let mut rx = stop_rx.clone();
             let stop = async move {
                 let _ = rx.wait_for(|s| *s).await;

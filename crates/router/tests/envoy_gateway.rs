@@ -59,13 +59,13 @@ fn free_port() -> u16 {
 }
 
 /// `processing_mode` and the rest of the ext_proc filter, as every reference config has it.
-fn ext_proc_filter(allow: bool) -> String {
+fn ext_proc_filter(cluster: &str, allow: bool) -> String {
     format!(
         r#"
           - name: envoy.filters.http.ext_proc
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {{envoy_grpc: {{cluster_name: epp}}, timeout: 10s}}
+              grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}, timeout: 10s}}
               failure_mode_allow: {allow}
               message_timeout: 60s
               response_attributes: ["upstream.address"]
@@ -82,7 +82,7 @@ fn ext_proc_filter(allow: bool) -> String {
     )
 }
 
-fn listener(name: &str, port: u16, route: &str, allow: bool) -> String {
+fn listener(name: &str, port: u16, route: &str, epp: &str, allow: bool) -> String {
     format!(
         r#"
   - name: {name}
@@ -101,11 +101,46 @@ fn listener(name: &str, port: u16, route: &str, allow: bool) -> String {
               - match: {{prefix: "/"}}
                 route: {route}
           http_filters:{filters}"#,
-        filters = ext_proc_filter(allow)
+        filters = ext_proc_filter(epp, allow)
     )
 }
 
-fn envoy_config(od: u16, oh: u16, epp: u16, engines: &[String]) -> String {
+/// A cluster of one picker port, speaking HTTP/2. With `checked`, Envoy health-checks it
+/// (gRPC `liveness`) and sends nothing to it while it is down, so that a stream to a dead
+/// picker fails as it opens, before any body is handed to it: only then can
+/// `failure_mode_allow` let a request with a body through.
+fn epp_cluster(name: &str, port: u16, checked: bool) -> String {
+    let checks = if checked {
+        r#"
+    common_lb_config: {healthy_panic_threshold: {value: 0}}
+    health_checks:
+    - timeout: 0.5s
+      interval: 0.1s
+      no_traffic_interval: 0.1s
+      unhealthy_threshold: 1
+      healthy_threshold: 1
+      grpc_health_check: {service_name: liveness}"#
+    } else {
+        ""
+    };
+    format!(
+        r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s{checks}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}"#
+    )
+}
+
+fn envoy_config(od: u16, oh: u16, epp: (u16, u16), engines: &[String]) -> String {
     let endpoints: String = engines
         .iter()
         .map(|a| {
@@ -149,30 +184,22 @@ static_resources:
     load_assignment:
       cluster_name: pool_static
       endpoints:
-      - lb_endpoints:{endpoints}
-  - name: epp
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: epp
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {epp}}}}}}}
+      - lb_endpoints:{endpoints}{c1}{c2}
 "#,
+        c1 = epp_cluster("epp", epp.0, false),
+        c2 = epp_cluster("epp_fallbacks", epp.1, true),
         l1 = listener(
             "original_dst",
             od,
             "{cluster: pool_original_dst, timeout: 60s}",
+            "epp",
             false
         ),
         l2 = listener(
             "override_host",
             oh,
             "{cluster: pool_static, timeout: 60s, retry_policy: {retry_on: \"connect-failure,reset\", num_retries: 3}}",
+            "epp_fallbacks",
             true
         ),
     )
@@ -188,7 +215,7 @@ struct Envoy {
 }
 
 impl Envoy {
-    async fn start(epp: u16, engines: &[String]) -> Envoy {
+    async fn start(epp: (u16, u16), engines: &[String]) -> Envoy {
         let (od, oh) = (free_port(), free_port());
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -258,12 +285,13 @@ struct Picker {
     rt: Option<tokio::runtime::Runtime>,
     router: Router,
     ext: ExtProc,
-    _port: u16,
     http: String,
 }
 
 impl Picker {
-    async fn start(port: u16, config: RouterConfig) -> Picker {
+    /// Two ext_proc ports over one router: `ports.0` names the pick alone (for the
+    /// ORIGINAL_DST cluster), `ports.1` adds up to three fallbacks (for override_host).
+    async fn start(ports: (u16, u16), config: RouterConfig) -> Picker {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -274,7 +302,11 @@ impl Picker {
         rt.spawn(async move {
             let router = Router::new(config).unwrap();
             let ext = ExtProc::new(router.clone());
-            let listeners = Listeners::bind("127.0.0.1", port, None, None)
+            let with_fallbacks = ExtProc::new(router.clone()).with_fallbacks(3);
+            let listeners = Listeners::bind("127.0.0.1", ports.0, None, None)
+                .await
+                .unwrap();
+            let fallback_listeners = Listeners::bind("127.0.0.1", ports.1, None, None)
                 .await
                 .unwrap();
             let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -282,6 +314,11 @@ impl Picker {
             let app = strata_router::proxy::app(router.clone());
             tokio::spawn(async move { axum::serve(http, app).await });
             tokio::spawn(serve(ext.clone(), listeners, std::future::pending()));
+            tokio::spawn(serve(
+                with_fallbacks,
+                fallback_listeners,
+                std::future::pending(),
+            ));
             let _ = tx.send((router, ext, http_url));
         });
         let (router, ext, http) = rx.await.unwrap();
@@ -295,7 +332,6 @@ impl Picker {
             rt: Some(rt),
             router,
             ext,
-            _port: port,
             http,
         }
     }
@@ -426,7 +462,7 @@ fn openai_error(r: &Reply) -> Value {
 async fn routes_by_prefix_like_the_http_front_and_streams_sse_intact() {
     let mocks = engines(3).await;
     let a = addrs(&mocks);
-    let port = free_port();
+    let port = (free_port(), free_port());
     let picker = Picker::start(port, fast_config(&a)).await;
     let envoy = Envoy::start(port, &a).await;
     let url = format!("{}/v1/completions", envoy.od);
@@ -540,7 +576,7 @@ async fn recording_engine(ip: &str) -> (String, Seen) {
 #[tokio::test]
 async fn large_bodies_arrive_byte_for_byte_and_bad_json_never_does() {
     let (addr, seen) = recording_engine("127.0.0.7").await;
-    let port = free_port();
+    let port = (free_port(), free_port());
     let _picker = Picker::start(port, fast_config(std::slice::from_ref(&addr))).await;
     let envoy = Envoy::start(port, std::slice::from_ref(&addr)).await;
     let url = format!("{}/v1/completions", envoy.od);
@@ -590,7 +626,7 @@ async fn large_bodies_arrive_byte_for_byte_and_bad_json_never_does() {
 async fn errors_are_openai_shaped_and_the_selection_header_is_obeyed() {
     let mocks = engines(3).await;
     let a = addrs(&mocks);
-    let port = free_port();
+    let port = (free_port(), free_port());
     let picker = Picker::start(port, fast_config(&a)).await;
     let envoy = Envoy::start(port, &a).await;
     let url = format!("{}/v1/completions", envoy.od);
@@ -644,7 +680,7 @@ async fn errors_are_openai_shaped_and_the_selection_header_is_obeyed() {
 async fn a_killed_replica_is_skipped_through_the_fallback_list() {
     let mut mocks = engines(2).await;
     let a = addrs(&mocks);
-    let port = free_port();
+    let port = (free_port(), free_port());
     // Slow health checks: the picker still believes in the dead replica, so only the
     // fallback list can save the requests it picks.
     let mut cfg = fast_config(&a);
@@ -674,56 +710,263 @@ async fn a_killed_replica_is_skipped_through_the_fallback_list() {
         after > before,
         "the dead replica was picked first at least once"
     );
+    // Each time Envoy fell back, the lease moved to the replica that served and the dead
+    // pick's circuit counted a failure; nothing is left in flight on either.
+    let st = picker.router.status();
+    let dead_st = st.iter().find(|s| s.spec.url.ends_with(&dead)).unwrap();
+    assert!(
+        !matches!(
+            dead_st.circuit,
+            strata_router::circuit::Circuit::Closed { failures: 0 }
+        ),
+        "{:?}",
+        dead_st.circuit
+    );
+    wait_for("no lease left", || {
+        picker.router.status().iter().all(|s| s.in_flight == 0)
+    })
+    .await;
+}
+
+/// Posts `body` to `url` until the answer is 200 (bounded); returns it.
+async fn until_ok(url: &str, what: &str) -> Reply {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = post(url, &completion(what), &[]).await;
+        if r.0 == 200 {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never 200, last {} {:?}",
+            r.0,
+            String::from_utf8_lossy(&r.2)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
 async fn envoy_recovers_from_a_picker_restart_both_failure_modes() {
     let mocks = engines(2).await;
     let a = addrs(&mocks);
-    let port = free_port();
+    let port = (free_port(), free_port());
     let mut picker = Picker::start(port, fast_config(&a)).await;
     let envoy = Envoy::start(port, &a).await;
     let od = format!("{}/v1/completions", envoy.od);
     let oh = format!("{}/v1/completions", envoy.oh);
+    until_ok(&oh, "up").await;
     assert_eq!(post(&od, &completion("up"), &[]).await.0, 200);
-    assert_eq!(post(&oh, &completion("up"), &[]).await.0, 200);
 
     picker.kill();
-    // Fail closed: an error, promptly. Fail open: routed without a pick.
-    let closed = post(&od, &completion("down"), &[]).await;
-    assert!(
-        closed.0 >= 500,
-        "fail closed answers an error, got {}",
-        closed.0
-    );
-    // Fail open: a request without a body is routed without a pick (round robin)...
+    // Fail closed: an error, promptly, and the engines see nothing.
+    let served = mocks.iter().map(|m| m.requests()).sum::<u64>();
+    for i in 0..3 {
+        let closed = post(&od, &completion(&format!("down {i}")), &[]).await;
+        assert!(
+            closed.0 >= 500,
+            "fail closed answers an error, got {}",
+            closed.0
+        );
+    }
+    assert_eq!(mocks.iter().map(|m| m.requests()).sum::<u64>(), served);
+    // Fail open: once Envoy's health check has seen the picker go, requests with bodies
+    // are routed without a pick (round robin over the static cluster), body intact.
+    until_ok(&oh, "open").await;
+    for i in 0..4 {
+        let r = post(&oh, &completion(&format!("open {i}")), &[]).await;
+        assert_eq!(
+            r.0,
+            200,
+            "fail open serves: {:?}",
+            String::from_utf8_lossy(&r.2)
+        );
+        assert!(a.contains(&replica(&r)));
+    }
     let models = format!("{}/v1/models", envoy.oh);
     let open = try_send("GET", &models, &[], Bytes::new()).await.unwrap();
-    assert_eq!(open.0, 200, "fail open still serves: {:?}", open.2);
-    // ...but Envoy 1.40 cannot fail open once a FULL_DUPLEX_STREAMED body was handed to the
-    // failed stream: such a request gets a prompt 500 there too (docs/KUBERNETES.md).
-    let bodied = post(&oh, &completion("down"), &[]).await;
-    assert_eq!(bodied.0, 500);
+    assert_eq!(open.0, 200, "fail open without a body: {:?}", open.2);
 
     let picker = Picker::start(port, fast_config(&a)).await;
-    // Envoy reconnects to the new picker by itself.
+    // Envoy reconnects to the new picker by itself, on both listeners.
+    until_ok(&od, "back").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let r = post(&od, &completion("back"), &[]).await;
-        if r.0 == 200 {
+        let before = picker.router.metrics().requests.get();
+        assert_eq!(post(&oh, &completion("back"), &[]).await.0, 200);
+        let after = picker.router.metrics().requests.get();
+        if after > before {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "never recovered: {}",
-            r.0
+            "fail-open traffic is never picked again"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before = picker.router.metrics().requests.get();
-    assert_eq!(post(&oh, &completion("back"), &[]).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_stream_releases_the_lease_once() {
+    let l = tokio::net::TcpListener::bind(("127.0.0.9", 0))
+        .await
+        .unwrap();
+    let slow = MockEngine::serve(
+        MockConfig {
+            model: "m".into(),
+            output_tokens: 200,
+            itl: Duration::from_millis(20),
+            ..Default::default()
+        },
+        l,
+    )
+    .unwrap();
+    let a = vec![slow.addr().to_string()];
+    let port = (free_port(), free_port());
+    let picker = Picker::start(port, fast_config(&a)).await;
+    let envoy = Envoy::start(port, &a).await;
+    let in_flight = || picker.router.status()[0].in_flight;
+    let abandoned = || {
+        picker
+            .ext
+            .encode_metrics()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("strata_epp_abandoned_total ")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    for round in 1..=2u64 {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let body = json!({"model": "m", "prompt": format!("long {round}"), "stream": true});
+        let req = hyper::Request::post(format!("{}/v1/completions", envoy.od))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        // A first chunk of the stream arrives; the lease is held while it streams.
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(frame.is_data());
+        assert_eq!(in_flight(), 1);
+        // The client goes away (its connection closes) long before the 4 s stream ends.
+        drop(body);
+        drop(client);
+        wait_for("the lease released", || in_flight() == 0).await;
+        wait_for("the stream counted as abandoned", || abandoned() == round).await;
+    }
+    // Once each: nothing went below zero or was counted twice.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(in_flight(), 0);
+    assert_eq!(abandoned(), 2);
+    // And the picker still serves.
+    let r = post(
+        &format!("{}/v1/completions", envoy.od),
+        &json!({"model": "m", "prompt": "after", "max_tokens": 2}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.0, 200);
+    wait_for("released after a whole answer", || in_flight() == 0).await;
+    assert_eq!(abandoned(), 2);
+}
+
+/// One KV-event batch message as an engine publishes it (topic, sequence, payload).
+fn kv_message(seq: u64, events: Vec<strata_api::kv_events::KvEvent>) -> zeromq::ZmqMessage {
+    use strata_api::kv_events::{encode_batch, seq_bytes, EventEncoding, KvEventBatch};
+    let payload = encode_batch(
+        &KvEventBatch {
+            ts: 0.0,
+            events,
+            data_parallel_rank: Some(0),
+        },
+        EventEncoding::Map,
+    );
+    let mut m = zeromq::ZmqMessage::from(Bytes::from_static(b"kv@test@m"));
+    m.push_back(Bytes::copy_from_slice(&seq_bytes(seq)));
+    m.push_back(Bytes::from(payload));
+    m
+}
+
+#[tokio::test]
+async fn kv_cache_events_steer_picks_through_envoy() {
+    use strata_api::kv_events::KvEvent;
+    use strata_router::prefix::hashing::{BlockHasher, DEFAULT_HASH_SEED};
+    use zeromq::{Socket, SocketSend};
+
+    let mocks = engines(2).await;
+    let a = addrs(&mocks);
+    let mut publisher = zeromq::PubSocket::new();
+    let kv = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let mut cfg = fast_config(&a);
+    cfg.endpoints[1].kv_events = Some(kv);
+    // The precise prefix index dominates; idle mocks tie on everything else.
+    cfg.scheduling = Some(strata_router::EndpointPickerConfig::weighted(&[
+        ("queue-scorer", 1.0),
+        ("precise-prefix-cache-scorer", 10.0),
+    ]));
+    let port = (free_port(), free_port());
+    let picker = Picker::start(port, cfg).await;
+    assert!(picker.router.uses_precise());
+    let envoy = Envoy::start(port, &a).await;
+
+    // The second engine announces that it holds all four blocks of a 64-token prompt.
+    let tokens: Vec<u32> = (2000..2064).collect();
+    let hashes = BlockHasher::new(DEFAULT_HASH_SEED, 16).hash_tokens(&tokens, None, None);
+    let stored = KvEvent::BlockStored {
+        block_hashes: hashes,
+        parent_block_hash: None,
+        token_ids: tokens.clone(),
+        block_size: 16,
+        lora_id: None,
+        medium: Some("GPU".into()),
+        lora_name: None,
+    };
+    // The subscription reaches the publisher asynchronously: publish until it lands.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seq = 0;
+    while picker.router.debug_json()["precise_index_blocks"] != 4 {
+        publisher
+            .send(kv_message(seq, vec![stored.clone()]))
+            .await
+            .unwrap();
+        seq += 1;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the events never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = format!("{}/v1/completions", envoy.od);
+    for _ in 0..6 {
+        let r = post(
+            &url,
+            &json!({"model": "m", "prompt": tokens, "max_tokens": 2}),
+            &[],
+        )
+        .await;
+        assert_eq!(r.0, 200);
+        assert_eq!(replica(&r), a[1], "the replica holding the blocks");
+    }
+    let m = picker.ext.encode_metrics();
     assert!(
-        picker.router.metrics().requests.get() > before,
-        "fail-open traffic is picked again"
+        m.contains("strata_router_prefix_hit_ratio{index=\"precise\"} 1.0"),
+        "{m}"
     );
 }

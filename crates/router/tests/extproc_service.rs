@@ -35,6 +35,14 @@ struct Harness {
 }
 
 async fn harness(n: usize, tweak: impl FnOnce(&mut RouterConfig)) -> Harness {
+    harness_with_fallbacks(n, 0, tweak).await
+}
+
+async fn harness_with_fallbacks(
+    n: usize,
+    fallbacks: usize,
+    tweak: impl FnOnce(&mut RouterConfig),
+) -> Harness {
     let mut mocks = Vec::new();
     for _ in 0..n {
         mocks.push(
@@ -65,7 +73,7 @@ async fn harness(n: usize, tweak: impl FnOnce(&mut RouterConfig)) -> Harness {
         r.status().iter().all(|e| e.ready && !e.stale) && r.status().len() == n
     })
     .await;
-    let ext = ExtProc::new(router.clone());
+    let ext = ExtProc::new(router.clone()).with_fallbacks(fallbacks);
     let listeners = Listeners::bind("127.0.0.1", 0, Some(0), Some(0))
         .await
         .unwrap();
@@ -378,7 +386,7 @@ fn completion(prompt: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn picks_after_the_body_with_header_metadata_and_content_length() {
-    let h = harness(3, |_| {}).await;
+    let h = harness_with_fallbacks(3, 2, |_| {}).await;
     let mut x = h.open().await;
     let body = completion("the quick brown fox jumps over the lazy dog");
     x.send(request_headers(
@@ -393,12 +401,12 @@ async fn picks_after_the_body_with_header_metadata_and_content_length() {
     assert!(x.quiet(100).await, "still buffering");
     x.send(request_body(b, true)).await;
     let p = x.picked().await;
-    let dest = p.destination().to_string();
+    // Header and metadata carry the same ordered list: the pick, then its fallbacks.
+    assert_eq!(p.destination(), p.metadata, "header and metadata agree");
+    let list: Vec<&str> = p.metadata.split(',').collect();
+    let dest = list[0].to_string();
     let all: Vec<String> = (0..3).map(|i| h.addr_of(i)).collect();
     assert!(all.contains(&dest), "{dest} is one of the engines");
-    // The metadata is the ordered fallback list, starting with the pick.
-    let list: Vec<&str> = p.metadata.split(',').collect();
-    assert_eq!(list[0], dest);
     assert_eq!(list.len(), 3);
     let mut sorted: Vec<String> = list.iter().map(|s| s.to_string()).collect();
     sorted.sort();
@@ -438,6 +446,27 @@ async fn picks_after_the_body_with_header_metadata_and_content_length() {
         "strata_epp_completion_tokens_total{{endpoint=\"{dest}\"}} 3"
     )));
     assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
+}
+
+#[tokio::test]
+async fn without_fallbacks_header_and_metadata_name_the_pick_alone() {
+    // The default, for an ORIGINAL_DST data plane that reads one address.
+    let h = harness(3, |_| {}).await;
+    for i in 0..3 {
+        let mut x = h.open().await;
+        x.request("/v1/completions", &[], &completion(&format!("p{i}")), 64)
+            .await;
+        let p = x.picked().await;
+        assert_eq!(p.destination(), p.metadata);
+        assert!(!p.metadata.contains(','), "{}", p.metadata);
+        assert!((0..3).any(|i| h.addr_of(i) == p.metadata));
+    }
+    // A request without a body too.
+    let mut x = h.open().await;
+    x.send(request_headers("/v1/models", &[], true)).await;
+    let p = x.picked().await;
+    assert_eq!(p.destination(), p.metadata);
+    assert!(!p.metadata.contains(','));
 }
 
 #[tokio::test]
@@ -567,7 +596,8 @@ async fn no_ready_endpoint_is_503_and_shed_is_429() {
 
 #[tokio::test]
 async fn the_subset_hint_and_selection_header_restrict_the_pick() {
-    let h = harness(3, |_| {}).await;
+    // With fallbacks on, so that the list is seen to stay inside the subset too.
+    let h = harness_with_fallbacks(3, 2, |_| {}).await;
     let target = h.addr_of(2);
     for _ in 0..6 {
         let mut x = h.open().await;
@@ -589,7 +619,10 @@ async fn the_subset_hint_and_selection_header_restrict_the_pick() {
     x.send(hdr).await;
     x.send(request_body(&completion("a b c"), true)).await;
     let p = x.picked().await;
-    assert!(two.split(',').any(|a| a == p.destination()));
+    let named: Vec<&str> = p.destination().split(',').collect();
+    assert_eq!(named.len(), 2, "the pick and one fallback: {named:?}");
+    assert!(named.iter().all(|a| two.split(',').any(|t| t == *a)));
+    assert_eq!(p.metadata, p.destination());
     // A subset naming nothing we know, or an empty one: 503.
     for subset in [string_list(&["10.255.255.1:8000"]), string_list(&[])] {
         let mut x = h.open().await;
@@ -760,4 +793,67 @@ async fn channel(addr: &str) -> tonic::transport::Channel {
         .connect()
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn a_fallback_that_served_takes_over_the_lease_and_the_pick_counts_a_failure() {
+    let h = harness_with_fallbacks(2, 1, |_| {}).await;
+    let mut x = h.open().await;
+    x.request("/v1/completions", &[], &completion("fall back"), 100)
+        .await;
+    let p = x.picked().await;
+    let (pick, fallback) = p.metadata.split_once(',').expect("a pick and a fallback");
+    let (pick, fallback) = (pick.to_string(), fallback.to_string());
+    x.body_chunks().await;
+    assert_eq!((h.in_flight(&pick), h.in_flight(&fallback)), (1, 0));
+    // Envoy could not reach the pick and says (the `upstream.address` attribute) that the
+    // fallback answered.
+    let mut resp = response_headers("200", "application/json", false);
+    resp.attributes.insert(
+        "envoy.filters.http.ext_proc".into(),
+        Struct {
+            fields: [(
+                "upstream.address".to_string(),
+                Value {
+                    kind: Some(Kind::StringValue(fallback.clone())),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        },
+    );
+    x.send(resp).await;
+    x.recv().await;
+    assert_eq!((h.in_flight(&pick), h.in_flight(&fallback)), (0, 1));
+    let circuit = |addr: &str| {
+        h.router
+            .status()
+            .into_iter()
+            .find(|s| s.spec.url.ends_with(addr))
+            .unwrap()
+            .circuit
+    };
+    assert_eq!(
+        circuit(&pick),
+        strata_router::circuit::Circuit::Closed { failures: 1 }
+    );
+    assert_eq!(
+        circuit(&fallback),
+        strata_router::circuit::Circuit::Closed { failures: 0 }
+    );
+    x.send(response_body(
+        br#"{"usage":{"prompt_tokens":2,"completion_tokens":1}}"#,
+        true,
+    ))
+    .await;
+    x.recv().await;
+    wait_for("released", || h.in_flight(&fallback) == 0).await;
+    assert_eq!(h.in_flight(&pick), 0);
+    let text = h.ext.encode_metrics();
+    assert!(
+        text.contains(&format!(
+            "strata_epp_completion_tokens_total{{endpoint=\"{fallback}\"}} 1"
+        )),
+        "{text}"
+    );
 }

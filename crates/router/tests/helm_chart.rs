@@ -248,6 +248,9 @@ fn default_render_lines_up() {
     assert_eq!(parsed.http_port, Some(0));
     let ext_proc_port = i32::from(parsed.ext_proc_port.unwrap());
     assert_eq!(parsed.health_port, 9003);
+    // No fallbacks by default: the gateway's ORIGINAL_DST cluster reads one address.
+    assert_eq!(parsed.ext_proc_fallbacks, 0);
+    assert!(!args.iter().any(|a| a == "--ext-proc-fallbacks"));
 
     // The pool's picker reference is the picker's Service, on the ext_proc port, which
     // reaches the container port the picker listens on.
@@ -434,6 +437,7 @@ fn bad_values_are_refused() {
         vec!["keda.enabled=true", "controller.enabled=false"],
         vec!["engine.workload=StatefulSet"],
         vec!["gateway.enabled=false"],
+        vec!["picker.fallbacks=8"],
     ] {
         let mut args = vec!["template", "t", c];
         for s in &sets {
@@ -458,4 +462,24 @@ fn strata_engines_run_the_strata_image() {
     let picker: Deployment = typed(find(&objs, "Deployment", "t-epp"));
     let pargs = container(&picker, "epp").args.clone().unwrap();
     assert_eq!(flag(&pargs, "--engine-kind"), "strata");
+}
+
+#[test]
+fn picker_fallbacks_reach_its_flags() {
+    let objs = render(&["picker.fallbacks=3"]);
+    let picker: Deployment = typed(find(&objs, "Deployment", "t-epp"));
+    let args = container(&picker, "epp").args.clone().unwrap();
+    let parsed = RouterCli::try_parse_from(
+        std::iter::once("strata-router".to_string()).chain(args[1..].iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("picker args {args:?}: {e}"))
+    .args;
+    assert_eq!(parsed.ext_proc_fallbacks, 3);
+    // The flag refuses what no data plane could use.
+    for bad in ["8", "-1", "x"] {
+        assert!(
+            RouterCli::try_parse_from(["strata-router", "--ext-proc-fallbacks", bad]).is_err(),
+            "--ext-proc-fallbacks {bad}"
+        );
+    }
 }

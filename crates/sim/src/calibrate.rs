@@ -4,13 +4,18 @@
 //! prompt is fresh (no prefix-cache hits):
 //! - **prefill**: one request at a time, prompts of each `--prefill-sizes` length and one
 //!   output token; the time to first token is one prefill step (or a few chunked ones);
+//! - **batched prefill**: for each `--prefill-batches` entry `k`, one long "blocker"
+//!   prompt and, while the engine runs it, `k` prompts of `--prefill-batch-len` tokens,
+//!   which queue behind it and are admitted together: the time from the blocker's first
+//!   token to theirs is one step prefilling `k` sequences;
 //! - **decode**: `B` concurrent streams for each `--batch-sizes` entry; the median gap
 //!   between tokens is one decode step of batch `B`.
 //!
 //! The roofline's free parameters (effective peak FLOP/s, effective bandwidth, per-step
-//! overhead) are then fitted to every measurement by minimizing the squared relative
-//! error, over a log-spaced grid refined three times, with the overhead solved in closed
-//! form for each (peak, bandwidth) pair.
+//! overhead, and the prefill-row exponent, see [`HardwareProfile::prefill_row_exponent`])
+//! are then fitted to every measurement by minimizing the squared relative error: the
+//! exponent over a grid, peak and bandwidth over a log-spaced grid refined three times,
+//! the overhead solved in closed form for each.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,6 +49,13 @@ pub struct CalibrateArgs {
     /// Prompt lengths of the prefill sweep.
     #[arg(long, default_value = "32,128,512,1024", value_delimiter = ',')]
     pub prefill_sizes: Vec<u32>,
+    /// Prompts prefilled together in the batched-prefill sweep (sizes below 2, or an
+    /// empty list, skip it).
+    #[arg(long, default_value = "2,4,8", value_delimiter = ',')]
+    pub prefill_batches: Vec<u32>,
+    /// Tokens of each prompt of the batched-prefill sweep.
+    #[arg(long, default_value_t = 128)]
+    pub prefill_batch_len: u32,
     /// Concurrent streams of the decode sweep.
     #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
     pub batch_sizes: Vec<u32>,
@@ -100,25 +112,70 @@ pub fn fit(
         model: model.clone(),
         tp: 1,
     };
-    let pts: Vec<(f64, f64, f64)> = samples
+    // The widest prefill step measured caps the row gain: beyond it nothing is known.
+    let cap = samples
         .iter()
-        .map(|s| (sm.flops(&s.shape), sm.bytes(&s.shape), s.seconds))
+        .map(|s| s.shape.prefill_rows)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    // (flops, bytes, seconds, prefill rows) per measurement.
+    let pts: Vec<(f64, f64, f64, f64)> = samples
+        .iter()
+        .map(|s| {
+            let rows = (s.shape.prefill_rows.max(1) as f64).min(cap);
+            (sm.flops(&s.shape), sm.bytes(&s.shape), s.seconds, rows)
+        })
         .collect();
+    // Without a step prefilling two or more sequences the exponent is not identified:
+    // keep it neutral.
+    let exponents: Vec<f64> = if cap >= 2.0 {
+        (0..=40).map(|i| f64::from(i) * 0.05).collect()
+    } else {
+        vec![0.0]
+    };
+    let mut best = (f64::INFINITY, 0.0, 0.0, 0.0, 0.0);
+    for &x in &exponents {
+        let gains: Vec<f64> = pts.iter().map(|p| p.3.powf(x)).collect();
+        let (err, p, w, o) = fit_roofline(&pts, &gains);
+        if err < best.0 {
+            best = (err, p, w, o, x);
+        }
+    }
+    let (_, peak, bw, overhead, exponent) = best;
+    let out = HardwareProfile {
+        peak_flops: peak,
+        mem_bandwidth: bw,
+        flops_efficiency: 1.0,
+        bandwidth_efficiency: 1.0,
+        step_overhead_s: overhead,
+        prefill_row_exponent: exponent,
+        prefill_row_cap: if exponent > 0.0 { cap } else { 1.0 },
+        ..base.clone()
+    };
+    out.validate()?;
+    Ok(out)
+}
+
+/// The (error, peak, bandwidth, overhead) of the best roofline for `pts` (flops, bytes,
+/// seconds, rows), each point's compute sped up by `gains[i]`.
+fn fit_roofline(pts: &[(f64, f64, f64, f64)], gains: &[f64]) -> (f64, f64, f64, f64) {
     // For given peak and bandwidth, the overhead minimizing Σ((r_i + o) / t_i - 1)²
     // where r_i is the roofline part: o = Σ(1/t_i - r_i/t_i²) / Σ(1/t_i²), at least 0.
     let score = |p: f64, w: f64| -> (f64, f64) {
         let mut num = 0.0;
         let mut den = 0.0;
-        for &(f, b, t) in &pts {
-            let r = (f / p).max(b / w);
+        for (&(f, b, t, _), g) in pts.iter().zip(gains) {
+            let r = (f / (p * g)).max(b / w);
             num += 1.0 / t - r / (t * t);
             den += 1.0 / (t * t);
         }
         let o = (num / den).max(0.0);
         let err = pts
             .iter()
-            .map(|&(f, b, t)| {
-                let e = ((f / p).max(b / w) + o) / t - 1.0;
+            .zip(gains)
+            .map(|(&(f, b, t, _), g)| {
+                let e = ((f / (p * g)).max(b / w) + o) / t - 1.0;
                 e * e
             })
             .sum();
@@ -145,17 +202,7 @@ pub fn fit(
         (lp_lo, lp_hi) = (bp - sp, bp + sp);
         (lw_lo, lw_hi) = (bw - sw, bw + sw);
     }
-    let (_, peak, bw, overhead) = best;
-    let out = HardwareProfile {
-        peak_flops: peak,
-        mem_bandwidth: bw,
-        flops_efficiency: 1.0,
-        bandwidth_efficiency: 1.0,
-        step_overhead_s: overhead,
-        ..base.clone()
-    };
-    out.validate()?;
-    Ok(out)
+    best
 }
 
 fn median(v: &mut [f64]) -> Option<f64> {
@@ -239,6 +286,28 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
             });
         }
     }
+    for &k in args.prefill_batches.iter().filter(|k| **k >= 2) {
+        let mut times = Vec::new();
+        for _ in 0..args.repeats.max(1) {
+            if let Some(t) =
+                batched_prefill(&client, &mut fresh, k, args.prefill_batch_len, start).await?
+            {
+                times.push(t);
+            }
+        }
+        if let Some(t) = median(&mut times) {
+            let mut shape = StepShape::default();
+            for _ in 0..k {
+                shape.add(0, u64::from(args.prefill_batch_len.max(2)), true);
+            }
+            samples.push(Sample {
+                shape_tokens: shape.tokens,
+                batch: u64::from(k),
+                seconds: t,
+                shape,
+            });
+        }
+    }
     for &b in &args.batch_sizes {
         let b = b.max(1);
         let segs: Vec<[Segment; 1]> = (0..b).map(|_| [fresh(args.decode_prompt.max(1))]).collect();
@@ -283,6 +352,80 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
     Ok(samples)
 }
 
+/// Tokens of the prompt that holds the engine busy while a batch queues behind it.
+const BLOCKER_TOKENS: u32 = 512;
+/// How long after the blocker the batch is sent: enough for the blocker to be admitted
+/// alone, well inside its prefill (a second or more on a CPU).
+const BLOCKER_LEAD: Duration = Duration::from_millis(100);
+
+/// One step prefilling `k` fresh prompts of `len` tokens: the time from a blocker's first
+/// token to the batch's last first token. `None` when the batch was not queued behind the
+/// blocker (it finished before the batch was sent) or did not come out as one step.
+async fn batched_prefill(
+    client: &Client,
+    fresh: &mut impl FnMut(u32) -> Segment,
+    k: u32,
+    len: u32,
+    start: Instant,
+) -> Result<Option<f64>, SimError> {
+    let blocker = [fresh(BLOCKER_TOKENS)];
+    let segs: Vec<[Segment; 1]> = (0..k).map(|_| [fresh(len.max(2))]).collect();
+    let body = |s: &[Segment; 1]| {
+        client.body(
+            &Prompt {
+                system: &[],
+                history: &[],
+                user: s,
+                session: None,
+            },
+            1,
+        )
+    };
+    let blocker_body = body(&blocker);
+    let bodies: Vec<_> = segs.iter().map(body).collect();
+    let batch = async {
+        tokio::time::sleep(BLOCKER_LEAD).await;
+        futures_util::future::join_all(
+            bodies
+                .iter()
+                .map(|b| client.send(b, len.max(2), None, start, false)),
+        )
+        .await
+    };
+    let (b, records) = tokio::join!(
+        client.send(&blocker_body, BLOCKER_TOKENS, None, start, false),
+        batch
+    );
+    for r in std::iter::once(&b).chain(&records) {
+        if let Some(f) = &r.failure {
+            return Err(SimError::Calibration(format!(
+                "request failed: {}",
+                f.message
+            )));
+        }
+    }
+    let first = |r: &strata_bench::RequestRecord| r.ttft.map(|t| r.start + t);
+    let Some(blocker_first) = first(&b) else {
+        return Ok(None);
+    };
+    let firsts: Vec<Duration> = records.iter().filter_map(first).collect();
+    let (Some(lo), Some(hi)) = (firsts.iter().min(), firsts.iter().max()) else {
+        return Ok(None);
+    };
+    let sent_last = records.iter().map(|r| r.start).max().unwrap_or_default();
+    let step = hi.saturating_sub(blocker_first);
+    // Queued behind the blocker, and out together (a split batch spreads its first
+    // tokens over more than a step).
+    if sent_last >= blocker_first || step.is_zero() || (*hi - *lo) > step / 4 {
+        tracing::warn!(
+            k,
+            "batched prefill not measured as one step; sample skipped"
+        );
+        return Ok(None);
+    }
+    Ok(Some(step.as_secs_f64()))
+}
+
 /// Runs `strata sim calibrate`.
 pub fn run(args: CalibrateArgs) -> Result<(), SimError> {
     let model = ModelProfile::named(&args.model_profile)?;
@@ -307,18 +450,22 @@ pub fn run(args: CalibrateArgs) -> Result<(), SimError> {
     println!("measured vs fitted step times:");
     for s in &samples {
         println!(
-            "  {:>5} tokens, batch {:>3}: {:>8.2} ms measured, {:>8.2} ms model",
+            "  {:>5} tokens, {:>2} prefilling, batch {:>3}: {:>8.2} ms measured, {:>8.2} ms model",
             s.shape_tokens,
+            s.shape.prefill_rows,
             s.batch,
             s.seconds * 1e3,
             sm.step_time(&s.shape) * 1e3
         );
     }
     println!(
-        "peak {:.3e} FLOP/s, bandwidth {:.3e} B/s, overhead {:.2} ms -> {}",
+        "peak {:.3e} FLOP/s, bandwidth {:.3e} B/s, overhead {:.2} ms, \
+         prefill-row exponent {:.2} (cap {}) -> {}",
         profile.peak_flops,
         profile.mem_bandwidth,
         profile.step_overhead_s * 1e3,
+        profile.prefill_row_exponent,
+        profile.prefill_row_cap,
         args.output.display()
     );
     Ok(())
@@ -342,6 +489,8 @@ pub fn calibrate_profile(
         allreduce_s: 0.0,
         memory_utilization: 1.0,
         kv_cache_bytes: Some(args.kv_cache_bytes as f64),
+        prefill_row_exponent: 0.0,
+        prefill_row_cap: 1.0,
     };
     fit(&base, model, samples)
 }

@@ -41,6 +41,16 @@ pub struct HardwareProfile {
     /// overrides the memory budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_bytes: Option<f64>,
+    /// How much faster a step's compute runs when it prefills several sequences at once:
+    /// the compute term is divided by `min(rows, prefill_row_cap) ^ prefill_row_exponent`,
+    /// `rows` being the sequences the step prefills. 0 (the default, and the named GPU
+    /// profiles') is neutral; a calibration against a CPU engine fits it, since there a
+    /// wide step of short prompts costs far less per token than one long prompt.
+    #[serde(default)]
+    pub prefill_row_exponent: f64,
+    /// Rows beyond which the gain stops growing (the widest step calibrated).
+    #[serde(default = "one")]
+    pub prefill_row_cap: f64,
 }
 
 fn one() -> f64 {
@@ -66,6 +76,8 @@ impl HardwareProfile {
             allreduce_s: 12e-6,
             memory_utilization: 0.9,
             kv_cache_bytes: None,
+            prefill_row_exponent: 0.0,
+            prefill_row_cap: 1.0,
         };
         match name {
             "h100" => Ok(gpu("h100", 989.0, 3.35, 80.0)),
@@ -107,14 +119,19 @@ impl HardwareProfile {
             && self.step_overhead_s >= 0.0
             && self.allreduce_s.is_finite()
             && self.allreduce_s >= 0.0
-            && self.kv_cache_bytes.is_none_or(pos);
+            && self.kv_cache_bytes.is_none_or(pos)
+            && self.prefill_row_exponent.is_finite()
+            && (0.0..=4.0).contains(&self.prefill_row_exponent)
+            && self.prefill_row_cap.is_finite()
+            && self.prefill_row_cap >= 1.0;
         if ok {
             Ok(())
         } else {
             Err(SimError::Config {
                 what: format!("hardware profile `{}`", self.name),
                 message: "rates and memory must be positive, efficiencies in (0, 1], \
-                          overheads non-negative"
+                          overheads non-negative, prefill_row_exponent in 0..=4, \
+                          prefill_row_cap at least 1"
                     .into(),
             })
         }
@@ -211,6 +228,8 @@ pub struct StepShape {
     pub attended: u64,
     /// Σ over sequences of the context each reads from the KV cache.
     pub kv_read_tokens: u64,
+    /// Sequences prefilling in the step (more than one token scheduled).
+    pub prefill_rows: u64,
 }
 
 impl StepShape {
@@ -221,6 +240,7 @@ impl StepShape {
         // Token i (0-based in the chunk) attends to start + i + 1 positions.
         self.attended += n * start + n * (n + 1) / 2;
         self.kv_read_tokens += start + n;
+        self.prefill_rows += u64::from(n > 1);
     }
 }
 
@@ -279,7 +299,8 @@ impl StepModel {
         }
         let hw = &self.hardware;
         let tp = f64::from(self.tp);
-        let compute = self.flops(s) / (tp * hw.peak_flops * hw.flops_efficiency);
+        let compute =
+            self.flops(s) / (tp * hw.peak_flops * hw.flops_efficiency * self.prefill_row_gain(s));
         let memory = self.bytes(s) / (tp * hw.mem_bandwidth * hw.bandwidth_efficiency);
         let comm = if self.tp > 1 {
             2.0 * f64::from(self.model.layers) * hw.allreduce_s
@@ -287,6 +308,17 @@ impl StepModel {
             0.0
         };
         compute.max(memory) + hw.step_overhead_s + comm
+    }
+
+    /// The compute speed-up of a step that prefills several sequences (1 when neutral).
+    pub fn prefill_row_gain(&self, s: &StepShape) -> f64 {
+        let hw = &self.hardware;
+        if hw.prefill_row_exponent == 0.0 || s.prefill_rows < 2 {
+            return 1.0;
+        }
+        (s.prefill_rows as f64)
+            .min(hw.prefill_row_cap.max(1.0))
+            .powf(hw.prefill_row_exponent)
     }
 
     /// KV blocks one replica holds: the memory left after the weights, or the profile's
@@ -362,6 +394,32 @@ mod tests {
         // 70B in BF16 does not fit on one H100.
         assert!(model("h100", "llama-3.1-70b", 1).num_blocks(16).is_err());
         assert!(one.num_blocks(16).unwrap() > 10_000);
+    }
+
+    #[test]
+    fn prefill_row_gain_is_neutral_for_gpus_and_capped_when_fitted() {
+        let mut sm = model("h100", "llama-3.1-8b", 1);
+        let mut wide = StepShape::default();
+        for _ in 0..8 {
+            wide.add(0, 256, true);
+        }
+        assert_eq!(wide.prefill_rows, 8);
+        assert_eq!(sm.prefill_row_gain(&wide), 1.0);
+        let neutral = sm.step_time(&wide);
+        sm.hardware.prefill_row_exponent = 0.5;
+        sm.hardware.prefill_row_cap = 4.0;
+        // Capped at 4 rows: 4^0.5 = 2.
+        assert!((sm.prefill_row_gain(&wide) - 2.0).abs() < 1e-12);
+        let o = sm.hardware.step_overhead_s;
+        assert!(((sm.step_time(&wide) - o) * 2.0 - (neutral - o)).abs() < 1e-9);
+        // One prompt, or decodes only, gain nothing.
+        let mut one = StepShape::default();
+        one.add(0, 2048, true);
+        one.add(500, 1, true);
+        assert_eq!(one.prefill_rows, 1);
+        assert_eq!(sm.prefill_row_gain(&one), 1.0);
+        sm.hardware.prefill_row_cap = 0.5;
+        assert!(sm.hardware.validate().is_err());
     }
 
     #[test]

@@ -50,17 +50,34 @@ impl Default for EngineShape {
 /// tokens, salt), but xxh3 instead of SHA-256 over CBOR, since only equality matters to
 /// every decision and a million requests would otherwise spend most of their time hashing.
 pub fn fast_block_hash(parent: Option<&HashKey>, tokens: &[u32], salt: Option<&str>) -> HashKey {
-    let mut h = Xxh3::new();
-    if let Some(p) = parent {
-        h.update(p);
-    }
-    for t in tokens {
-        h.update(&t.to_le_bytes());
-    }
-    if let Some(s) = salt {
-        h.update(s.as_bytes());
-    }
-    let a = h.digest128().to_le_bytes();
+    // One-shot hashing of one buffer on the stack: the streaming hasher's state is half a
+    // kilobyte to set up per block. Blocks too large for the buffer stream.
+    const MAX: usize = 32 + 4 * 64;
+    let mut buf = [0u8; MAX];
+    let a = if tokens.len() <= 64 && salt.is_none() {
+        let mut n = 0;
+        if let Some(p) = parent {
+            buf[..32].copy_from_slice(p);
+            n = 32;
+        }
+        for t in tokens {
+            buf[n..n + 4].copy_from_slice(&t.to_le_bytes());
+            n += 4;
+        }
+        xxhash_rust::xxh3::xxh3_128(&buf[..n]).to_le_bytes()
+    } else {
+        let mut h = Xxh3::new();
+        if let Some(p) = parent {
+            h.update(p);
+        }
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        if let Some(s) = salt {
+            h.update(s.as_bytes());
+        }
+        h.digest128().to_le_bytes()
+    };
     let mut out = [0u8; 32];
     out[..16].copy_from_slice(&a);
     // The second half is derived, so the wire form (the last 8 bytes) depends on all of it.
@@ -102,6 +119,8 @@ pub struct SimEngine {
     events_tx: UnboundedSender<SeqEvent>,
     pub steps: u64,
     pub preemptions: u64,
+    /// Scratch: running indexes finishing this step (kept to reuse its allocation).
+    done: Vec<usize>,
 }
 
 impl SimEngine {
@@ -116,22 +135,27 @@ impl SimEngine {
         let hash: Option<BlockHashFn> = shape
             .prefix_caching
             .then(|| Box::new(fast_block_hash) as BlockHashFn);
+        let mut planner = StepPlanner::new(
+            SchedulerConfig {
+                block_size: shape.block_size,
+                max_num_seqs: shape.max_num_seqs,
+                max_num_batched_tokens: shape.max_num_batched_tokens,
+                policy: shape.policy,
+            },
+            num_blocks,
+            hash,
+        );
+        // KV events reach the router as hashes only: the tokens would be copied per block
+        // for nothing.
+        planner.pool.set_event_tokens(false);
         SimEngine {
-            planner: StepPlanner::new(
-                SchedulerConfig {
-                    block_size: shape.block_size,
-                    max_num_seqs: shape.max_num_seqs,
-                    max_num_batched_tokens: shape.max_num_batched_tokens,
-                    policy: shape.policy,
-                },
-                num_blocks,
-                hash,
-            ),
+            planner,
             plan: None,
             context_len,
             events_tx,
             steps: 0,
             preemptions: 0,
+            done: Vec::new(),
         }
     }
 
@@ -151,6 +175,7 @@ impl SimEngine {
             events: self.events_tx.clone(),
             grammar: None,
             speculative: false,
+            lora: None,
         };
         let sampler = Sampler::new(SamplingConfig::default(), id);
         self.planner.add(Sequence::new(req, sampler, id));
@@ -193,7 +218,8 @@ impl SimEngine {
         let Some(plan) = self.plan.take() else {
             return;
         };
-        let mut done: Vec<usize> = Vec::new();
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
         for w in &plan.work {
             let seq = &mut self.planner.running[w.index];
             seq.num_computed += w.num_tokens;
@@ -210,10 +236,11 @@ impl SimEngine {
         // Name the blocks this step filled before finished sequences release theirs.
         self.planner.commit_full_blocks();
         done.sort_unstable_by(|a, b| b.cmp(a));
-        for i in done {
+        for &i in &done {
             out.finished.push(self.planner.finish_running(i));
         }
-        for e in self.planner.pool.take_events() {
+        self.done = done;
+        for e in self.planner.pool.drain_events() {
             match e {
                 PoolEvent::Stored { hash, .. } => out.kv.push(KvChange {
                     stored: true,

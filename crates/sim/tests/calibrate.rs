@@ -15,6 +15,10 @@ fn args(url: &str, output: std::path::PathBuf) -> CalibrateArgs {
         output,
         name: "this-machine".into(),
         prefill_sizes: vec![32, 128, 512],
+        // The mock engine's first token takes a fixed time, whatever queues: a batched
+        // prefill would not be one step there.
+        prefill_batches: vec![],
+        prefill_batch_len: 128,
         batch_sizes: vec![1, 4],
         decode_tokens: 12,
         decode_prompt: 16,
@@ -38,6 +42,8 @@ fn fit_recovers_a_known_roofline() {
         allreduce_s: 0.0,
         memory_utilization: 1.0,
         kv_cache_bytes: None,
+        prefill_row_exponent: 0.0,
+        prefill_row_cap: 1.0,
     };
     let sm = StepModel::new(truth.clone(), model.clone(), 1).unwrap();
     let mut samples = Vec::new();
@@ -87,6 +93,69 @@ fn fit_recovers_a_known_roofline() {
         &samples[..2]
     )
     .is_err());
+}
+
+#[test]
+fn fit_recovers_a_prefill_row_exponent_and_stays_neutral_without_wide_steps() {
+    let model = ModelProfile::named("smollm2-135m").unwrap();
+    let truth = HardwareProfile {
+        name: "cpu".into(),
+        peak_flops: 5.0e10,
+        mem_bandwidth: 2.0e10,
+        memory_bytes: 1e9,
+        flops_efficiency: 1.0,
+        bandwidth_efficiency: 1.0,
+        step_overhead_s: 0.004,
+        allreduce_s: 0.0,
+        memory_utilization: 1.0,
+        kv_cache_bytes: None,
+        prefill_row_exponent: 0.6,
+        prefill_row_cap: 8.0,
+    };
+    let sm = StepModel::new(truth.clone(), model.clone(), 1).unwrap();
+    let sample = |s: StepShape, batch: u64| Sample {
+        shape_tokens: s.tokens,
+        batch,
+        seconds: sm.step_time(&s),
+        shape: s,
+    };
+    let mut single = Vec::new();
+    for n in [32u64, 128, 512, 1024] {
+        let mut s = StepShape::default();
+        s.add(0, n, true);
+        single.push(sample(s, 1));
+    }
+    for b in [1u64, 2, 4, 8] {
+        let mut s = StepShape::default();
+        for _ in 0..b {
+            s.add(80, 1, true);
+        }
+        single.push(sample(s, b));
+    }
+    let mut all = single.clone();
+    for k in [2u64, 4, 8] {
+        let mut s = StepShape::default();
+        for _ in 0..k {
+            s.add(0, 128, true);
+        }
+        all.push(sample(s, k));
+    }
+    let got = fit(&truth, &model, &all).unwrap();
+    assert!(
+        (got.prefill_row_exponent - 0.6).abs() < 0.051,
+        "{}",
+        got.prefill_row_exponent
+    );
+    assert_eq!(got.prefill_row_cap, 8.0);
+    let fitted = StepModel::new(got, model.clone(), 1).unwrap();
+    for s in &all {
+        let e = fitted.step_time(&s.shape) / s.seconds - 1.0;
+        assert!(e.abs() < 0.05, "{e} at {:?}", s.shape);
+    }
+    // Only single-sequence prefills: nothing identifies the exponent, so it stays 0.
+    let plain = fit(&truth, &model, &single).unwrap();
+    assert_eq!(plain.prefill_row_exponent, 0.0);
+    assert_eq!(plain.prefill_row_cap, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

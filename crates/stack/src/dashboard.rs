@@ -43,6 +43,25 @@ pub struct ReplicaView {
     pub ready: bool,
     pub model: String,
     pub adapters: Vec<String>,
+    /// The served name of the pool it belongs to.
+    pub pool: String,
+}
+
+/// One pool (one served model) as the controller sees it.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct PoolView {
+    /// The served name.
+    pub name: String,
+    /// What its replicas load.
+    pub model: String,
+    pub adapters: Vec<String>,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// The policy's last count and the replicas admitted by the router.
+    pub desired: u32,
+    pub ready: u32,
+    /// Why the policy chose `desired` last.
+    pub reason: Option<String>,
 }
 
 /// Where the dashboard learns which replicas exist and what the router did.
@@ -56,6 +75,15 @@ pub trait StackView: Send + Sync + 'static {
     fn controller(&self) -> Option<serde_json::Value> {
         None
     }
+    /// Every pool, in configuration order.
+    fn pools(&self) -> Vec<PoolView> {
+        Vec::new()
+    }
+    /// The gateway's Prometheus text, for its cache hit rate per tenant (none without a
+    /// gateway).
+    fn gateway_metrics(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Per-replica series.
@@ -64,6 +92,8 @@ pub struct ReplicaSeries {
     pub queue: VecDeque<Option<f64>>,
     pub kv: VecDeque<Option<f64>>,
     pub picks_per_s: VecDeque<Option<f64>>,
+    /// Finished requests per second.
+    pub requests_per_s: VecDeque<Option<f64>>,
 }
 
 /// Every series the page draws, oldest point first; `None` where there was no data.
@@ -109,6 +139,8 @@ pub struct Collector {
     window: VecDeque<(Buckets, Buckets)>,
     pub series: Series,
     pub latest: HashMap<String, Arc<LoadSample>>,
+    /// The gateway's cache hit rate per tenant ([`crate::gateway_cache`]).
+    pub cache: crate::gateway_cache::CacheRates,
 }
 
 impl Collector {
@@ -124,13 +156,20 @@ impl Collector {
             let Some(now) = sample else {
                 push(&mut series.queue, None);
                 push(&mut series.kv, None);
+                push(&mut series.requests_per_s, None);
                 continue;
             };
             push(&mut series.queue, Some(now.waiting));
             push(&mut series.kv, Some(now.kv_use.unwrap_or(0.0)));
-            if let Some(before) = self.last.get(url) {
+            let before = self.last.get(url);
+            let done = before.map(|b| counter_delta(now.requests_finished, b.requests_finished));
+            push(
+                &mut series.requests_per_s,
+                done.zip(dt).map(|(n, dt)| n / dt),
+            );
+            if let Some(before) = before {
                 tokens += counter_delta(now.generation_tokens, before.generation_tokens);
-                requests += counter_delta(now.requests_finished, before.requests_finished);
+                requests += done.unwrap_or(0.0);
                 queries += counter_delta(now.prefix_queries, before.prefix_queries);
                 hits += counter_delta(now.prefix_hits, before.prefix_hits);
                 add_histogram(&mut ttft, &histogram_delta(&now.ttft, &before.ttft));
@@ -266,11 +305,11 @@ impl Dashboard {
                     engines,
                     picks,
                 };
-                shared
-                    .collector
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tick(obs);
+                let gateway = shared.view.gateway_metrics();
+                let mut c = shared.collector.lock().unwrap_or_else(|e| e.into_inner());
+                c.tick(obs);
+                let points = c.series.t.len();
+                c.cache.tick(gateway.as_deref(), points);
             }
         })
     }
@@ -324,13 +363,55 @@ async fn state(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
             }
         })
         .collect();
+    let pools: Vec<serde_json::Value> = shared
+        .view
+        .pools()
+        .into_iter()
+        .map(|p| pool_row(&p, &replicas, &c))
+        .collect();
     let controller = shared.view.controller();
     axum::Json(serde_json::json!({
         "controller": controller,
+        "pools": pools,
         "replicas": rows,
         "series": c.series,
+        "cache_hit_rate": c.cache.series,
         "window_ticks": WINDOW_TICKS,
     }))
+}
+
+/// A pool's row: its controller view with its replicas' load and request rate summed.
+fn pool_row(p: &PoolView, replicas: &[ReplicaView], c: &Collector) -> serde_json::Value {
+    let mine: Vec<&ReplicaView> = replicas.iter().filter(|r| r.pool == p.name).collect();
+    let sum = |f: &dyn Fn(&LoadSample) -> f64| -> Option<f64> {
+        let v: Vec<f64> = mine
+            .iter()
+            .filter_map(|r| c.latest.get(&r.url).map(|s| f(s)))
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    };
+    let rates: Vec<f64> = mine
+        .iter()
+        .filter_map(|r| {
+            c.series
+                .replicas
+                .get(&r.url)
+                .and_then(|s| s.requests_per_s.back().copied().flatten())
+        })
+        .collect();
+    let mut row = serde_json::to_value(p).unwrap_or_default();
+    if let Some(o) = row.as_object_mut() {
+        o.insert("replicas".into(), mine.len().into());
+        o.insert("waiting".into(), sum(&|s| s.waiting).into());
+        o.insert("running".into(), sum(&|s| s.running).into());
+        o.insert(
+            "requests_per_s".into(),
+            (!rates.is_empty())
+                .then(|| rates.iter().sum::<f64>())
+                .into(),
+        );
+    }
+    row
 }
 
 #[cfg(test)]
@@ -401,6 +482,56 @@ vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 5
         c.tick(obs(3.0, vec![("a", Some(first))], &[]));
         assert_eq!(c.series.output_tokens_per_s.back(), Some(&Some(100.0)));
         assert!(!c.series.replicas.contains_key("b"));
+    }
+
+    #[test]
+    fn pool_rows_sum_their_own_replicas() {
+        let mut c = Collector::default();
+        let page = |done: u32| format!("vllm:request_success_total {done}\n");
+        let (p1, p2) = (page(10), page(30));
+        c.tick(obs(
+            0.0,
+            vec![("a", Some(&p1)), ("b", Some(&p1)), ("c", Some(&p1))],
+            &[],
+        ));
+        c.tick(obs(
+            2.0,
+            vec![("a", Some(&p2)), ("b", Some(&p1)), ("c", Some(&p2))],
+            &[],
+        ));
+        let replica = |url: &str, pool: &str| ReplicaView {
+            name: url.into(),
+            url: url.into(),
+            state: "ready".into(),
+            ready: true,
+            model: "m".into(),
+            adapters: vec![],
+            pool: pool.into(),
+        };
+        let replicas = [
+            replica("a", "chat"),
+            replica("b", "chat"),
+            replica("c", "embed"),
+        ];
+        let pool = PoolView {
+            name: "chat".into(),
+            desired: 2,
+            ready: 2,
+            ..PoolView::default()
+        };
+        let row = pool_row(&pool, &replicas, &c);
+        assert_eq!(row["replicas"], 2);
+        // a finished 20 in 2 s, b none: 10/s for the pool; c belongs to another pool.
+        assert_eq!(row["requests_per_s"], 10.0);
+        assert_eq!(row["desired"], 2);
+        assert_eq!(row["waiting"], 0.0);
+        let empty = PoolView {
+            name: "idle".into(),
+            ..PoolView::default()
+        };
+        let row = pool_row(&empty, &replicas, &c);
+        assert_eq!(row["replicas"], 0);
+        assert!(row["requests_per_s"].is_null() && row["waiting"].is_null());
     }
 
     #[test]

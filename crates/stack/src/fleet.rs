@@ -68,6 +68,9 @@ pub struct RouterRegistrar {
     groups: GroupMap,
     /// Requests the front holds while no replica is ready (scale-from-zero activation).
     held: Arc<AtomicU32>,
+    /// LoRA adapters every replica serves (the pool's `adapters`), for the router's model
+    /// filter and LoRA affinity.
+    lora: Vec<String>,
     urls: Mutex<HashMap<String, String>>,
 }
 
@@ -85,8 +88,15 @@ impl RouterRegistrar {
             group,
             groups,
             held,
+            lora: Vec::new(),
             urls: Mutex::default(),
         }
+    }
+
+    /// Registers every replica as serving these adapters too.
+    pub fn with_adapters(mut self, lora: Vec<String>) -> RouterRegistrar {
+        self.lora = lora;
+        self
     }
 }
 
@@ -95,6 +105,7 @@ impl ReplicaRegistrar for RouterRegistrar {
         let mut spec = EndpointSpec::new(replica.url.clone(), EngineKind::Strata);
         spec.model = Some(self.served_model.clone());
         spec.group = Some(self.group.clone());
+        spec.lora = self.lora.clone();
         match self.router.add_endpoint(spec) {
             Ok(_) => {
                 self.groups.insert(&replica.url, &self.group);

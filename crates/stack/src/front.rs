@@ -1,9 +1,14 @@
-//! The layer in front of the router's proxy on `strata up`'s port. Two jobs:
+//! The layer in front of the router's proxy on `strata up`'s port. Three jobs:
 //!
-//! - **Hold at zero.** An inference request (`POST /v1/...`) that arrives while no
-//!   replica is ready waits (counted in [`Front::held`], the signal the autoscaler reads
-//!   for activation) until one is, or until `hold_timeout`; then it goes on to the router.
-//!   So a request sent to a stack scaled to zero waits for the cold start and succeeds.
+//! - **Hold at zero, per pool.** An inference request (`POST /v1/...`) whose `model`
+//!   belongs to a pool ([`PoolSet`]) with no ready replica waits (counted in that pool's
+//!   `held`, the signal its autoscaler reads for activation) until one is, or until
+//!   `hold_timeout`; then it goes on to the router, or, if the pool is still cold, gets a
+//!   503 with `Retry-After`. So a request sent to a pool scaled to zero waits for the cold
+//!   start and succeeds. A `model` no pool serves is left to the router (which may know an
+//!   adapter loaded at run time), or answered 404 when no replica at all is ready.
+//! - **`/v1/models` over every pool**: what the replicas list, plus every configured model
+//!   and adapter they did not (a pool scaled to zero lists nothing itself).
 //! - **Per-version step statistics** for rollouts ([`VersionStatsBook`]). The router names
 //!   the replica that served each answer (`x-gateway-destination-endpoint-served`); the
 //!   replica's version is its group ([`GroupMap`]). For each version it counts requests
@@ -20,16 +25,19 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::StreamExt;
+use strata_api::error::ApiError;
+use strata_api::http::error_response;
 use strata_api::StreamWatch;
 use strata_controller::rollout::VersionStats;
-use strata_router::proxy::SERVED_BY;
+use strata_router::proxy::{REQUEST_ID, SERVED_BY};
 use strata_router::Router;
 
 use crate::fleet::GroupMap;
+use crate::pools::{PoolRoute, PoolSet};
 
 /// Latency samples kept per version per step (beyond this, new samples are dropped).
 pub const MAX_SAMPLES: usize = 50_000;
@@ -101,7 +109,7 @@ impl VersionStatsBook {
 #[derive(Clone)]
 pub struct Front {
     pub router: Router,
-    pub held: Arc<AtomicU32>,
+    pub pools: Arc<PoolSet>,
     pub hold_timeout: Duration,
     pub groups: GroupMap,
     pub book: Arc<VersionStatsBook>,
@@ -169,19 +177,133 @@ fn is_inference(req: &Request) -> bool {
     req.method() == Method::POST && req.uri().path().starts_with("/v1/")
 }
 
+/// What a request body says about its model.
+#[derive(Debug, PartialEq)]
+enum Asked {
+    Model(String),
+    /// JSON without a `model` string.
+    Missing,
+    /// Not a JSON object: the router (or the replica) says what is wrong with it.
+    Unreadable,
+}
+
+fn requested_model(body: &[u8]) -> Asked {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        model: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Probe>(body) {
+        Ok(Probe {
+            model: Some(serde_json::Value::String(m)),
+        }) => Asked::Model(m),
+        Ok(_) => Asked::Missing,
+        Err(_) => Asked::Unreadable,
+    }
+}
+
+/// Waits (counted in the pool's `held`) until the pool has a ready replica or `timeout`
+/// has passed; whether it has one.
+async fn hold_for(router: &Router, pool: &PoolRoute, timeout: Duration) -> bool {
+    if pool.ready(router) {
+        return true;
+    }
+    let _held = Held::new(&pool.held);
+    let deadline = tokio::time::Instant::now() + timeout;
+    tracing::debug!(pool = %pool.name, "no replica ready: holding a request for the cold start");
+    loop {
+        if pool.ready(router) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET /v1/models`: the router's union of what the replicas list, with every configured
+/// model and adapter added.
+async fn models(front: &Front, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let rid = resp.headers().get(REQUEST_ID).cloned();
+    let listed = if resp.status().is_success() {
+        match axum::body::to_bytes(resp.into_body(), 16 << 20).await {
+            Ok(bytes) => serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("data").and_then(|d| d.as_array()).cloned())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let body = front.pools.models_list(listed, created);
+    let mut out = Response::new(Body::from(body.to_string()));
+    out.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(rid) = rid {
+        out.headers_mut().insert(REQUEST_ID, rid);
+    }
+    out
+}
+
 /// The middleware (see the module docs).
 pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Response {
+    if req.method() == Method::GET && req.uri().path() == "/v1/models" {
+        return models(&front, req, next).await;
+    }
     if !is_inference(&req) {
         return next.run(req).await;
     }
-    if !front.router.any_ready() {
-        let _held = Held::new(&front.held);
-        let deadline = tokio::time::Instant::now() + front.hold_timeout;
-        tracing::debug!("no replica ready: holding a request for the cold start");
-        while !front.router.any_ready() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let (parts, body) = req.into_parts();
+    let max = front.router.config().max_body_bytes;
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
+        let e = ApiError::too_large(format!(
+            "The request body exceeds the limit of {max} bytes."
+        ));
+        return error_response(&e, None);
+    };
+    let asked = requested_model(&bytes);
+    let pool = match &asked {
+        Asked::Model(m) => front.pools.find(m),
+        // A body without a usable `model`: with one pool it can only be meant for it (the
+        // replica answers what is wrong with it).
+        _ if front.pools.0.len() == 1 => front.pools.0.first(),
+        Asked::Missing => {
+            let e = ApiError::invalid(
+                "model",
+                format!(
+                    "`model` is required: this server serves {}.",
+                    front.pools.names().join(", ")
+                ),
+            );
+            return error_response(&e, None);
         }
+        Asked::Unreadable => None,
+    };
+    let model = match asked {
+        Asked::Model(m) => Some(m),
+        _ => None,
+    };
+    if let Some(pool) = pool {
+        let ready = hold_for(&front.router, pool, front.hold_timeout).await;
+        if !ready {
+            let e = ApiError::unavailable(format!(
+                "No replica of `{}` is ready yet (waited {:.0} s for one to start); retry later.",
+                pool.name,
+                front.hold_timeout.as_secs_f64()
+            ));
+            return error_response(&e, Some(pool.retry_after_secs));
+        }
+    } else if let Some(m) = model.as_deref().filter(|_| !front.router.any_ready()) {
+        return error_response(&ApiError::model_not_found(m), None);
     }
+    let req = Request::from_parts(parts, Body::from(bytes));
     let start = Instant::now();
     let resp = next.run(req).await;
     let status = resp.status();
@@ -252,6 +374,20 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_requested_model_is_read_from_the_body() {
+        let asked = |b: &str| requested_model(b.as_bytes());
+        assert_eq!(
+            asked(r#"{"model":"m","input":"x"}"#),
+            Asked::Model("m".into())
+        );
+        assert_eq!(asked(r#"{"input":"x"}"#), Asked::Missing);
+        assert_eq!(asked(r#"{"model":7}"#), Asked::Missing);
+        assert_eq!(asked(r#"{"model":null}"#), Asked::Missing);
+        assert_eq!(asked("{not json"), Asked::Unreadable);
+        assert_eq!(asked("[1, 2]"), Asked::Unreadable);
+    }
 
     #[test]
     fn quantiles_and_books() {

@@ -5,9 +5,11 @@
 //! - [`up`]: `strata.yaml` / flags and the process that wires everything.
 //! - [`fleet`]: both versions' local drivers behind the controller's `Driver` trait, and the
 //!   router registrar (endpoint group = version).
-//! - [`front`]: holding requests while no replica is ready; per-version step statistics.
+//! - [`pools`]: `models:`, one pool per model, and what the front needs to tell them apart.
+//! - [`front`]: holding a request while its pool has no ready replica; `/v1/models` over
+//!   every pool; per-version step statistics.
 //! - [`rollout`]: the rollout API under `/controller/rollout/` and the task running one.
-//! - [`dashboard`]: the live page at `/ui`.
+//! - [`dashboard`]: the live page at `/ui`; [`gateway_cache`]: its gateway cache panel.
 
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
@@ -15,6 +17,8 @@
 pub mod dashboard;
 pub mod fleet;
 pub mod front;
+pub mod gateway_cache;
+pub mod pools;
 pub mod rollout;
 pub mod signals;
 pub mod up;

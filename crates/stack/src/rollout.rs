@@ -82,6 +82,8 @@ pub struct CanaryTemplate {
     pub log_dir: Option<PathBuf>,
     /// Replicas are mock engines: no model to pull.
     pub mock: bool,
+    /// The pool's LoRA adapters (the canary's command line loads them too).
+    pub adapters: Vec<String>,
 }
 
 enum Op {
@@ -281,13 +283,16 @@ async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
         }
         dcfg.log_dir = Some(dir);
     }
-    let registrar = Arc::new(RouterRegistrar::new(
-        shared.router.clone(),
-        t.served_model.clone(),
-        req.model.clone(),
-        shared.groups.clone(),
-        shared.held.clone(),
-    ));
+    let registrar = Arc::new(
+        RouterRegistrar::new(
+            shared.router.clone(),
+            t.served_model.clone(),
+            req.model.clone(),
+            shared.groups.clone(),
+            shared.held.clone(),
+        )
+        .with_adapters(t.adapters.clone()),
+    );
     let driver = match LocalDriver::new(dcfg, registrar) {
         Ok(d) => d,
         Err(e) => return error(ApiError::internal(e.to_string())),
@@ -522,6 +527,7 @@ mod tests {
                 canary_replicas: 1,
                 log_dir: None,
                 mock: true,
+                adapters: Vec::new(),
             },
             Duration::from_millis(20),
         );

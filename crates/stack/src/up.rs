@@ -27,9 +27,10 @@ use strata_controller::metrics::ControllerMetrics;
 use strata_controller::rollout::RolloutConfig;
 use strata_router::{Router, RouterConfig};
 
-use crate::dashboard::{Dashboard, ReplicaView, StackView};
+use crate::dashboard::{Dashboard, PoolView, ReplicaView, StackView};
 use crate::fleet::{Fleet, GroupMap, Member, RouterRegistrar};
 use crate::front::{Front, VersionStatsBook};
+use crate::pools::{served_name_of, ModelEntry, PoolConfigError, PoolRoute, PoolSet, PoolSpec};
 use crate::rollout::{CanaryTemplate, Rollouts};
 use crate::signals::RouterSignals;
 
@@ -67,7 +68,8 @@ pub struct StackConfig {
     pub shutdown_grace_secs: u64,
     /// A replica not ready after this long is killed and replaced.
     pub ready_timeout_secs: f64,
-    /// Where replica logs go (`<id>.log`); absent: this terminal.
+    /// Where replica logs go (`<id>.log`; the second and later pools in a folder named
+    /// after the pool); absent: this terminal.
     pub log_dir: Option<PathBuf>,
     /// Port of the gateway (API keys, limits, budgets) in front of the router; `0` picks a
     /// free port. `gateway: false` leaves it out.
@@ -75,6 +77,9 @@ pub struct StackConfig {
     pub gateway_port: u16,
     /// The gateway's SQLite file (`:memory:` for none); absent: `$STRATA_HOME/gateway.db`.
     pub gateway_db: Option<PathBuf>,
+    /// One pool per model ([`crate::pools`]); empty: the one pool of `model`, `replicas`
+    /// and `autoscale`.
+    pub models: Vec<ModelEntry>,
 }
 
 impl Default for StackConfig {
@@ -98,6 +103,7 @@ impl Default for StackConfig {
             gateway: true,
             gateway_port: 4000,
             gateway_db: None,
+            models: Vec::new(),
         }
     }
 }
@@ -163,6 +169,18 @@ impl StackConfig {
             }
             None => StackConfig::default(),
         };
+        if !c.models.is_empty() {
+            // `--model` and the replica flags describe the single-model form; with
+            // `models:` each entry says its own.
+            anyhow::ensure!(
+                args.model.is_none()
+                    && args.replicas.is_none()
+                    && args.min_replicas.is_none()
+                    && args.max_replicas.is_none(),
+                "--model, --replicas, --min-replicas and --max-replicas cannot be used with \
+                 `models:` in the config: set `model`, `replicas` or `autoscale` per entry"
+            );
+        }
         if let Some(v) = args.replicas {
             c.replicas = v;
             c.autoscale = None;
@@ -215,6 +233,14 @@ impl StackConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.models.is_empty() {
+            let single = StackConfig::default();
+            anyhow::ensure!(
+                self.model == single.model && self.autoscale.is_none(),
+                "`model` and `autoscale` are per entry when `models:` is set"
+            );
+            self.pools()?;
+        }
         anyhow::ensure!(
             (1..=64).contains(&self.replicas),
             "replicas must be 1..=64, not {}",
@@ -275,39 +301,88 @@ impl StackConfig {
 
     /// The name clients send as `model`: the cache name, or a GGUF file's stem.
     pub fn served_model_name(&self) -> String {
-        let p = std::path::Path::new(&self.model);
-        if p.extension().is_some_and(|e| e == "gguf") {
-            if let Some(stem) = p.file_stem() {
-                return stem.to_string_lossy().into_owned();
-            }
+        served_name_of(&self.model)
+    }
+
+    /// The pools to run: the `models:` entries, or the one pool of `model`.
+    pub fn pools(&self) -> Result<Vec<PoolSpec>, PoolConfigError> {
+        if self.models.is_empty() {
+            return Ok(vec![PoolSpec {
+                name: self.served_model_name(),
+                model: self.model.clone(),
+                autoscale: self.autoscale(),
+                engine_args: self.engine_args.clone(),
+                kv_cache_memory: self.kv_cache_memory,
+                adapters: Vec::new(),
+            }]);
         }
-        self.model.clone()
+        crate::pools::resolve(&self.models, &self.engine_args, self.kv_cache_memory)
     }
 }
 
-/// What the dashboard shows: both versions' replicas joined with the router's view, and
-/// the controller's desired vs ready count.
-struct View {
-    router: Router,
+/// One pool as the dashboard and `/controller/pools` see it.
+struct PoolHandle {
+    spec: PoolSpec,
     fleet: Fleet,
     status: Arc<Mutex<Status>>,
+}
+
+/// What the dashboard shows: every pool's replicas (both versions of the first pool during
+/// a rollout) joined with the router's view, and the controllers' desired vs ready counts.
+struct View {
+    router: Router,
+    pools: Vec<PoolHandle>,
     rollouts: Rollouts,
+    /// The gateway, once started (it starts after the dashboard).
+    gateway: std::sync::OnceLock<Arc<strata_gateway::Gateway>>,
+}
+
+impl View {
+    fn pool_views(&self) -> Vec<PoolView> {
+        self.pools
+            .iter()
+            .map(|p| {
+                let s = p.status.lock().unwrap_or_else(|e| e.into_inner());
+                PoolView {
+                    name: p.spec.name.clone(),
+                    model: p.spec.model.clone(),
+                    adapters: p.spec.adapter_names(),
+                    min_replicas: p.spec.autoscale.min_replicas,
+                    max_replicas: p.spec.autoscale.max_replicas,
+                    desired: s.desired,
+                    ready: s.ready,
+                    reason: s.last.as_ref().and_then(|l| {
+                        serde_json::to_value(l.decision.reason)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                    }),
+                }
+            })
+            .collect()
+    }
 }
 
 impl StackView for View {
     fn replicas(&self) -> Vec<ReplicaView> {
         let routed = self.router.status();
-        let mut out: Vec<ReplicaView> = self
-            .fleet
-            .replicas()
-            .into_iter()
-            .map(|r| {
+        let several = self.pools.len() > 1;
+        let mut out: Vec<ReplicaView> = Vec::new();
+        for pool in &self.pools {
+            // Replica ids restart at 1 in every pool: the pool's name tells them apart.
+            let label = |id: &str| {
+                if several {
+                    format!("{} {id}", pool.spec.name)
+                } else {
+                    id.to_string()
+                }
+            };
+            out.extend(pool.fleet.replicas().into_iter().map(|r| {
                 let s = routed.iter().find(|s| s.spec.url == r.info.url);
                 ReplicaView {
                     name: if r.canary {
-                        format!("canary {}", r.info.id)
+                        format!("canary {}", label(&r.info.id))
                     } else {
-                        r.info.id.clone()
+                        label(&r.info.id)
                     },
                     url: r.info.url.clone(),
                     state: serde_json::to_value(r.info.phase)
@@ -317,29 +392,35 @@ impl StackView for View {
                     ready: s.is_some_and(|s| s.ready),
                     model: r.version.clone(),
                     adapters: s.map(|s| s.spec.lora.clone()).unwrap_or_default(),
+                    pool: pool.spec.name.clone(),
                 }
-            })
-            .collect();
-        let backing_off = self
-            .status
-            .lock()
-            .map(|s| s.backing_off)
-            .unwrap_or_default();
-        for i in 0..backing_off {
-            out.push(ReplicaView {
-                name: format!("(replacement {})", i + 1),
-                url: String::new(),
-                state: "restarting".to_string(),
-                ready: false,
-                model: String::new(),
-                adapters: Vec::new(),
-            });
+            }));
+            let backing_off = pool
+                .status
+                .lock()
+                .map(|s| s.backing_off)
+                .unwrap_or_default();
+            for i in 0..backing_off {
+                out.push(ReplicaView {
+                    name: label(&format!("(replacement {})", i + 1)),
+                    url: String::new(),
+                    state: "restarting".to_string(),
+                    ready: false,
+                    model: String::new(),
+                    adapters: Vec::new(),
+                    pool: pool.spec.name.clone(),
+                });
+            }
         }
         out
     }
 
     fn router_metrics(&self) -> Option<String> {
         Some(self.router.metrics().encode())
+    }
+
+    fn gateway_metrics(&self) -> Option<String> {
+        self.gateway.get().map(|g| g.metrics.render())
     }
 
     fn load(&self, url: &str) -> Option<Arc<strata_api::model_server::LoadSample>> {
@@ -350,9 +431,22 @@ impl StackView for View {
             .map(|(load, _)| load)
     }
 
+    /// The pools' desired and ready counts summed; the reason and signal are the first
+    /// pool's (each pool's own are in [`StackView::pools`]).
     fn controller(&self) -> Option<serde_json::Value> {
-        let s = self.status.lock().ok()?;
-        let last = s.last.as_ref();
+        let (mut desired, mut ready) = (0u32, 0u32);
+        let mut first = None;
+        for (i, p) in self.pools.iter().enumerate() {
+            let s = p.status.lock().ok()?;
+            desired = desired.saturating_add(s.desired);
+            ready = ready.saturating_add(s.ready);
+            if i == 0 {
+                first = s
+                    .last
+                    .as_ref()
+                    .map(|l| (l.decision.reason, l.decision.signal));
+            }
+        }
         let rollout = self.rollouts.view().map(|v| {
             serde_json::json!({
                 "canary": v.canary,
@@ -362,12 +456,16 @@ impl StackView for View {
             })
         });
         Some(serde_json::json!({
-            "desired": s.desired,
-            "ready": s.ready,
-            "reason": last.map(|l| l.decision.reason),
-            "signal": last.map(|l| l.decision.signal),
+            "desired": desired,
+            "ready": ready,
+            "reason": first.map(|f| f.0),
+            "signal": first.map(|f| f.1),
             "rollout": rollout,
         }))
+    }
+
+    fn pools(&self) -> Vec<PoolView> {
+        self.pool_views()
     }
 }
 
@@ -386,8 +484,8 @@ pub(crate) fn pull_model(model: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The engine command line every replica runs (`{model}` is the version).
-fn engine_command(cfg: &StackConfig, served: &str) -> Vec<String> {
+/// The engine command line every replica of `pool` runs (`{model}` is the version).
+fn engine_command(pool: &PoolSpec, shutdown_grace_secs: u64) -> Vec<String> {
     let mut args: Vec<String> = [
         "engine",
         "--host",
@@ -400,38 +498,85 @@ fn engine_command(cfg: &StackConfig, served: &str) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    args.push(served.to_string());
+    args.push(pool.name.clone());
     args.push("--kv-cache-memory".into());
-    args.push(cfg.kv_cache_memory.to_string());
+    args.push(pool.kv_cache_memory.to_string());
+    let has = |flag: &str| {
+        pool.engine_args
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
     // A stopped replica finishes what it accepted within this grace (the driver's SIGKILL
     // comes only after it), unless the engine arguments say otherwise.
-    if !cfg
-        .engine_args
-        .iter()
-        .any(|a| a.starts_with("--shutdown-grace-secs"))
-    {
+    if !has("--shutdown-grace-secs") {
         args.push("--shutdown-grace-secs".into());
-        args.push(cfg.shutdown_grace_secs.to_string());
+        args.push(shutdown_grace_secs.to_string());
     }
-    args.extend(cfg.engine_args.iter().cloned());
+    if !pool.adapters.is_empty() {
+        if !has("--enable-lora") {
+            args.push("--enable-lora".into());
+        }
+        // Room for every configured adapter at once, unless the pool says otherwise.
+        if !has("--max-loras") {
+            args.push("--max-loras".into());
+            args.push(pool.adapters.len().to_string());
+        }
+        for a in &pool.adapters {
+            args.push("--lora-modules".into());
+            args.push(format!("{}={}", a.name, a.path.display()));
+        }
+    }
+    args.extend(pool.engine_args.iter().cloned());
     args
+}
+
+/// What `run` keeps of each pool after building it.
+struct Built {
+    spec: PoolSpec,
+    fleet: Fleet,
+    held: Arc<AtomicU32>,
+    status: Arc<Mutex<Status>>,
+    engine_args: Vec<String>,
+    driver_cfg: LocalDriverConfig,
+    log_dir: Option<PathBuf>,
+}
+
+/// `N replica(s)`, and the bounds when it autoscales: the banner's words for a pool.
+fn bounds(a: &AutoscaleConfig) -> (String, String) {
+    let count = format!("{} replica(s)", a.min_replicas);
+    if a.min_replicas == a.max_replicas {
+        (count, String::new())
+    } else {
+        (
+            count,
+            format!(", autoscaling {}..{}", a.min_replicas, a.max_replicas),
+        )
+    }
 }
 
 /// Runs the stack until Ctrl-C or SIGTERM.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = StackConfig::load(&args)?;
-    let model = cfg.served_model_name();
-    let autoscale = cfg.autoscale();
-    if autoscale.min_replicas == autoscale.max_replicas {
-        eprintln!("strata up: {} x {}", autoscale.min_replicas, cfg.model);
-    } else {
-        eprintln!(
-            "strata up: {}..{} x {} (autoscaling)",
-            autoscale.min_replicas, autoscale.max_replicas, cfg.model
-        );
+    let specs = cfg.pools()?;
+    for p in &specs {
+        let a = &p.autoscale;
+        if a.min_replicas == a.max_replicas {
+            eprintln!("strata up: {} x {}", a.min_replicas, p.model);
+        } else {
+            eprintln!(
+                "strata up: {}..{} x {} (autoscaling)",
+                a.min_replicas, a.max_replicas, p.model
+            );
+        }
     }
-    if !cfg.mock_engines() {
-        let pull = cfg.model.clone();
+    // Each model once, before any replica starts (replicas would race to pull it).
+    let mut pulls: Vec<String> = Vec::new();
+    for p in specs.iter().filter(|p| !p.mock()) {
+        if !pulls.contains(&p.model) {
+            pulls.push(p.model.clone());
+        }
+    }
+    for pull in pulls {
         tokio::task::spawn_blocking(move || pull_model(&pull))
             .await
             .context("model pull task")??;
@@ -447,74 +592,133 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let router = Router::new(router_config)?;
     let groups = GroupMap::default();
-    let held = Arc::new(AtomicU32::new(0));
-    let registrar = Arc::new(RouterRegistrar::new(
-        router.clone(),
-        model.clone(),
-        cfg.model.clone(),
-        groups.clone(),
-        held.clone(),
-    ));
-    let engine_args = engine_command(&cfg, &model);
-    let driver_cfg = LocalDriverConfig {
-        args: engine_args.clone(),
-        model: cfg.model.clone(),
-        host: "127.0.0.1".to_string(),
-        ready_timeout_secs: cfg.ready_timeout_secs,
-        // The engine drains what it accepted for `shutdown_grace_secs` after SIGTERM: the
-        // driver must not kill it sooner.
-        stop_grace_secs: cfg.shutdown_grace_secs as f64 + 5.0,
-        drain_timeout_secs: cfg.shutdown_grace_secs as f64,
-        log_dir: cfg.log_dir.clone(),
-        ..LocalDriverConfig::default()
-    };
     if let Some(dir) = &cfg.log_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let driver = LocalDriver::new(driver_cfg.clone(), registrar.clone())?;
-    let fleet = Fleet::new(Member::new(cfg.model.clone(), driver));
 
-    // The controller: its loop over the fleet, the router as registrar.
+    // One controller loop per pool, each over its own replicas and signals; the first
+    // pool's metrics are the controller's `/metrics`.
     let interval = Duration::from_secs_f64(cfg.controller_interval_secs);
     let metrics = Arc::new(ControllerMetrics::new());
-    let controller = Controller::new(
-        autoscale.clone(),
-        interval,
-        fleet.driver(),
-        // The router's scraper is the one reader of each replica's /metrics.
-        RouterSignals::new(router.clone(), Duration::from_secs(1)),
-        registrar,
-        metrics.clone(),
-    )
-    .with_fault_backoff(Duration::from_secs(1), Duration::from_secs(30));
-    let status = controller.status();
+    let mut built = Vec::with_capacity(specs.len());
+    let mut controllers = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.into_iter().enumerate() {
+        let held = Arc::new(AtomicU32::new(0));
+        let registrar = Arc::new(
+            RouterRegistrar::new(
+                router.clone(),
+                spec.name.clone(),
+                spec.model.clone(),
+                groups.clone(),
+                held.clone(),
+            )
+            .with_adapters(spec.adapter_names()),
+        );
+        let engine_args = engine_command(&spec, cfg.shutdown_grace_secs);
+        // Replica ids restart in every pool: the second and later pools log apart.
+        let log_dir = cfg.log_dir.as_ref().map(|d| {
+            if i == 0 {
+                d.clone()
+            } else {
+                d.join(format!("pool-{}", spec.slug()))
+            }
+        });
+        if let Some(dir) = &log_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let driver_cfg = LocalDriverConfig {
+            args: engine_args.clone(),
+            model: spec.model.clone(),
+            host: "127.0.0.1".to_string(),
+            ready_timeout_secs: cfg.ready_timeout_secs,
+            // The engine drains what it accepted for `shutdown_grace_secs` after SIGTERM: the
+            // driver must not kill it sooner.
+            stop_grace_secs: cfg.shutdown_grace_secs as f64 + 5.0,
+            drain_timeout_secs: cfg.shutdown_grace_secs as f64,
+            log_dir: log_dir.clone(),
+            ..LocalDriverConfig::default()
+        };
+        let driver = LocalDriver::new(driver_cfg.clone(), registrar.clone())?;
+        let fleet = Fleet::new(Member::new(spec.model.clone(), driver));
+        let pool_metrics = if i == 0 {
+            metrics.clone()
+        } else {
+            Arc::new(ControllerMetrics::new())
+        };
+        let controller = Controller::new(
+            spec.autoscale.clone(),
+            interval,
+            fleet.driver(),
+            // The router's scraper is the one reader of each replica's /metrics.
+            RouterSignals::new(router.clone(), Duration::from_secs(1)),
+            registrar,
+            pool_metrics,
+        )
+        .with_fault_backoff(Duration::from_secs(1), Duration::from_secs(30));
+        let status = controller.status();
+        controllers.push(controller);
+        built.push(Built {
+            spec,
+            fleet,
+            held,
+            status,
+            engine_args,
+            driver_cfg,
+            log_dir,
+        });
+    }
+    let Some(first) = built.first() else {
+        anyhow::bail!("no model to serve");
+    };
 
+    // Canary rollouts replace the first pool's version.
     let book = Arc::new(VersionStatsBook::default());
     let rollouts = Rollouts::new(
-        fleet.clone(),
+        first.fleet.clone(),
         router.clone(),
         book.clone(),
         groups.clone(),
-        held.clone(),
+        first.held.clone(),
         metrics.clone(),
         cfg.rollout.clone(),
         CanaryTemplate {
-            args: engine_args,
-            base: driver_cfg,
-            served_model: model.clone(),
+            args: first.engine_args.clone(),
+            base: first.driver_cfg.clone(),
+            served_model: first.spec.name.clone(),
             canary_replicas: cfg.canary_replicas,
-            log_dir: cfg.log_dir.clone(),
-            mock: cfg.mock_engines(),
+            log_dir: first.log_dir.clone(),
+            mock: first.spec.mock(),
+            adapters: first.spec.adapter_names(),
         },
         interval,
     );
 
-    let dashboard = Dashboard::new(Arc::new(View {
+    let pool_set = Arc::new(PoolSet(
+        built
+            .iter()
+            .map(|b| PoolRoute {
+                name: b.spec.name.clone(),
+                model: b.spec.model.clone(),
+                adapters: b.spec.adapters.clone(),
+                held: b.held.clone(),
+                retry_after_secs: retry_after(&b.spec.autoscale),
+            })
+            .collect(),
+    ));
+    let view = Arc::new(View {
         router: router.clone(),
-        fleet: fleet.clone(),
-        status: status.clone(),
+        pools: built
+            .iter()
+            .map(|b| PoolHandle {
+                spec: b.spec.clone(),
+                fleet: b.fleet.clone(),
+                status: b.status.clone(),
+            })
+            .collect(),
         rollouts: rollouts.clone(),
-    }));
+        gateway: std::sync::OnceLock::new(),
+    });
+    let dashboard = Dashboard::new(view.clone());
     let collector = dashboard.spawn(Duration::from_secs(1));
 
     let addr: SocketAddr = format!("{}:{}", cfg.host, cfg.port)
@@ -526,14 +730,22 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let front = listener.local_addr()?;
     let front_layer = Front {
         router: router.clone(),
-        held,
+        pools: pool_set.clone(),
         hold_timeout: Duration::from_secs_f64(
             cfg.hold_timeout_secs.unwrap_or(cfg.ready_timeout_secs),
         ),
         groups,
         book,
     };
-    let controller_routes = strata_controller::http::router(metrics, status.clone())
+    let pools_view = view.clone();
+    let controller_routes = strata_controller::http::router(metrics, first.status.clone())
+        .route(
+            "/pools",
+            axum::routing::get(move || {
+                let v = pools_view.clone();
+                async move { axum::Json(v.pool_views()) }
+            }),
+        )
         .nest("/rollout", rollouts.routes());
     let app = strata_router::proxy::app(router.clone())
         .layer(axum::middleware::from_fn_with_state(
@@ -545,7 +757,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let supervisor = tokio::spawn(async move {
-        controller.run(stop_rx).await;
+        let mut loops = tokio::task::JoinSet::new();
+        for controller in controllers {
+            let stop = stop_rx.clone();
+            loops.spawn(async move {
+                controller.run(stop).await;
+            });
+        }
+        while let Some(r) = loops.join_next().await {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "a pool's control loop failed");
+            }
+        }
     });
     let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -557,6 +780,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     });
 
     // The gateway in front of the router, with a key generated for this run.
+    let names = pool_set.names();
     let gateway = if cfg.gateway {
         let args = strata_gateway::GatewayArgs {
             config: None,
@@ -565,10 +789,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             db: cfg.gateway_db.clone(),
             admin_key: None,
             upstream: Some(format!("http://{front}")),
-            models: vec![model.clone()],
+            models: names.clone(),
             create_key_for: None,
         };
         let gw = strata_gateway::cli::build(&args)?;
+        let _ = view.gateway.set(gw.clone());
         let (key, _) = gw.create_key(strata_gateway::CreateKey {
             tenant: "default".into(),
             name: Some("generated by strata up".into()),
@@ -585,31 +810,59 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         None
     };
 
-    let want = autoscale.min_replicas;
     let gateway_line = gateway
         .as_ref()
         .map(|(g, key)| format!("  gateway:    {}/v1   (API key: {key})", g.url()));
+    let waits: Vec<(Fleet, u32)> = built
+        .iter()
+        .map(|b| (b.fleet.clone(), b.spec.autoscale.min_replicas))
+        .collect();
+    let summary: Vec<(String, (String, String), Vec<String>)> = built
+        .iter()
+        .map(|b| {
+            (
+                b.spec.name.clone(),
+                bounds(&b.spec.autoscale),
+                b.spec.adapter_names(),
+            )
+        })
+        .collect();
     let announce = async {
+        // Up once every pool has its minimum ready.
         loop {
-            let ready = fleet
-                .replicas()
-                .iter()
-                .filter(|r| !r.canary && r.info.phase == ReplicaPhase::Ready)
-                .count() as u32;
-            if ready >= want {
+            let short = waits.iter().any(|(fleet, want)| {
+                let ready = fleet
+                    .replicas()
+                    .iter()
+                    .filter(|r| !r.canary && r.info.phase == ReplicaPhase::Ready)
+                    .count();
+                (ready as u32) < *want
+            });
+            if !short {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if autoscale.min_replicas == autoscale.max_replicas {
-            println!("Strata is up: {want} replica(s) of {model}");
+        let with = |adapters: &[String]| {
+            if adapters.is_empty() {
+                String::new()
+            } else {
+                format!(" (adapters: {})", adapters.join(", "))
+            }
+        };
+        if let [(name, (count, scaling), adapters)] = summary.as_slice() {
+            println!("Strata is up: {count} of {name}{scaling}{}", with(adapters));
+            println!("  OpenAI API: http://{front}/v1   (model \"{name}\")");
         } else {
+            println!("Strata is up: {} models", summary.len());
+            for (name, (count, scaling), adapters) in &summary {
+                println!("  model {name}: {count}{scaling}{}", with(adapters));
+            }
             println!(
-                "Strata is up: {want} replica(s) of {model}, autoscaling {}..{}",
-                autoscale.min_replicas, autoscale.max_replicas
+                "  OpenAI API: http://{front}/v1   (models: {})",
+                names.join(", ")
             );
         }
-        println!("  OpenAI API: http://{front}/v1   (model \"{model}\")");
         println!("  dashboard:  http://{front}/ui");
         println!("  controller: http://{front}/controller/status   (rollouts: strata rollout --url http://{front})");
         if let Some(line) = &gateway_line {
@@ -634,6 +887,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         cfg.shutdown_grace_secs,
     )
     .await
+}
+
+/// `Retry-After` for a request that found its pool still cold: about one cold start.
+fn retry_after(a: &AutoscaleConfig) -> u64 {
+    if a.cold_start_secs.is_finite() && a.cold_start_secs >= 1.0 {
+        a.cold_start_secs.ceil().min(300.0) as u64
+    } else {
+        5
+    }
 }
 
 async fn stop(
@@ -677,14 +939,15 @@ mod tests {
             shutdown_grace_secs: 42,
             ..StackConfig::default()
         };
-        let args = engine_command(&c, "m");
+        let pool = |c: &StackConfig| c.pools().unwrap().remove(0);
+        let args = engine_command(&pool(&c), c.shutdown_grace_secs);
         let i = args
             .iter()
             .position(|a| a == "--shutdown-grace-secs")
             .unwrap();
         assert_eq!(args[i + 1], "42");
         c.engine_args = vec!["--shutdown-grace-secs=7".into()];
-        let args = engine_command(&c, "m");
+        let args = engine_command(&pool(&c), c.shutdown_grace_secs);
         assert!(!args.iter().any(|a| a == "--shutdown-grace-secs"));
         assert_eq!(args.last().unwrap(), "--shutdown-grace-secs=7");
     }
@@ -801,6 +1064,59 @@ mod tests {
         assert!(with("engine_args: [--mock]\n", UpArgs::default())
             .unwrap()
             .mock_engines());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn models_make_one_pool_each_and_adapters_reach_the_engine_command() {
+        let dir = std::env::temp_dir().join(format!("strata-up-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("strata.yaml");
+        std::fs::write(
+            &file,
+            "engine_args: [--max-num-seqs, '4']\nmodels:\n\
+             - model: chat\n  replicas: 2\n  adapters: [{name: a, path: /ad/a}, {name: b, path: /ad/b}]\n\
+             - model: /m/enc.gguf\n  autoscale: {minReplicas: 0, maxReplicas: 2}\n",
+        )
+        .unwrap();
+        let args = UpArgs {
+            config: Some(file.clone()),
+            ..UpArgs::default()
+        };
+        let c = StackConfig::load(&args).unwrap();
+        let pools = c.pools().unwrap();
+        assert_eq!(pools.len(), 2);
+        assert_eq!(pools[1].name, "enc");
+        let cmd = engine_command(&pools[0], 30);
+        let at = |flag: &str| cmd.iter().position(|a| a == flag).unwrap();
+        assert_eq!(cmd[at("--served-model-name") + 1], "chat");
+        assert_eq!(cmd[at("--max-loras") + 1], "2");
+        assert!(cmd.contains(&"--enable-lora".to_string()));
+        let modules: Vec<&String> = cmd
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i > 0 && cmd[i - 1] == "--lora-modules")
+            .map(|(_, a)| a)
+            .collect();
+        assert_eq!(modules, ["a=/ad/a", "b=/ad/b"]);
+        assert_eq!(cmd[cmd.len() - 2..], ["--max-num-seqs", "4"]);
+        // No adapters: no LoRA flags.
+        let cmd = engine_command(&pools[1], 30);
+        assert!(!cmd.iter().any(|a| a.contains("lora")), "{cmd:?}");
+        // The single-model flags conflict with `models:`.
+        for bad in [
+            UpArgs {
+                model: Some("x".into()),
+                ..args.clone()
+            },
+            UpArgs {
+                replicas: Some(1),
+                ..args.clone()
+            },
+        ] {
+            let e = StackConfig::load(&bad).unwrap_err();
+            assert!(format!("{e:#}").contains("per entry"), "{e:#}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -309,7 +309,7 @@ impl BertModel {
         let act = cfg.activation;
         inner
             .par_chunks_mut(cfg.intermediate_size * ROWS_PER_TASK)
-            .for_each(|c| c.iter_mut().for_each(|v| *v = activate(act, *v)));
+            .for_each(|c| activate_all(act, c));
         let mut out = l.output.forward(&inner, rows)?;
         l.out_norm.add_forward(&mut out, &y);
         Ok(out)
@@ -357,15 +357,32 @@ fn spans(inputs: &[Vec<u32>]) -> Vec<(usize, usize)> {
         .collect()
 }
 
-fn activate(act: Activation, v: f32) -> f32 {
+/// The activation over a slice, chosen once outside the loop so each loop is branch-free
+/// and vectorizes (libm's scalar `erff` was about a sixth of the encoder's time).
+fn activate_all(act: Activation, xs: &mut [f32]) {
     match act {
-        Activation::Gelu => 0.5 * v * (1.0 + libm::erff(v * std::f32::consts::FRAC_1_SQRT_2)),
+        Activation::Gelu => xs
+            .iter_mut()
+            .for_each(|v| *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2))),
         Activation::GeluTanh => {
             let c = (2.0 / std::f32::consts::PI).sqrt();
-            0.5 * v * (1.0 + (c * (v + 0.044_715 * v * v * v)).tanh())
+            xs.iter_mut()
+                .for_each(|v| *v = 0.5 * *v * (1.0 + (c * (*v + 0.044_715 * *v * *v * *v)).tanh()));
         }
-        Activation::Relu => v.max(0.0),
+        Activation::Relu => xs.iter_mut().for_each(|v| *v = v.max(0.0)),
     }
+}
+
+/// `erf(x)` by Abramowitz and Stegun's 7.1.26 (absolute error 1.5·10⁻⁷, about 5·10⁻⁷ once
+/// evaluated in f32), branch-free, with the engine's vectorizing `exp`.
+#[inline]
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    (1.0 - poly * exp(-a * a)).copysign(x)
 }
 
 /// Self-attention of each input over its own tokens, one task per (input, head).
@@ -434,6 +451,21 @@ fn attention(qkv: &[f32], spans: &[(usize, usize)], hidden: usize, heads: usize)
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn erf_stays_within_a_millionth_of_libm() {
+        let mut worst = 0f32;
+        let mut x = -6.0f32;
+        while x <= 6.0 {
+            worst = worst.max((super::erf(x) - libm::erff(x)).abs());
+            x += 1e-3;
+        }
+        // 1.5e-7 for the formula, the rest f32 rounding.
+        assert!(worst < 1e-6, "erf differs from libm by {worst}");
+        assert!(super::erf(0.0).abs() < 1e-7);
+        assert_eq!(super::erf(f32::INFINITY), 1.0);
+        assert_eq!(super::erf(-40.0), -1.0);
+    }
+
     use super::*;
 
     fn tiny_config() -> EncoderConfig {

@@ -12,9 +12,76 @@
 //!   reverse order so its tail (the least shareable part) is evicted first.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
 
 /// A block's content hash (PROTOCOLS §3, SHA-256).
 pub type HashKey = [u8; 32];
+
+/// The hasher of the prefix-cache table. Its keys are already uniform content hashes, so
+/// SipHash (the std default) over 32 bytes only costs time on every commit and lookup;
+/// instead the key's four words are folded with a per-process random key and a multiply
+/// each, which still keeps a client who chooses prompts from aiming at one bucket without
+/// knowing the key.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHashState {
+    key: u64,
+}
+
+impl Default for KeyHashState {
+    fn default() -> Self {
+        static KEY: OnceLock<u64> = OnceLock::new();
+        let key =
+            *KEY.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64) | 1);
+        KeyHashState { key }
+    }
+}
+
+impl BuildHasher for KeyHashState {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher {
+            key: self.key,
+            h: self.key,
+        }
+    }
+}
+
+/// See [`KeyHashState`].
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHasher {
+    key: u64,
+    h: u64,
+}
+
+const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.h = (self.h ^ u64::from_le_bytes(w) ^ self.key)
+                .wrapping_mul(MIX)
+                .rotate_left(29);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        // The slice length prefix: every key is 32 bytes, but fold it in anyway.
+        self.write(&n.to_le_bytes());
+    }
+    fn finish(&self) -> u64 {
+        let x = self.h.wrapping_mul(MIX);
+        x ^ (x >> 32)
+    }
+}
+
+/// The LoRA adapter a block's keys and values belong to: vLLM's `lora_id` and `lora_name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockLora {
+    pub id: i64,
+    pub name: String,
+}
 
 /// Changes to the cache, for the KV-event publisher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +90,8 @@ pub enum PoolEvent {
         hash: HashKey,
         parent: Option<HashKey>,
         tokens: Vec<u32>,
+        /// The LoRA adapter the block was computed with (KV events name it).
+        lora: Option<BlockLora>,
     },
     Removed {
         hash: HashKey,
@@ -126,10 +195,13 @@ impl FreeQueue {
 pub struct BlockPool {
     ref_counts: Vec<u32>,
     hashes: Vec<Option<HashKey>>,
-    cached: HashMap<HashKey, u32>,
+    cached: HashMap<HashKey, u32, KeyHashState>,
     free: FreeQueue,
     prefix_caching: bool,
     events: Vec<PoolEvent>,
+    /// Whether `Stored` events carry the block's tokens (the KV-event wire format wants
+    /// them; a consumer that reads only hashes, like the simulator, saves a copy per block).
+    event_tokens: bool,
 }
 
 impl BlockPool {
@@ -137,15 +209,21 @@ impl BlockPool {
         Self {
             ref_counts: vec![0; num_blocks],
             hashes: vec![None; num_blocks],
-            cached: HashMap::new(),
+            cached: HashMap::default(),
             free: FreeQueue::new(num_blocks),
             prefix_caching,
             events: Vec::new(),
+            event_tokens: true,
         }
     }
 
     pub fn prefix_caching(&self) -> bool {
         self.prefix_caching
+    }
+
+    /// Leaves the tokens out of `Stored` events (empty) when `false`; on by default.
+    pub fn set_event_tokens(&mut self, on: bool) {
+        self.event_tokens = on;
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -225,18 +303,38 @@ impl BlockPool {
     /// Records that held block `block` is full with `tokens` whose chained hash is `hash`.
     /// A block whose content is already cached elsewhere stays unnamed.
     pub fn commit(&mut self, block: u32, hash: HashKey, parent: Option<HashKey>, tokens: &[u32]) {
+        self.commit_lora(block, hash, parent, tokens, None);
+    }
+
+    /// [`Self::commit`] for a block computed with a LoRA adapter (its hash already
+    /// includes the adapter's name).
+    pub fn commit_lora(
+        &mut self,
+        block: u32,
+        hash: HashKey,
+        parent: Option<HashKey>,
+        tokens: &[u32],
+        lora: Option<&BlockLora>,
+    ) {
         if !self.prefix_caching || self.hashes[block as usize].is_some() {
             return;
         }
-        if self.cached.contains_key(&hash) {
-            return;
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => return,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(block);
+            }
         }
-        self.cached.insert(hash, block);
         self.hashes[block as usize] = Some(hash);
         self.events.push(PoolEvent::Stored {
             hash,
             parent,
-            tokens: tokens.to_vec(),
+            tokens: if self.event_tokens {
+                tokens.to_vec()
+            } else {
+                Vec::new()
+            },
+            lora: lora.cloned(),
         });
     }
 
@@ -278,6 +376,12 @@ impl BlockPool {
     /// Cache changes since the last call.
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// [`Self::take_events`] for a caller that handles each change in place: the buffer
+    /// keeps its capacity, so a pool that is drained every step stops allocating it.
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, PoolEvent> {
+        self.events.drain(..)
     }
 }
 
@@ -356,6 +460,25 @@ mod tests {
         assert!(pool.reset());
         assert_eq!(pool.count_hits(&[h(5)]), 0);
         assert_eq!(pool.take_events().last(), Some(&PoolEvent::Cleared));
+    }
+
+    #[test]
+    fn drained_events_and_events_without_tokens() {
+        let mut pool = BlockPool::new(4, true);
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(1), None, &[1, 2]);
+        let drained: Vec<PoolEvent> = pool.drain_events().collect();
+        assert!(matches!(&drained[..], [PoolEvent::Stored { tokens, .. }] if tokens == &[1, 2]));
+        assert!(pool.drain_events().next().is_none(), "drained once");
+        pool.set_event_tokens(false);
+        pool.commit(a[1], h(2), Some(h(1)), &[3, 4]);
+        let events = pool.take_events();
+        assert!(matches!(
+            &events[..],
+            [PoolEvent::Stored { hash, parent: Some(p), tokens, .. }]
+                if *hash == h(2) && *p == h(1) && tokens.is_empty()
+        ));
+        assert_eq!(pool.count_hits(&[h(1), h(2)]), 2, "caching is unchanged");
     }
 
     #[test]

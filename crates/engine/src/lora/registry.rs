@@ -39,6 +39,8 @@ pub struct LoraRegistry {
     /// Adapters held at once (`--max-cpu-loras`).
     max_cpu_loras: usize,
     adapters: BTreeMap<String, Arc<LoraAdapter>>,
+    /// The id the next load gets (vLLM numbers adapters from 1).
+    next_id: u32,
 }
 
 impl LoraRegistry {
@@ -49,11 +51,20 @@ impl LoraRegistry {
             max_rank,
             max_cpu_loras: max_cpu_loras.max(1),
             adapters: BTreeMap::new(),
+            next_id: 1,
         }
     }
 
     /// Loads an adapter (`--lora-modules name=path` at start-up, or the endpoint).
     pub fn load(&mut self, req: LoadLoraRequest) -> Result<Arc<LoraAdapter>, ApiError> {
+        let (name, path) = self.check_load(req)?;
+        let adapter = self.read(&name, &path)?;
+        self.insert(adapter)
+    }
+
+    /// The checks of a load that need no file: both fields, a new name, room. Returns the
+    /// name and path to read (the reading can then happen without holding the registry).
+    pub fn check_load(&self, req: LoadLoraRequest) -> Result<(String, String), ApiError> {
         let name = req
             .lora_name
             .filter(|n| !n.is_empty())
@@ -62,13 +73,18 @@ impl LoraRegistry {
             .lora_path
             .filter(|p| !p.is_empty())
             .ok_or_else(|| ApiError::invalid("lora_path", "lora_path is required."))?;
+        self.check_room(&name)?;
+        Ok((name, path))
+    }
+
+    fn check_room(&self, name: &str) -> Result<(), ApiError> {
         if name == self.base_name {
             return Err(ApiError::invalid(
                 "lora_name",
                 format!("`{name}` is the base model's name; choose another adapter name."),
             ));
         }
-        if self.adapters.contains_key(&name) {
+        if self.adapters.contains_key(name) {
             return Err(ApiError::invalid(
                 "lora_name",
                 format!("The lora adapter '{name}' has already been loaded."),
@@ -84,14 +100,27 @@ impl LoraRegistry {
                 ),
             ));
         }
-        let adapter = LoraAdapter::load_peft(&name, Path::new(&path), &self.base, self.max_rank)
-            .map_err(|e| match e {
-                LoraError::NotFound(_) => ApiError::not_found(format!("Cannot load '{name}': {e}"))
-                    .with_param("lora_path"),
-                other => ApiError::invalid("lora_path", format!("Cannot load '{name}': {other}")),
-            })?;
+        Ok(())
+    }
+
+    /// Reads and checks an adapter against the base model; touches nothing in the registry.
+    pub fn read(&self, name: &str, path: &str) -> Result<LoraAdapter, ApiError> {
+        read_adapter(name, path, &self.base, self.max_rank)
+    }
+
+    /// The base model's shapes and the rank limit, for reading adapters elsewhere.
+    pub fn limits(&self) -> (LlamaConfig, usize) {
+        (self.base.clone(), self.max_rank)
+    }
+
+    /// Adds a read adapter, checking again that its name is free (another load may have
+    /// taken it meanwhile), and numbers it.
+    pub fn insert(&mut self, mut adapter: LoraAdapter) -> Result<Arc<LoraAdapter>, ApiError> {
+        self.check_room(&adapter.name)?;
+        adapter.id = self.next_id;
+        self.next_id = self.next_id.saturating_add(1);
         let adapter = Arc::new(adapter);
-        self.adapters.insert(name, adapter.clone());
+        self.adapters.insert(adapter.name.clone(), adapter.clone());
         Ok(adapter)
     }
 
@@ -121,6 +150,13 @@ impl LoraRegistry {
         Ok(())
     }
 
+    /// How many requests hold the adapter `name` (`None`: not loaded).
+    pub fn holders(&self, name: &str) -> Option<usize> {
+        self.adapters
+            .get(name)
+            .map(|a| Arc::strong_count(a).saturating_sub(1))
+    }
+
     /// The adapter a request's `model` names, for the request to hold while it runs.
     pub fn get(&self, name: &str) -> Option<Arc<LoraAdapter>> {
         self.adapters.get(name).cloned()
@@ -130,6 +166,32 @@ impl LoraRegistry {
     pub fn names(&self) -> Vec<String> {
         self.adapters.keys().cloned().collect()
     }
+
+    /// Loaded adapters, sorted by name.
+    pub fn adapters(&self) -> Vec<Arc<LoraAdapter>> {
+        self.adapters.values().cloned().collect()
+    }
+
+    /// The base model's name (the `parent` of every adapter).
+    pub fn base_name(&self) -> &str {
+        &self.base_name
+    }
+}
+
+/// Reads an adapter at `path` for `base`, as an [`ApiError`] the endpoint can return: a
+/// path with nothing there is a 404 (as vLLM), any other problem a 400 naming it.
+pub fn read_adapter(
+    name: &str,
+    path: &str,
+    base: &LlamaConfig,
+    max_rank: usize,
+) -> Result<LoraAdapter, ApiError> {
+    LoraAdapter::load(name, Path::new(path), base, max_rank).map_err(|e| match e {
+        LoraError::NotFound(_) => {
+            ApiError::not_found(format!("Cannot load '{name}': {e}")).with_param("lora_path")
+        }
+        other => ApiError::invalid("lora_path", format!("Cannot load '{name}': {other}")),
+    })
 }
 
 #[cfg(test)]

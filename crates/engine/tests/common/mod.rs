@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 /// The default model: `$STRATA_TEST_MODEL`, else the cache entry that `strata model pull`
@@ -23,9 +24,16 @@ pub fn model_path() -> PathBuf {
 /// Serves the default model with `opts` on a loopback port, in process, on a runtime thread
 /// of its own; returns the address once it is listening.
 pub fn serve(opts: &strata_engine::server::EngineOptions) -> std::net::SocketAddr {
+    serve_model(&model_path(), opts)
+}
+
+/// Serves the model file at `model` (the default model, or a link to it) like [`serve`].
+pub fn serve_model(
+    model: &std::path::Path,
+    opts: &strata_engine::server::EngineOptions,
+) -> std::net::SocketAddr {
     use strata_engine::server;
-    let loaded =
-        server::load(&model_path(), "smollm2-135m-instruct", opts).expect("load the default model");
+    let loaded = server::load(model, "smollm2-135m-instruct", opts).expect("load the model");
     let app = server::router(loaded.state.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -46,4 +54,57 @@ pub fn serve(opts: &strata_engine::server::EngineOptions) -> std::net::SocketAdd
     });
     rx.recv_timeout(std::time::Duration::from_secs(60))
         .expect("server address")
+}
+
+/// A minimal HTTP/1.1 exchange (`Connection: close`); a chunked body is de-chunked.
+pub fn request(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write head");
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("header end");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((len, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+/// A POST of `body`; the answer as JSON (a string when it is not JSON).
+pub fn post(
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let (status, text) = request(addr, "POST", path, body.to_string().as_bytes());
+    let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, v)
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::HeaderValue;
 use serde_json::Value;
+use strata_api::trace::{self, TraceParent};
+use tracing::Instrument;
 
 use super::admit::Admitted;
 use super::send::{read_limited, send_direct, send_via_router, Replica, RouterAsk, UpstreamReply};
@@ -60,6 +62,8 @@ pub(crate) async fn try_plan(
     let mut tries = 0u32;
     // Prompt text for the embedded routers' prefix index, built on first use.
     let mut prefix_text: Option<String> = None;
+    let incoming =
+        TraceParent::from_header(req.headers.get(trace::TRACEPARENT).map(|v| v.as_bytes()));
     'targets: for att in plan {
         let Some(up) = resolved.upstreams.get(&att.upstream) else {
             continue;
@@ -92,32 +96,71 @@ pub(crate) async fn try_plan(
             let per_try = att.try_timeout.min(remaining);
             let try_deadline = Instant::now() + per_try;
             tries += 1;
-            let sent = match &up.router {
-                None => send_direct(gw, up, req.route, &payload, &req.request_id, per_try).await,
-                Some(emb) => {
-                    let prefix = prefix_text.get_or_insert_with(|| prompt_prefix_text(&req.body));
-                    let ask = RouterAsk {
-                        model: &att.upstream_model,
-                        prefix,
-                        headers: &req.headers,
-                        priority: req
-                            .body
-                            .get("priority")
-                            .and_then(Value::as_i64)
-                            .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
-                    };
-                    send_via_router(
-                        gw,
-                        &emb.router,
-                        req.route,
-                        &payload,
-                        &req.request_id,
-                        &ask,
-                        try_deadline,
-                    )
-                    .await
+            // One span per attempt; the upstream sees it as its parent.
+            let try_span = tracing::info_span!(
+                target: trace::SPAN_TARGET,
+                "gateway.try",
+                otel.kind = "client",
+                upstream = %att.upstream,
+                model = %att.upstream_model,
+                try_number = tries,
+                http.response.status_code = tracing::field::Empty,
+                failure = tracing::field::Empty,
+            );
+            let traceparent = trace::outgoing(&try_span, incoming.as_ref())
+                .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
+            let traceparent = traceparent.as_ref();
+            let sent = async {
+                match &up.router {
+                    None => {
+                        send_direct(
+                            gw,
+                            up,
+                            req.route,
+                            &payload,
+                            &req.request_id,
+                            per_try,
+                            traceparent,
+                        )
+                        .await
+                    }
+                    Some(emb) => {
+                        let prefix =
+                            prefix_text.get_or_insert_with(|| prompt_prefix_text(&req.body));
+                        let ask = RouterAsk {
+                            model: &att.upstream_model,
+                            prefix,
+                            headers: &req.headers,
+                            priority: req
+                                .body
+                                .get("priority")
+                                .and_then(Value::as_i64)
+                                .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
+                            traceparent,
+                        };
+                        send_via_router(
+                            gw,
+                            &emb.router,
+                            req.route,
+                            &payload,
+                            &req.request_id,
+                            &ask,
+                            try_deadline,
+                        )
+                        .await
+                    }
                 }
-            };
+            }
+            .instrument(try_span.clone())
+            .await;
+            match &sent {
+                Ok(r) => {
+                    try_span.record("http.response.status_code", r.resp.status().as_u16());
+                }
+                Err(f) => {
+                    try_span.record("failure", tracing::field::debug(f));
+                }
+            }
             let failure = match sent {
                 Err(f) => f,
                 Ok(UpstreamReply { resp, mut lease }) if resp.status().is_success() => {

@@ -1,12 +1,16 @@
 //! Stage 2, lookup: answers that need no model.
-//! * The exact-match response cache (deterministic, non-streamed requests, keyed per
-//!   tenant).
+//! * The exact-match response cache (deterministic requests, keyed per tenant).
 //! * The semantic cache ([`crate::semantic`]): the last user message is embedded by the
 //!   configured embedding model and compared with stored ones of the same tenant, model
 //!   and context.
 //!
 //! `Cache-Control: no-cache` (or `no-store`) skips both lookups but still stores the
 //! answer; `x-strata-semantic-cache: off` skips the semantic cache.
+//!
+//! Streamed requests use both caches too: a hit is answered as SSE events
+//! ([`crate::sse_answer::to_sse`]), and a fresh streamed answer is stored only once it
+//! completed ([`super::stream`]). Each request's outcome (`x-strata-cache`) is counted by
+//! tenant in `strata_gateway_cache_outcomes_total`.
 
 use std::time::{Duration, Instant};
 
@@ -26,7 +30,7 @@ use crate::state::Gateway;
 /// Largest embedding answer read.
 const EMBEDDING_ANSWER_LIMIT: usize = 1 << 20;
 
-/// What the caches said.
+/// What the caches said. A hit's body is ready to send (SSE for a streamed request).
 pub(crate) enum Lookup {
     /// A stored answer for exactly this request.
     Hit(Bytes),
@@ -45,6 +49,22 @@ pub(crate) struct Store {
     pub semantic: Option<([u8; 32], Vec<f32>)>,
 }
 
+impl Store {
+    /// True when a fresh answer goes anywhere.
+    pub fn is_some(&self) -> bool {
+        self.cache_key.is_some() || self.semantic.is_some()
+    }
+}
+
+/// A stored answer as this request wants it: as stored, or as SSE events for a streamed
+/// request (`None`: it cannot be streamed, so it is not a hit).
+fn as_reply(req: &Admitted, stored: Bytes) -> Option<Bytes> {
+    if !req.stream {
+        return Some(stored);
+    }
+    crate::sse_answer::to_sse(&stored).map(Bytes::from)
+}
+
 fn no_cache(req: &Admitted) -> bool {
     req.headers
         .get_all(header::CACHE_CONTROL)
@@ -54,13 +74,32 @@ fn no_cache(req: &Admitted) -> bool {
 }
 
 pub(crate) async fn lookup(gw: &Gateway, req: &mut Admitted) -> Lookup {
+    let found = find(gw, req).await;
+    let outcome = match &found {
+        Lookup::Hit(_) => Some("hit"),
+        Lookup::Semantic(_) => Some("semantic"),
+        Lookup::Miss(store) => store.is_some().then_some("miss"),
+    };
+    if let Some(outcome) = outcome {
+        gw.metrics
+            .cache_outcomes
+            .get_or_create(&vec![
+                ("tenant", req.key.record.tenant.clone()),
+                ("outcome", outcome.into()),
+            ])
+            .inc();
+    }
+    found
+}
+
+async fn find(gw: &Gateway, req: &mut Admitted) -> Lookup {
     let skip_lookup = no_cache(req);
     let mut store = Store::default();
     if let Some(c) = &gw.cache {
-        if !req.stream && cache::is_deterministic(&req.body) {
+        if cache::is_deterministic(&req.body) {
             let key = cache::cache_key(&req.key.record.tenant, req.route.name(), &req.body);
             if !skip_lookup {
-                if let Some(hit) = c.get(&key).await {
+                if let Some(hit) = c.get(&key).await.and_then(|b| as_reply(req, b)) {
                     count(gw, "hit");
                     return Lookup::Hit(hit);
                 }
@@ -90,9 +129,8 @@ pub(crate) async fn lookup(gw: &Gateway, req: &mut Admitted) -> Lookup {
                 let tenant = req.key.record.tenant.clone();
                 if !skip_lookup {
                     let threshold = ask.threshold(cfg.threshold);
-                    if let Some((hit, _)) =
-                        index.get(&key.bucket, &vector, threshold, Instant::now())
-                    {
+                    let found = index.get(&key.bucket, &vector, threshold, Instant::now());
+                    if let Some(hit) = found.and_then(|(b, _)| as_reply(req, b)) {
                         count(gw, "semantic");
                         count_semantic(gw, tenant, "hit");
                         return Lookup::Semantic(hit);
@@ -161,6 +199,7 @@ async fn embed(
                     &payload,
                     &req.request_id,
                     per_try,
+                    None,
                 )
                 .await
             }
@@ -170,6 +209,7 @@ async fn embed(
                     prefix: "",
                     headers: &req.headers,
                     priority: 0,
+                    traceparent: None,
                 };
                 send_via_router(
                     gw,

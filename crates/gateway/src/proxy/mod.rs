@@ -38,7 +38,8 @@ use std::time::Instant;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use strata_api::ApiError;
+use strata_api::{trace, ApiError};
+use tracing::Instrument;
 
 use crate::state::{Gateway, KeyEntry};
 use lookup::Lookup;
@@ -108,31 +109,72 @@ pub fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<KeyEntry>, 
     })
 }
 
-/// Handles one proxied request end to end: the stages in order (see the module doc).
+/// Handles one proxied request end to end: the stages in order (see the module doc),
+/// each in a trace span under the request's (`strata_api::trace`; the `traceparent` the
+/// client sent is the parent, a malformed one starts a new trace).
 pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
+    let span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        "gateway.request",
+        otel.kind = "server",
+        http.route = route.path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    trace::accept(
+        &span,
+        req.headers().get(trace::TRACEPARENT).map(|v| v.as_bytes()),
+    );
+    let resp = stages(gw, route, req).instrument(span.clone()).await;
+    span.record("http.response.status_code", resp.status().as_u16());
+    resp
+}
+
+/// A stage's span, a child of the request's (the current span).
+macro_rules! stage {
+    ($name:literal) => {
+        tracing::info_span!(target: trace::SPAN_TARGET, $name)
+    };
+}
+
+async fn stages(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
     let started = Instant::now();
-    let (mut req, mut settle) = match admit::admit(&gw, route, req).await {
+    let admitted = admit::admit(&gw, route, req)
+        .instrument(stage!("gateway.admit"))
+        .await;
+    let (mut req, mut settle) = match admitted {
         Ok(admitted) => admitted,
         Err(refused) => return refused.into_response(&gw),
     };
-    let store = match lookup::lookup(&gw, &mut req).await {
+    let looked_up = lookup::lookup(&gw, &mut req)
+        .instrument(stage!("gateway.lookup"))
+        .await;
+    let store = match looked_up {
         Lookup::Hit(hit) => {
-            let reply = respond::cached(&gw, req, hit, "hit", &mut settle);
-            return settle::settle(&gw, settle, reply).await;
+            let reply = stage!("gateway.respond")
+                .in_scope(|| respond::cached(&gw, req, hit, "hit", &mut settle));
+            return settle::settle(&gw, settle, reply)
+                .instrument(stage!("gateway.settle"))
+                .await;
         }
         Lookup::Semantic(hit) => {
-            let reply = respond::cached(&gw, req, hit, "semantic", &mut settle);
-            return settle::settle(&gw, settle, reply).await;
+            let reply = stage!("gateway.respond")
+                .in_scope(|| respond::cached(&gw, req, hit, "semantic", &mut settle));
+            return settle::settle(&gw, settle, reply)
+                .instrument(stage!("gateway.settle"))
+                .await;
         }
         Lookup::Miss(store) => store,
     };
     let deadline = attempt::deadline(started, req.model().timeout_ms);
+    // Each upstream attempt has its own `gateway.try` span (in `attempt`).
     let tried = match req.resolved.cascades.get(&req.model().name).cloned() {
         Some(policy) => {
-            plan::prepare_body(&mut req);
-            cascade::try_cascade(&gw, &mut req, &policy, &mut settle, started, deadline).await
+            stage!("gateway.plan").in_scope(|| plan::prepare_body(&mut req));
+            cascade::try_cascade(&gw, &mut req, &policy, &mut settle, started, deadline)
+                .instrument(stage!("gateway.cascade"))
+                .await
         }
-        None => match plan::plan(&gw, &mut req) {
+        None => match stage!("gateway.plan").in_scope(|| plan::plan(&gw, &mut req)) {
             Ok(tries) => Ok(attempt::try_plan(&gw, &mut req, &tries, started, deadline).await),
             Err(refused) => Err(refused),
         },
@@ -142,12 +184,17 @@ pub async fn handle(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
         Err(refused) => {
             settle
                 .finish(None, refused.to_api_error().status, false)
+                .instrument(stage!("gateway.settle"))
                 .await;
             return refused.into_response(&gw);
         }
     };
-    let reply = respond::respond(&gw, req, tried, store, &mut settle).await;
-    settle::settle(&gw, settle, reply).await
+    let reply = respond::respond(&gw, req, tried, store, &mut settle)
+        .instrument(stage!("gateway.respond"))
+        .await;
+    settle::settle(&gw, settle, reply)
+        .instrument(stage!("gateway.settle"))
+        .await
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use super::lookup::Store;
 use super::send::Replica;
 use super::settle::Settle;
 use super::shape::usage_from_json;
+use super::stream::Capture;
 use super::{error_response, hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
 use crate::routing::{self, Failure, Next};
 use crate::state::Gateway;
@@ -40,6 +41,8 @@ pub(crate) struct StreamReply {
     pub lease: Option<Replica>,
     pub guard: Option<StreamGuard>,
     pub extra: HeaderMap,
+    /// Assembles the answer for the caches when the request is cacheable.
+    pub capture: Option<Capture>,
 }
 
 pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
@@ -52,24 +55,56 @@ pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
         .inc();
 }
 
-/// A cache hit (`which`: `hit` for the exact cache, `semantic`), answered as stored.
+/// Stores a fresh 200 answer (a whole body, or a stream assembled into one) in the exact
+/// cache and the semantic cache, where the lookup said it goes.
+pub(crate) async fn store_answer(gw: &Gateway, store: Store, bytes: Bytes) {
+    if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
+        c.put(k, bytes.clone()).await;
+    }
+    if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
+        if let Some(share) = &gw.semantic_share {
+            if let Err(e) = share.publish(&bucket, &vector, &bytes).await {
+                gw.metrics
+                    .backend_errors
+                    .get_or_create(&vec![("backend", "semantic_cache".into())])
+                    .inc();
+                tracing::warn!(error = %e, "semantic cache: sharing an entry failed");
+            }
+        }
+        index.put(bucket, vector, bytes, std::time::Instant::now());
+    }
+}
+
+/// A cache hit (`which`: `hit` for the exact cache, `semantic`), answered as the lookup
+/// gave it: the stored body, or for a streamed request that answer as SSE events.
 pub(crate) fn cached(
     gw: &Gateway,
-    req: Admitted,
+    mut req: Admitted,
     hit: Bytes,
     which: &'static str,
     settle: &mut Settle,
 ) -> Reply {
     settle.answered_by_cache();
     count_request(gw, &req.model().name, 200);
+    let content_type = if req.stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
     let mut response = Response::new(Body::from(hit));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if req.stream {
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
     response
         .headers_mut()
         .insert(CACHE_HEADER, HeaderValue::from_static(which));
+    // The exact cache's "miss" before a semantic hit is not the answer's outcome.
+    req.extra.remove(CACHE_HEADER);
     response.headers_mut().extend(req.extra);
     Reply::Whole {
         response,
@@ -111,11 +146,15 @@ pub(crate) async fn respond(
             count_request(gw, &public_model, 200);
             let guard = (!req.resolved.guardrails.is_empty())
                 .then(|| StreamGuard::new(req.resolved.clone()));
+            let capture = store
+                .is_some()
+                .then(|| Capture::new(store, req.resolved.config.cache.max_entry_bytes));
             Reply::Stream(Box::new(StreamReply {
                 resp,
                 lease,
                 guard,
                 extra: req.extra,
+                capture,
             }))
         }
         Tried::Whole {
@@ -157,12 +196,7 @@ pub(crate) async fn respond(
                 }
             }
             if status == 200 {
-                if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
-                    c.put(k, bytes.clone()).await;
-                }
-                if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
-                    index.put(bucket, vector, bytes.clone(), std::time::Instant::now());
-                }
+                store_answer(gw, store, bytes.clone()).await;
             }
             count_request(gw, &public_model, status);
             let mut response = Response::new(Body::from(bytes));

@@ -70,6 +70,7 @@ pub(crate) async fn send_direct(
     payload: &Bytes,
     request_id: &HeaderValue,
     per_try: Duration,
+    traceparent: Option<&HeaderValue>,
 ) -> Result<UpstreamReply, Failure> {
     // Parsed at load (the fallback only serves a hand-built upstream).
     let parsed;
@@ -87,6 +88,7 @@ pub(crate) async fn send_direct(
         payload.clone(),
         (REQUEST_ID_HEADER, request_id),
         up.auth_header.as_ref(),
+        traceparent,
     );
     match tokio::time::timeout(per_try, send).await {
         Err(_) => Err(Failure::Timeout),
@@ -103,6 +105,8 @@ pub(crate) struct RouterAsk<'a> {
     pub prefix: &'a str,
     pub headers: &'a HeaderMap,
     pub priority: i32,
+    /// The W3C `traceparent` to send, when the request is traced.
+    pub traceparent: Option<&'a HeaderValue>,
 }
 
 /// One try through an embedded router: admission, a pick, then the ranked replicas in
@@ -137,9 +141,20 @@ pub(crate) async fn send_via_router(
             .map(str::to_string),
         ..Default::default()
     };
-    let picked = router
-        .pick(&mut sreq)
+    let pick_span = tracing::info_span!(
+        target: strata_api::trace::SPAN_TARGET,
+        "gateway.pick",
+        endpoint = tracing::field::Empty,
+        candidates = tracing::field::Empty,
+    );
+    let picked = pick_span
+        .in_scope(|| router.pick(&mut sreq))
         .map_err(|e| Failure::Status(503, format!("router: {e}")))?;
+    if let Some((_, url)) = picked.ranked.first() {
+        pick_span.record("endpoint", &**url);
+    }
+    pick_span.record("candidates", picked.ranked.len());
+    drop(pick_span);
     let max_attempts = config.max_retries + 1;
     let mut attempts = 0;
     let mut last = Failure::Status(503, "router: no replica could take the request".into());
@@ -160,9 +175,13 @@ pub(crate) async fn send_via_router(
             last = Failure::Connect;
             continue;
         };
-        let send =
-            gw.client
-                .post_json(&uri, payload.clone(), (REQUEST_ID_HEADER, request_id), None);
+        let send = gw.client.post_json(
+            &uri,
+            payload.clone(),
+            (REQUEST_ID_HEADER, request_id),
+            None,
+            ask.traceparent,
+        );
         match tokio::time::timeout(left, send).await {
             Err(_) => {
                 lease.failure();

@@ -152,8 +152,9 @@ pub(crate) async fn settle(gw: &Arc<Gateway>, settle: Settle, reply: Reply) -> R
                 lease,
                 guard,
                 extra,
+                capture,
             } = *s;
-            watch_stream(gw.clone(), resp, settle, extra, lease, guard)
+            watch_stream(gw.clone(), resp, settle, extra, lease, guard, capture)
         }
     }
 }

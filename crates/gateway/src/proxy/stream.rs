@@ -1,6 +1,9 @@
 //! A streamed answer on its way to the client: every chunk passes through as it arrives
 //! (through the output guardrails when configured) while an SSE decoder watches for the
 //! `usage` chunk; the request is settled when the stream ends or the client goes away.
+//! When the request is cacheable, what the client received is also assembled into a whole
+//! answer ([`crate::sse_answer`]) and stored once the stream ended normally (`[DONE]`,
+//! no upstream error, no guardrail block); a stream the client left is never stored.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,9 +16,11 @@ use futures_util::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use strata_api::SseDecoder;
 
+use super::lookup::Store;
 use super::send::Replica;
 use super::settle::Settle;
 use super::shape::usage_from_json;
+use crate::sse_answer::Assembler;
 use crate::state::Gateway;
 use crate::stream_guard::StreamGuard;
 use crate::upstream::{BodyError, UpstreamBody};
@@ -39,9 +44,73 @@ struct UsageWatch {
     /// No more items: the upstream ended (and held text was flushed) or a guardrail
     /// blocked the stream.
     ended: bool,
+    /// The answer being assembled for the caches (cacheable requests only).
+    capture: Option<Capture>,
+}
+
+/// What the client was sent, decoded and assembled, and where the answer goes.
+pub(crate) struct Capture {
+    decoder: SseDecoder,
+    assembler: Assembler,
+    store: Store,
+}
+
+impl Capture {
+    /// `limit`: the largest answer the caches keep.
+    pub(crate) fn new(store: Store, limit: usize) -> Capture {
+        Capture {
+            decoder: SseDecoder::new(),
+            assembler: Assembler::new(limit),
+            store,
+        }
+    }
+
+    /// Feeds bytes the client was sent; false once the answer cannot be cached.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        match self.decoder.feed(bytes) {
+            Ok(events) => {
+                for ev in events {
+                    if !ev.is_done() {
+                        self.assembler.feed(&ev.data);
+                    }
+                }
+                !self.assembler.broken()
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 impl UsageWatch {
+    /// Hands what the client is sent to the cache capture.
+    fn capture(&mut self, sent: &[u8]) {
+        if let Some(c) = &mut self.capture {
+            if !c.feed(sent) {
+                self.capture = None;
+            }
+        }
+    }
+
+    /// The stream ended normally: store the assembled answer (in the background).
+    fn store_capture(&mut self) {
+        let Some(c) = self.capture.take() else { return };
+        if self.failed || !self.saw_done {
+            return;
+        }
+        let Some(answer) = c.assembler.finish() else {
+            return;
+        };
+        let Ok(bytes) = serde_json::to_vec(&answer) else {
+            return;
+        };
+        let gw = self.gw.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                super::respond::store_answer(&gw, c.store, Bytes::from(bytes)).await;
+            });
+        }
+    }
+
     fn observe(&mut self, chunk: &[u8]) {
         let Some(dec) = &mut self.decoder else { return };
         match dec.feed(chunk) {
@@ -74,6 +143,7 @@ impl Stream for UsageWatch {
                 Poll::Ready(Some(Ok(chunk))) => {
                     self.observe(&chunk);
                     let Some(guard) = &mut self.guard else {
+                        self.capture(&chunk);
                         return Poll::Ready(Some(Ok(chunk)));
                     };
                     let out = guard.feed(&chunk);
@@ -82,13 +152,16 @@ impl Stream for UsageWatch {
                         self.ended = true;
                         self.inner = Box::pin(futures_util::stream::empty());
                         self.gw.metrics.reject("guardrail");
+                        self.capture = None;
                     }
                     if !out.is_empty() {
+                        self.capture(&out);
                         return Poll::Ready(Some(Ok(Bytes::from(out))));
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.failed = true;
+                    self.capture = None;
                     if let Some(l) = &mut self.lease {
                         l.fail();
                     }
@@ -105,6 +178,10 @@ impl Stream for UsageWatch {
                     self.lease = None;
                     self.ended = true;
                     let rest = self.guard.as_mut().map(StreamGuard::finish);
+                    if let Some(out) = &rest {
+                        self.capture(out);
+                    }
+                    self.store_capture();
                     return match rest {
                         Some(out) if !out.is_empty() => Poll::Ready(Some(Ok(Bytes::from(out)))),
                         _ => Poll::Ready(None),
@@ -135,6 +212,7 @@ pub(crate) fn watch_stream(
     extra: HeaderMap,
     lease: Option<Replica>,
     guard: Option<StreamGuard>,
+    capture: Option<Capture>,
 ) -> Response {
     let status = resp.status();
     let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
@@ -149,6 +227,7 @@ pub(crate) fn watch_stream(
         saw_done: false,
         guard,
         ended: false,
+        capture,
     };
     let mut out = Response::new(Body::from_stream(watch.fuse()));
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::OK);

@@ -2,6 +2,8 @@
 //! ephemeral loopback port, keys and a plain HTTP client.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,4 +128,77 @@ models:
 {extra}
 "#
     )
+}
+
+/// Real all-MiniLM-L6-v2 vectors by sentence (`tests/fixtures/minilm/reference.json`).
+pub fn minilm_fixture() -> HashMap<String, Vec<f32>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/minilm/reference.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["text"].as_str().unwrap().to_string(),
+                serde_json::from_value(i["embedding"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// An OpenAI-compatible `/v1/embeddings` that answers the fixture's vectors (and 404 for
+/// a text it does not know, which the gateway treats as "no embedding").
+pub async fn fixture_embeddings() -> String {
+    let table = Arc::new(minilm_fixture());
+    let app = axum::Router::new().route(
+        "/v1/embeddings",
+        axum::routing::post(move |axum::Json(req): axum::Json<Value>| {
+            let table = table.clone();
+            async move {
+                let text = req["input"].as_str().unwrap_or_default();
+                match table.get(text) {
+                    Some(v) => (
+                        axum::http::StatusCode::OK,
+                        axum::Json(json!({"object": "list", "model": "all-minilm-l6-v2",
+                            "data": [{"object": "embedding", "index": 0, "embedding": v}]})),
+                    ),
+                    None => (
+                        axum::http::StatusCode::NOT_FOUND,
+                        axum::Json(json!({"error": {"message": "unknown text"}})),
+                    ),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    url
+}
+
+/// The content of a streamed chat answer: every `delta.content` joined, and whether it
+/// ended with `[DONE]`.
+pub fn sse_content(text: &str) -> (String, bool) {
+    let mut out = String::new();
+    let mut done = false;
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            if let Some(t) = c["delta"]["content"].as_str() {
+                out.push_str(t);
+            }
+        }
+    }
+    (out, done)
 }

@@ -14,12 +14,14 @@
 //! 3. admission (a sheddable request while the pool is saturated: 429) and
 //!    [`Router::pick_within`] restricted to the subset hint and the conformance selection
 //!    header (none left: 503); the pick's lease is taken here;
-//! 4. the answer: a header response that sets `x-gateway-destination-endpoint` to the pick
-//!    and the `envoy.lb` dynamic metadata to the ordered fallback list, a corrected
-//!    `Content-Length`, `clear_route_cache`; then the whole body in chunks of at most
-//!    62,000 bytes, the last one ending the stream;
+//! 4. the answer: a header response that sets `x-gateway-destination-endpoint` and the
+//!    `envoy.lb` dynamic metadata to the same value (the protocol forbids them to differ):
+//!    the pick, then up to [`ExtProc::with_fallbacks`] fallbacks in rank order
+//!    (`ip:port,ip:port`); a corrected `Content-Length`, `clear_route_cache`; then the whole
+//!    body in chunks of at most 62,000 bytes, the last one ending the stream;
 //! 5. the response passes straight through chunk by chunk; `usage` (JSON or the SSE usage
-//!    chunk) is read for the serving endpoint's token counters, and the lease is released
+//!    chunk) is read for the serving endpoint's token counters (a fallback that served
+//!    takes the lease over, the pick's circuit counting a failure), and the lease is released
 //!    at the response's end, or when the stream goes away (the client or Envoy gave up),
 //!    whichever comes first: it is an owned value dropped once.
 //!
@@ -49,6 +51,7 @@ use rand::Rng;
 use strata_api::ApiError;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::endpoint::EndpointId;
 use crate::router::{Lease, RouteError, Router};
 use crate::scheduling::{SchedRequest, ScheduleError};
 use messages::{DESTINATION, LB_NAMESPACE, SERVED, SUBSET_KEY, SUBSET_NAMESPACE};
@@ -57,8 +60,8 @@ use request::{address_allowed, address_of, header, ApiKind, TEST_SELECTION};
 /// The gRPC service name, also a health-check service name.
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
-/// How many ranked endpoints go into the fallback list at most (the pick included).
-const MAX_DESTINATIONS: usize = 4;
+/// Most fallbacks one answer may name after the pick.
+pub const MAX_FALLBACKS: usize = 7;
 /// Largest response kept whole to find `usage` in a non-streamed answer.
 const MAX_USAGE_SCAN: usize = 4 << 20;
 
@@ -162,6 +165,7 @@ pub(crate) fn strip_eof(mut s: String) -> String {
 pub struct ExtProc {
     router: Router,
     metrics: Arc<ExtProcMetrics>,
+    fallbacks: usize,
 }
 
 impl ExtProc {
@@ -169,7 +173,21 @@ impl ExtProc {
         ExtProc {
             router,
             metrics: Arc::new(ExtProcMetrics::new()),
+            fallbacks: 0,
         }
+    }
+
+    /// Names up to `n` fallbacks (capped at [`MAX_FALLBACKS`]) after each pick. The default,
+    /// 0, suits Envoy's `ORIGINAL_DST` cluster, which reads exactly one address from the
+    /// header (a list there is "no healthy upstream"); a data plane that walks the list on
+    /// retries (Envoy's `override_host` load-balancing policy) can use more.
+    pub fn with_fallbacks(mut self, n: usize) -> ExtProc {
+        self.fallbacks = n.min(MAX_FALLBACKS);
+        self
+    }
+
+    pub fn fallbacks(&self) -> usize {
+        self.fallbacks
     }
 
     pub fn metrics(&self) -> &Arc<ExtProcMetrics> {
@@ -209,7 +227,7 @@ impl ExternalProcessor for ExtProc {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = request.into_inner();
-        let state = StreamState::new(self.router.clone(), self.metrics.clone());
+        let state = StreamState::new(self.router.clone(), self.metrics.clone(), self.fallbacks);
         // The answers are produced as tonic polls for them, on its task: no task or
         // channel per request. When Envoy or the client goes away, tonic drops this stream
         // and with it the state, whose `Drop` releases a lease still held.
@@ -333,6 +351,8 @@ fn memmem(hay: &[u8], needle: &[u8]) -> bool {
 struct StreamState {
     router: Router,
     metrics: Arc<ExtProcMetrics>,
+    /// Fallbacks named after the pick.
+    fallbacks: usize,
     phase: Phase,
     headers: Vec<(String, Vec<u8>)>,
     request_id: String,
@@ -342,15 +362,18 @@ struct StreamState {
     lease: Option<Lease>,
     /// `host:port` of the picked endpoint (accounting falls back to it).
     picked: Option<String>,
+    /// The fallbacks named after the pick, for moving the lease to the one that served.
+    fallback_ids: Vec<(EndpointId, Arc<str>)>,
     served: Option<String>,
     usage: UsageScan,
 }
 
 impl StreamState {
-    fn new(router: Router, metrics: Arc<ExtProcMetrics>) -> StreamState {
+    fn new(router: Router, metrics: Arc<ExtProcMetrics>, fallbacks: usize) -> StreamState {
         StreamState {
             router,
             metrics,
+            fallbacks,
             phase: Phase::Start,
             headers: Vec::new(),
             request_id: String::new(),
@@ -358,6 +381,7 @@ impl StreamState {
             body: BytesMut::new(),
             lease: None,
             picked: None,
+            fallback_ids: Vec::new(),
             served: None,
             usage: UsageScan::default(),
         }
@@ -555,21 +579,21 @@ impl StreamState {
                     }
                     None => continue,
                 }
+            } else {
+                self.fallback_ids.push((*id, url.clone()));
             }
             destinations.push(address_of(url).to_string());
-            if destinations.len() >= MAX_DESTINATIONS {
+            if destinations.len() > self.fallbacks {
                 break;
             }
         }
         if self.lease.is_none() {
             return self.fail(ApiError::unavailable("No replica could take the request."));
         }
-        // The header names the pick alone: Envoy's ORIGINAL_DST cluster reads one address
-        // from it (a list is "no healthy upstream"). The metadata carries the whole
-        // ordered list for a load-balancing policy that can fall back (override_host).
+        // Header and metadata carry the same value: a data plane may read either.
         let value = destinations.join(",");
         let mut set = vec![
-            messages::set_header(DESTINATION, &destinations[0]),
+            messages::set_header(DESTINATION, &value),
             messages::set_header("x-request-id", &self.request_id),
         ];
         if let Some(b) = &body {
@@ -604,6 +628,7 @@ impl StreamState {
             .unwrap_or(200);
         self.usage.sse =
             header(&headers, "content-type").is_some_and(|c| c.starts_with("text/event-stream"));
+        self.move_lease_to_served();
         if let Some(lease) = self.lease.as_mut() {
             let served_elsewhere = self
                 .served
@@ -623,6 +648,33 @@ impl StreamState {
             self.end(true);
         }
         out
+    }
+
+    /// When the data plane fell back to one of the named fallbacks, the pick gave it no
+    /// answer (a data plane walks the list on connect failures and resets): the pick's
+    /// circuit learns that, and the in-flight count moves to the endpoint that serves.
+    fn move_lease_to_served(&mut self) {
+        let Some(served) = self.served.clone() else {
+            return;
+        };
+        if self.picked.as_deref() == Some(served.as_str()) {
+            return;
+        }
+        let Some((id, url)) = self
+            .fallback_ids
+            .iter()
+            .find(|(_, u)| address_of(u) == served)
+            .cloned()
+        else {
+            return;
+        };
+        let Some(moved) = self.router.lease(id, &url) else {
+            return;
+        };
+        if let Some(mut old) = self.lease.replace(moved) {
+            old.failure();
+        }
+        self.picked = Some(served);
     }
 
     fn fail(&mut self, err: ApiError) -> Vec<ProcessingResponse> {

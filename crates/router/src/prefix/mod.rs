@@ -79,65 +79,134 @@ impl Hasher for BlockHasherState {
     }
 }
 
-/// A set of endpoint slots. The first 64 slots live inline, so the common case allocates
-/// nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SlotSet {
-    first: u64,
-    /// Words for slots 64 and up; boxed so a set costs 16 bytes in the index tables
-    /// (which hold one per block hash), where a bare `Vec` would cost 32.
+/// A set of endpoint slots.
+///
+/// Most index entries are held by one endpoint or a few neighbours, while a fleet may
+/// number in the thousands: so a set whose members fit in one 64-slot word keeps that
+/// word inline, whichever word it is, and only a set spanning words allocates. A set
+/// costs 16 bytes in the index tables (which hold one per block hash) and, for one
+/// endpoint out of a thousand, no allocation at all.
+#[derive(Debug, Clone)]
+pub struct SlotSet(Repr);
+
+#[derive(Debug, Clone)]
+enum Repr {
+    /// Members only in word `base` (slots `64 × base ..`); `bits == 0` is the empty set,
+    /// whatever `base`.
+    One { base: u32, bits: u64 },
+    /// Words from slot 0. Boxed so the set stays 16 bytes (a bare `Vec` is 24).
     #[allow(clippy::box_collection)]
-    more: Option<Box<Vec<u64>>>,
+    Many(Box<Vec<u64>>),
 }
+
+impl Default for SlotSet {
+    fn default() -> Self {
+        SlotSet::new()
+    }
+}
+
+/// Set equality, whichever representation each side has.
+impl PartialEq for SlotSet {
+    fn eq(&self, other: &SlotSet) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::One { base: a, bits: x }, Repr::One { base: b, bits: y }) => {
+                x == y && (a == b || *x == 0)
+            }
+            _ => {
+                let n = self.words_hi().max(other.words_hi());
+                (0..n).all(|i| self.word(i) == other.word(i))
+            }
+        }
+    }
+}
+
+impl Eq for SlotSet {}
 
 impl SlotSet {
     /// The empty set.
     pub const fn new() -> Self {
-        SlotSet {
-            first: 0,
-            more: None,
-        }
+        SlotSet(Repr::One { base: 0, bits: 0 })
     }
 
     #[inline]
     fn word(&self, i: usize) -> u64 {
-        if i == 0 {
-            self.first
-        } else {
-            self.more
-                .as_ref()
-                .and_then(|m| m.get(i - 1))
-                .copied()
-                .unwrap_or(0)
-        }
-    }
-
-    fn word_mut(&mut self, i: usize) -> &mut u64 {
-        if i == 0 {
-            &mut self.first
-        } else {
-            let more = self.more.get_or_insert_with(Box::default);
-            if more.len() < i {
-                more.resize(i, 0);
+        match &self.0 {
+            Repr::One { base, bits } => {
+                if *base as usize == i {
+                    *bits
+                } else {
+                    0
+                }
             }
-            &mut more[i - 1]
+            Repr::Many(v) => v.get(i).copied().unwrap_or(0),
         }
     }
 
-    fn words(&self) -> usize {
-        1 + self.more.as_ref().map_or(0, |m| m.len())
+    /// One past the last word that may be non-zero.
+    #[inline]
+    fn words_hi(&self) -> usize {
+        match &self.0 {
+            Repr::One { base, .. } => *base as usize + 1,
+            Repr::Many(v) => v.len(),
+        }
+    }
+
+    /// The set of `words` (from slot 0), inline when at most one word is non-zero.
+    fn from_words(mut words: Vec<u64>) -> SlotSet {
+        let mut nonzero = words.iter().enumerate().filter(|(_, w)| **w != 0);
+        match (nonzero.next(), nonzero.next()) {
+            (None, _) => SlotSet::new(),
+            (Some((i, &bits)), None) => SlotSet(Repr::One {
+                base: i as u32,
+                bits,
+            }),
+            _ => {
+                while words.last() == Some(&0) {
+                    words.pop();
+                }
+                SlotSet(Repr::Many(Box::new(words)))
+            }
+        }
     }
 
     #[inline]
     pub fn insert(&mut self, id: EndpointId) {
         let i = id.0 as usize;
-        *self.word_mut(i / 64) |= 1 << (i % 64);
+        let (w, bit) = (i / 64, 1u64 << (i % 64));
+        match &mut self.0 {
+            Repr::One { base, bits } if *bits == 0 || *base as usize == w => {
+                *base = w as u32;
+                *bits |= bit;
+            }
+            Repr::One { base, bits } => {
+                let mut v = vec![0u64; w.max(*base as usize) + 1];
+                v[*base as usize] = *bits;
+                v[w] |= bit;
+                self.0 = Repr::Many(Box::new(v));
+            }
+            Repr::Many(v) => {
+                if v.len() <= w {
+                    v.resize(w + 1, 0);
+                }
+                v[w] |= bit;
+            }
+        }
     }
 
     pub fn remove(&mut self, id: EndpointId) {
         let i = id.0 as usize;
-        if i / 64 < self.words() {
-            *self.word_mut(i / 64) &= !(1 << (i % 64));
+        let (w, bit) = (i / 64, 1u64 << (i % 64));
+        match &mut self.0 {
+            Repr::One { base, bits } => {
+                if *base as usize == w {
+                    *bits &= !bit;
+                }
+            }
+            Repr::Many(v) => {
+                if let Some(x) = v.get_mut(w) {
+                    *x &= !bit;
+                }
+            }
         }
     }
 
@@ -149,83 +218,81 @@ impl SlotSet {
 
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.first == 0 && self.more.iter().flat_map(|m| m.iter()).all(|w| *w == 0)
+        match &self.0 {
+            Repr::One { bits, .. } => *bits == 0,
+            Repr::Many(v) => v.iter().all(|w| *w == 0),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.first.count_ones() as usize
-            + self
-                .more
-                .iter()
-                .flat_map(|m| m.iter())
-                .map(|w| w.count_ones() as usize)
-                .sum::<usize>()
+        match &self.0 {
+            Repr::One { bits, .. } => bits.count_ones() as usize,
+            Repr::Many(v) => v.iter().map(|w| w.count_ones() as usize).sum(),
+        }
     }
 
     /// `self & other`.
     #[inline]
     pub fn and(&self, other: &SlotSet) -> SlotSet {
-        // Fast path (at most 64 slots on either side): one word, nothing allocated. Same
-        // result as the general case, which also leaves `more` empty for one word.
-        if self.more.is_none() || other.more.is_none() {
-            return SlotSet {
-                first: self.first & other.first,
-                more: None,
-            };
+        // Fast path: one side is one word, so the result is that word at most.
+        match (&self.0, &other.0) {
+            (Repr::One { base, bits }, _) => SlotSet(Repr::One {
+                base: *base,
+                bits: bits & other.word(*base as usize),
+            }),
+            (_, Repr::One { base, bits }) => SlotSet(Repr::One {
+                base: *base,
+                bits: bits & self.word(*base as usize),
+            }),
+            (Repr::Many(a), Repr::Many(b)) => {
+                SlotSet::from_words(a.iter().zip(b.iter()).map(|(x, y)| x & y).collect())
+            }
         }
-        let n = self.words().min(other.words());
-        let mut out = SlotSet {
-            first: self.first & other.first,
-            more: None,
-        };
-        for i in 1..n {
-            *out.word_mut(i) = self.word(i) & other.word(i);
-        }
-        out
     }
 
     /// `self | other`.
     #[inline]
     pub fn or(&self, other: &SlotSet) -> SlotSet {
-        if self.more.is_none() && other.more.is_none() {
-            return SlotSet {
-                first: self.first | other.first,
-                more: None,
-            };
+        match (&self.0, &other.0) {
+            (Repr::One { bits: 0, .. }, _) => other.clone(),
+            (_, Repr::One { bits: 0, .. }) => self.clone(),
+            (Repr::One { base: a, bits: x }, Repr::One { base: b, bits: y }) if a == b => {
+                SlotSet(Repr::One {
+                    base: *a,
+                    bits: x | y,
+                })
+            }
+            _ => {
+                let n = self.words_hi().max(other.words_hi());
+                SlotSet::from_words((0..n).map(|i| self.word(i) | other.word(i)).collect())
+            }
         }
-        let n = self.words().max(other.words());
-        let mut out = SlotSet {
-            first: self.first | other.first,
-            more: None,
-        };
-        for i in 1..n {
-            *out.word_mut(i) = self.word(i) | other.word(i);
-        }
-        out
     }
 
     /// `self & !other`.
     #[inline]
     pub fn and_not(&self, other: &SlotSet) -> SlotSet {
-        if self.more.is_none() {
-            return SlotSet {
-                first: self.first & !other.first,
-                more: None,
-            };
+        match &self.0 {
+            Repr::One { base, bits } => SlotSet(Repr::One {
+                base: *base,
+                bits: bits & !other.word(*base as usize),
+            }),
+            Repr::Many(a) => SlotSet::from_words(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, x)| x & !other.word(i))
+                    .collect(),
+            ),
         }
-        let mut out = SlotSet {
-            first: self.first & !other.first,
-            more: None,
-        };
-        for i in 1..self.words() {
-            *out.word_mut(i) = self.word(i) & !other.word(i);
-        }
-        out
     }
 
     /// The members, ascending.
     pub fn iter(&self) -> impl Iterator<Item = EndpointId> + '_ {
-        (0..self.words()).flat_map(move |w| {
+        let (lo, hi) = match &self.0 {
+            Repr::One { base, .. } => (*base as usize, *base as usize + 1),
+            Repr::Many(v) => (0, v.len()),
+        };
+        (lo..hi).flat_map(move |w| {
             let mut bits = self.word(w);
             std::iter::from_fn(move || {
                 if bits == 0 {
@@ -327,9 +394,11 @@ pub(crate) fn walk_into<'a>(
                 stop = i;
                 break 'walk;
             };
+            // An empty lower tier (the common case) needs no union, which for a set
+            // spanning words would allocate once per block.
             let next = match lower {
-                Some(l) => alive.and(&upper.or(l)),
-                None => alive.and(upper),
+                Some(l) if !l.is_empty() => alive.and(&upper.or(l)),
+                _ => alive.and(upper),
             };
             if let Some(l) = lower {
                 if !l.is_empty() {
@@ -381,6 +450,27 @@ mod tests {
         c.remove(EndpointId(1000));
         assert!(c.is_empty());
     }
+
+    #[test]
+    fn one_far_endpoint_stays_inline_and_sets_stay_small() {
+        assert_eq!(std::mem::size_of::<SlotSet>(), 16);
+        let mut s = SlotSet::new();
+        s.insert(EndpointId(900));
+        assert!(matches!(s.0, Repr::One { base: 14, .. }));
+        s.insert(EndpointId(901));
+        assert!(matches!(s.0, Repr::One { .. }));
+        s.insert(EndpointId(3));
+        assert!(matches!(s.0, Repr::Many(_)));
+        assert_eq!(s.iter().collect::<Vec<_>>(), ids(&[3, 900, 901]));
+        // Equal sets are equal whatever their representation.
+        let inline: SlotSet = ids(&[900]).into_iter().collect();
+        let wide = s.and_not(&ids(&[3, 901]).into_iter().collect());
+        assert_eq!(wide, inline);
+        s.remove(EndpointId(3));
+        s.remove(EndpointId(901));
+        assert_eq!(s, inline);
+        assert_ne!(s, SlotSet::new());
+    }
 }
 
 #[cfg(test)]
@@ -416,7 +506,42 @@ mod walk_properties {
             .collect()
     }
 
+    fn slots() -> impl Strategy<Value = Vec<u32>> {
+        // Mostly one word (inline), sometimes spanning several, sometimes far out.
+        prop_oneof![
+            proptest::collection::vec(0u32..64, 0..5),
+            proptest::collection::vec(128u32..192, 0..5),
+            proptest::collection::vec(0u32..300, 0..8),
+            proptest::collection::vec(0u32..2000, 0..4),
+        ]
+    }
+
     proptest! {
+        #[test]
+        fn slot_set_equals_a_btree_set(a in slots(), b in slots(), gone in slots()) {
+            use std::collections::BTreeSet;
+            let mut x: SlotSet = a.iter().map(|&i| EndpointId(i)).collect();
+            let y: SlotSet = b.iter().map(|&i| EndpointId(i)).collect();
+            let mut rx: BTreeSet<u32> = a.iter().copied().collect();
+            let ry: BTreeSet<u32> = b.iter().copied().collect();
+            for &g in &gone {
+                x.remove(EndpointId(g));
+                rx.remove(&g);
+            }
+            let members = |s: &SlotSet| s.iter().map(|e| e.0).collect::<Vec<_>>();
+            prop_assert_eq!(members(&x), rx.iter().copied().collect::<Vec<_>>());
+            prop_assert_eq!(x.len(), rx.len());
+            prop_assert_eq!(x.is_empty(), rx.is_empty());
+            prop_assert_eq!(members(&x.and(&y)), rx.intersection(&ry).copied().collect::<Vec<_>>());
+            prop_assert_eq!(members(&x.or(&y)), rx.union(&ry).copied().collect::<Vec<_>>());
+            prop_assert_eq!(members(&x.and_not(&y)), rx.difference(&ry).copied().collect::<Vec<_>>());
+            prop_assert_eq!(x == y, rx == ry);
+            prop_assert_eq!(x.and(&y) == y.and(&x), true);
+            for i in 0..300u32 {
+                prop_assert_eq!(x.contains(EndpointId(i)), rx.contains(&i));
+            }
+        }
+
         #[test]
         fn walk_equals_reference(
             entries in proptest::collection::vec(

@@ -29,21 +29,26 @@ impl Picker for MaxScore {
 
 /// Sorts by score, highest first, equal scores keeping their order: the order of a
 /// stable `sort_by(|a, b| b.score.total_cmp(&a.score))`, computed as an unstable sort
-/// of (score key, position) pairs, which is cheaper for the few dozen candidates of a
-/// decision and allocates nothing for up to 64 of them.
+/// of one integer per candidate (score key and position packed so that integer order is
+/// the wanted order), which is cheaper than a stable sort of the candidates, one
+/// comparison being one integer compare, even at a thousand candidates per decision;
+/// nothing is allocated for up to 64 of them.
 fn sort_by_score_stable(scored: &mut [Scored]) {
-    // `total_cmp`'s order as a signed integer (the transform `f64::total_cmp` uses).
-    fn key(x: f64) -> i64 {
+    // `total_cmp`'s order as an unsigned integer (the transform `f64::total_cmp` uses,
+    // then the sign bit flipped so that unsigned order is signed order).
+    fn key(x: f64) -> u64 {
         let bits = x.to_bits() as i64;
-        bits ^ ((((bits >> 63) as u64) >> 1) as i64)
+        (bits ^ ((((bits >> 63) as u64) >> 1) as i64)) as u64 ^ (1 << 63)
     }
-    let mut keys: SmallVec<[(i64, u32); 64]> = scored
+    // Highest score first: the inverted key ascends; then the position ascends.
+    let mut keys: SmallVec<[u128; 64]> = scored
         .iter()
         .enumerate()
-        .map(|(i, s)| (key(s.score), i as u32))
+        .map(|(i, s)| (u128::from(!key(s.score)) << 64) | i as u128)
         .collect();
-    keys.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    let sorted: SmallVec<[Scored; 64]> = keys.iter().map(|&(_, i)| scored[i as usize]).collect();
+    keys.sort_unstable();
+    let sorted: SmallVec<[Scored; 64]> =
+        keys.iter().map(|&k| scored[(k as u64) as usize]).collect();
     scored.copy_from_slice(&sorted);
 }
 

@@ -95,6 +95,28 @@ function render(state) {
   draw(charts["chart-kv"], t, perReplica(s, "kv", names), { percent: true, ymax: 1 });
   draw(charts["chart-prefix"], t, [{ name: "hit rate", values: s.prefix_hit_rate }], { percent: true, ymax: 1 });
   draw(charts["chart-picks"], t, perReplica(s, "picks_per_s", names));
+  // Share of each tenant's cacheable gateway requests answered by the exact or semantic cache.
+  draw(charts["chart-cache"], t, Object.entries(state.cache_hit_rate || {})
+    .map(([tenant, values]) => ({ name: tenant, values })), { percent: true, ymax: 1 });
+
+  const pools = document.querySelector("#pools tbody");
+  pools.innerHTML = "";
+  for (const p of state.pools || []) {
+    const tr = document.createElement("tr");
+    tr.dataset.pool = p.name;
+    tr.dataset.ready = String(p.ready);
+    const cells = [p.name, p.model, (p.adapters || []).join(", ") || "–", p.replicas,
+      `${p.ready} / ${p.desired}`,
+      p.min_replicas === p.max_replicas ? String(p.max_replicas) : `${p.min_replicas}..${p.max_replicas}`,
+      p.waiting ?? "–", p.running ?? "–",
+      p.requests_per_s === null || p.requests_per_s === undefined ? "–" : fmt(p.requests_per_s)];
+    cells.forEach((c) => {
+      const td = document.createElement("td");
+      td.textContent = String(c);
+      tr.append(td);
+    });
+    pools.append(tr);
+  }
 
   const body = document.querySelector("#replicas tbody");
   body.innerHTML = "";
