@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, children, free_port, strata, workspace_root};
+use common::{children, free_port, strata, workspace_root};
 use serde_json::{json, Value};
 
 /// `strata up` as a child, stopped with SIGINT (then SIGKILL) when dropped.
@@ -95,27 +95,7 @@ impl Up {
 
     /// Ctrl-C; the process must exit cleanly and leave no replica behind.
     fn stop(mut self) {
-        let engines = children(self.child.id());
-        assert!(Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .expect("kill -INT")
-            .success());
-        let deadline = Instant::now() + Duration::from_secs(40);
-        let exit = loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "strata up did not exit after Ctrl-C"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        assert!(exit.success(), "strata up exited with {exit}");
-        for (pid, _) in engines {
-            assert!(!alive(pid), "engine {pid} outlived strata up");
-        }
+        common::interrupt_and_reap(&mut self.child);
     }
 }
 

@@ -161,7 +161,16 @@ impl Collector {
             };
             push(&mut series.queue, Some(now.waiting));
             push(&mut series.kv, Some(now.kv_use.unwrap_or(0.0)));
-            let before = self.last.get(url);
+            let zero = LoadSample::default();
+            let before: Option<&LoadSample> = match self.last.get(url) {
+                Some(b) => Some(b),
+                // A replica first read after the collector's first tick started while the
+                // dashboard watched (strata up launches every replica it shows), so its
+                // counters began at zero: all they hold happened since the last tick. Without
+                // this, traffic a fast replica served before its first reading never shows.
+                None if dt.is_some() => Some(&zero),
+                None => None,
+            };
             let done = before.map(|b| counter_delta(now.requests_finished, b.requests_finished));
             push(
                 &mut series.requests_per_s,
@@ -482,6 +491,29 @@ vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 5
         c.tick(obs(3.0, vec![("a", Some(first))], &[]));
         assert_eq!(c.series.output_tokens_per_s.back(), Some(&Some(100.0)));
         assert!(!c.series.replicas.contains_key("b"));
+    }
+
+    #[test]
+    fn a_replica_first_read_after_the_first_tick_counts_from_zero() {
+        let mut c = Collector::default();
+        let page = "vllm:generation_tokens_total 60\nvllm:request_success_total 6\n";
+        // Present from the first tick: its counters are history, a baseline only.
+        c.tick(obs(0.0, vec![("a", Some(page)), ("b", None)], &[]));
+        assert_eq!(c.series.output_tokens_per_s.back(), Some(&None));
+        // `b` started while the dashboard watched and served before its first reading.
+        c.tick(obs(2.0, vec![("a", Some(page)), ("b", Some(page))], &[]));
+        assert_eq!(c.series.output_tokens_per_s.back(), Some(&Some(30.0)));
+        assert_eq!(
+            c.series.replicas["b"].requests_per_s.back(),
+            Some(&Some(3.0))
+        );
+        assert_eq!(
+            c.series.replicas["a"].requests_per_s.back(),
+            Some(&Some(0.0))
+        );
+        // Once read, it counts by deltas like any other.
+        c.tick(obs(3.0, vec![("a", Some(page)), ("b", Some(page))], &[]));
+        assert_eq!(c.series.output_tokens_per_s.back(), Some(&Some(0.0)));
     }
 
     #[test]

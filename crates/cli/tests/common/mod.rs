@@ -174,3 +174,29 @@ pub fn read_until(
         }
     }
 }
+
+/// Ctrl-C to a `strata up` (or any supervisor): it must exit cleanly within 40 s and leave
+/// none of its children alive.
+pub fn interrupt_and_reap(child: &mut std::process::Child) {
+    let engines = children(child.id());
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT")
+        .success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let exit = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "strata up did not exit after Ctrl-C"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(exit.success(), "strata up exited with {exit}");
+    for (pid, _) in engines {
+        assert!(!alive(pid), "engine {pid} outlived strata up");
+    }
+}
