@@ -4,8 +4,11 @@
 //! an OpenAI-shaped error and the server keeps serving, concurrent requests share forwards,
 //! and the OpenAI Python SDK's `embeddings.create` works.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod common;
+
+use common::request;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -118,27 +121,7 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
 fn start(opts: EngineOptions) -> (SocketAddr, Arc<EmbedState>) {
     let loaded = embed_server::load(&model_dir(), NAME, &opts).expect("load the encoder");
     let state = loaded.state.clone();
-    let app = embed_server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let _keep = Arc::clone(&loaded.state);
-            axum::serve(listener, app).await.expect("serve");
-        });
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("server address");
+    let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
     (addr, state)
 }
 
@@ -147,30 +130,6 @@ fn small() -> EngineOptions {
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()
     }
-}
-
-/// A minimal HTTP/1.1 exchange (`Connection: close`).
-fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .expect("timeout");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write head");
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("header end");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, body.to_string())
 }
 
 fn post(addr: SocketAddr, body: &Value) -> (u16, Value) {

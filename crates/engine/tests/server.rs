@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::{parse_response, post, request};
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -25,61 +27,6 @@ fn small() -> EngineOptions {
         max_body_bytes: 64 * 1024,
         ..EngineOptions::default()
     }
-}
-
-/// A minimal HTTP/1.1 exchange (`Connection: close`), de-chunking the body.
-fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .expect("timeout");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).expect("write head");
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read response");
-    parse_response(&raw)
-}
-
-fn parse_response(raw: &[u8]) -> (u16, String) {
-    let text = String::from_utf8_lossy(raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("header end");
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    (status, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = request(addr, "POST", path, body.to_string().as_bytes());
-    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, v)
 }
 
 fn assert_openai_error(status: u16, body: &str, want_status: u16, want_param: Option<&str>) {

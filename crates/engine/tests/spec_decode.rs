@@ -23,35 +23,13 @@ fn start(opts: EngineOptions) -> SocketAddr {
 
 fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(300)))
+    s.set_read_timeout(Some(common::READ_TIMEOUT))
         .expect("timeout");
     s.write_all(head.as_bytes()).expect("write");
     s.write_all(body).expect("write");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let body = if head.to_ascii_lowercase().contains("chunked") {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((len, tail)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&tail[..n]);
-            rest = &tail[n + 2..];
-        }
-        out
-    } else {
-        body.to_string()
-    };
-    (status, body)
+    common::parse_response(&raw)
 }
 
 /// One chat completion; returns the text and the completion token count.

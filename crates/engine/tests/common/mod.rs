@@ -34,7 +34,15 @@ pub fn serve_model(
 ) -> std::net::SocketAddr {
     use strata_engine::server;
     let loaded = server::load(model, "smollm2-135m-instruct", opts).expect("load the model");
-    let app = server::router(loaded.state.clone());
+    serve_app(server::router(loaded.state.clone()), loaded.state)
+}
+
+/// Serves `app` on a loopback port on a runtime thread of its own, keeping `state` alive
+/// with it; returns the address once it is listening.
+pub fn serve_app<S: Send + Sync + 'static>(
+    app: axum::Router,
+    state: std::sync::Arc<S>,
+) -> std::net::SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -48,7 +56,7 @@ pub fn serve_model(
                 .expect("bind");
             tx.send(listener.local_addr().expect("addr"))
                 .expect("send addr");
-            let _keep = std::sync::Arc::clone(&loaded.state);
+            let _keep = state;
             axum::serve(listener, app).await.expect("serve");
         });
     });
@@ -56,46 +64,59 @@ pub fn serve_model(
         .expect("server address")
 }
 
+/// How long a test waits for an answer before calling the server hung (a long generation
+/// on a loaded 2-core machine takes minutes).
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// A minimal HTTP/1.1 exchange (`Connection: close`); a chunked body is de-chunked.
 pub fn request(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
-        .expect("timeout");
+    s.set_read_timeout(Some(READ_TIMEOUT)).expect("timeout");
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).expect("write head");
+    // A server may answer (and close) before reading a refused body.
     let _ = s.write_all(body);
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read response");
-    let text = String::from_utf8_lossy(&raw).into_owned();
+    parse_response(&raw)
+}
+
+/// The status and (de-chunked) body of one raw HTTP/1.1 response.
+pub fn parse_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("header end");
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status");
-    let body = if head
+    let chunked = head
         .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((len, tail)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&tail[..n]);
-            rest = &tail[n + 2..];
-        }
-        out
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
     } else {
         body.to_string()
     };
     (status, body)
+}
+
+/// A chunked transfer-encoded body, decoded.
+pub fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
 }
 
 /// A POST of `body`; the answer as JSON (a string when it is not JSON).
