@@ -531,8 +531,34 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         })?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
     tracing::info!(addr = %local, model = %config.model_name, "serving");
-    let state = loaded.state.clone();
-    let grace = config.options.shutdown_grace;
+    let engine = loaded.state.clone();
+    let draining = loaded.state.clone();
+    serve_with_drain(
+        listener,
+        router(loaded.state.clone()),
+        config.options.shutdown_grace,
+        move || draining.engine.start_draining(),
+        move || engine.engine.in_flight(),
+    )
+    .await?;
+    drop(loaded.state);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Serves `app` until Ctrl-C or SIGTERM, then drains: `start_draining`, a wait of up to
+/// `grace` while `in_flight()` is above zero, then at most [`SHUTDOWN_LINGER`] for open
+/// connections to close. One whose stream is still running (past the grace) or whose client
+/// stopped reading must not hold the process: what is left is aborted by dropping the
+/// server, which drops every handler and so closes each sequence's channel; the engine
+/// thread frees their blocks at its next step.
+pub(crate) async fn serve_with_drain(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    grace: Duration,
+    start_draining: impl FnOnce() + Send + 'static,
+    in_flight: impl Fn() -> usize + Send + 'static,
+) -> Result<(), ServerError> {
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown_signal().await;
@@ -540,28 +566,19 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             grace_secs = grace.as_secs_f64(),
             "shutting down: draining in-flight requests"
         );
-        state.engine.start_draining();
+        start_draining();
         let deadline = Instant::now() + grace;
-        while state.engine.in_flight() > 0 && Instant::now() < deadline {
+        while in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if state.engine.in_flight() > 0 {
-            tracing::warn!(
-                left = state.engine.in_flight(),
-                "grace period over; aborting the rest"
-            );
+        if in_flight() > 0 {
+            tracing::warn!(left = in_flight(), "grace period over; aborting the rest");
         }
         let _ = drained_tx.send(());
     };
-    let app = router(loaded.state.clone());
     let mut server = std::pin::pin!(axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .into_future());
-    // After the drain the server waits for open connections to close. One whose stream is
-    // still running (past the grace) or whose client stopped reading must not hold the
-    // process: once the grace is over, what is left is aborted by dropping the server,
-    // which drops every handler and so closes each sequence's channel; the engine thread
-    // frees their blocks at its next step.
     tokio::select! {
         r = &mut server => r.map_err(ServerError::Serve)?,
         _ = drained_rx => {
@@ -571,8 +588,6 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             }
         }
     }
-    drop(loaded.state);
-    tracing::info!("stopped");
     Ok(())
 }
 

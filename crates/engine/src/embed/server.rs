@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -148,24 +148,17 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let local = listener.local_addr().map_err(ServerError::Serve)?;
     tracing::info!(addr = %local, model = %config.model_name, "serving embeddings");
     let state = loaded.state.clone();
-    let grace = config.options.shutdown_grace;
-    let shutdown = async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down: draining in-flight requests");
-        let deadline = Instant::now() + grace;
-        while state.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    axum::serve(listener, router(loaded.state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Serve)?;
+    crate::server::serve_with_drain(
+        listener,
+        router(loaded.state.clone()),
+        config.options.shutdown_grace,
+        || {},
+        move || state.in_flight.load(Ordering::SeqCst),
+    )
+    .await?;
     tracing::info!("stopped");
     Ok(())
 }
-
-use strata_api::http::shutdown_signal;
 
 fn unix_now() -> u64 {
     SystemTime::now()
