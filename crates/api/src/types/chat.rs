@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::common::{FinishReason, ResponseFormat, Stop, StopReason, StreamOptions, Usage};
+use super::common::{
+    FinishReason, KvTransferParams, ResponseFormat, Stop, StopReason, StreamOptions, Usage,
+};
 use super::logprobs::ChatLogprobs;
 use super::{OBJECT_CHAT_COMPLETION, OBJECT_CHAT_COMPLETION_CHUNK};
 
@@ -275,6 +277,9 @@ pub struct ChatCompletionRequest {
     /// engine's setting).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<bool>,
+    /// vLLM: prefill/decode disaggregation (PROTOCOLS §11).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 /// The assistant message of a non-streaming choice.
@@ -343,6 +348,10 @@ pub struct ChatCompletionResponse {
     /// Build identifier; omitted when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
+    /// vLLM: what a remote decoder needs to pull this request's KV (PROTOCOLS §11);
+    /// only a prefill engine asked with `do_remote_decode` sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 impl ChatCompletionResponse {
@@ -362,6 +371,7 @@ impl ChatCompletionResponse {
             choices,
             usage,
             system_fingerprint: None,
+            kv_transfer_params: None,
         }
     }
 }

@@ -213,3 +213,42 @@ mod tests {
         assert_eq!(r, StopReason::Text("</s>".into()));
     }
 }
+
+/// vLLM's `kv_transfer_params` (PROTOCOLS §11): the request field a disaggregating proxy
+/// sends to the prefill engine and then to the decode engine, and the top-level response
+/// field the prefill engine answers with. Every field is optional on the wire; fields this
+/// project does not read (newer vLLM releases add some) are kept in `extra` and passed on
+/// unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvTransferParams {
+    /// To the prefill engine: compute the prompt, keep its KV for a remote decoder.
+    #[serde(default)]
+    pub do_remote_decode: bool,
+    /// To the decode engine: the prompt's KV waits on a remote prefill engine.
+    #[serde(default)]
+    pub do_remote_prefill: bool,
+    /// The prefill engine's id.
+    #[serde(default)]
+    pub remote_engine_id: Option<String>,
+    /// The prefill engine's blocks holding the prompt, in table order.
+    #[serde(default)]
+    pub remote_block_ids: Option<Vec<u64>>,
+    /// Where the prefill engine serves its blocks.
+    #[serde(default)]
+    pub remote_host: Option<String>,
+    #[serde(default)]
+    pub remote_port: Option<u16>,
+    /// Anything else a peer sent, kept verbatim.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl KvTransferParams {
+    /// What a proxy sends to the prefill engine (step 1 of PROTOCOLS §11).
+    pub fn prefill_request() -> Self {
+        Self {
+            do_remote_decode: true,
+            ..Self::default()
+        }
+    }
+}

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use super::common::{FinishReason, Prompt, ResponseFormat, Stop, StopReason, StreamOptions, Usage};
+use super::common::{
+    FinishReason, KvTransferParams, Prompt, ResponseFormat, Stop, StopReason, StreamOptions, Usage,
+};
 use super::logprobs::CompletionLogprobs;
 use super::OBJECT_TEXT_COMPLETION;
 
@@ -132,6 +134,9 @@ pub struct CompletionRequest {
     /// engine's setting).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<bool>,
+    /// vLLM: prefill/decode disaggregation (PROTOCOLS §11).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 /// One choice of a completion or completion chunk.
@@ -170,6 +175,10 @@ pub struct CompletionResponse {
     /// Build identifier; omitted when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
+    /// vLLM: what a remote decoder needs to pull this request's KV (PROTOCOLS §11);
+    /// only a prefill engine asked with `do_remote_decode` sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<KvTransferParams>,
 }
 
 impl CompletionResponse {
@@ -189,6 +198,7 @@ impl CompletionResponse {
             choices,
             usage,
             system_fingerprint: None,
+            kv_transfer_params: None,
         }
     }
 }

@@ -30,7 +30,7 @@ pub use chat::{
     ResponseMessage, Role,
 };
 pub use common::{
-    FinishReason, Prompt, PromptTokensDetails, ResponseFormat, Stop, StopReason, StreamOptions,
+    FinishReason, KvTransferParams, Prompt, PromptTokensDetails, ResponseFormat, Stop, StopReason, StreamOptions,
     Usage,
 };
 pub use completion::{CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse};
