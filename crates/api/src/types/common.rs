@@ -144,6 +144,45 @@ pub enum StopReason {
     Text(String),
 }
 
+/// vLLM's `kv_transfer_params` (PROTOCOLS §11): the request field a disaggregating proxy
+/// sends to the prefill engine and then to the decode engine, and the top-level response
+/// field the prefill engine answers with. Every field is optional on the wire; fields this
+/// project does not read (newer vLLM releases add some) are kept in `extra` and passed on
+/// unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvTransferParams {
+    /// To the prefill engine: compute the prompt, keep its KV for a remote decoder.
+    #[serde(default)]
+    pub do_remote_decode: bool,
+    /// To the decode engine: the prompt's KV waits on a remote prefill engine.
+    #[serde(default)]
+    pub do_remote_prefill: bool,
+    /// The prefill engine's id.
+    #[serde(default)]
+    pub remote_engine_id: Option<String>,
+    /// The prefill engine's blocks holding the prompt, in table order.
+    #[serde(default)]
+    pub remote_block_ids: Option<Vec<u64>>,
+    /// Where the prefill engine serves its blocks.
+    #[serde(default)]
+    pub remote_host: Option<String>,
+    #[serde(default)]
+    pub remote_port: Option<u16>,
+    /// Anything else a peer sent, kept verbatim.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl KvTransferParams {
+    /// What a proxy sends to the prefill engine (step 1 of PROTOCOLS §11).
+    pub fn prefill_request() -> Self {
+        Self {
+            do_remote_decode: true,
+            ..Self::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,43 +251,24 @@ mod tests {
         let r: StopReason = serde_json::from_value(json!("</s>")).unwrap();
         assert_eq!(r, StopReason::Text("</s>".into()));
     }
-}
 
-/// vLLM's `kv_transfer_params` (PROTOCOLS §11): the request field a disaggregating proxy
-/// sends to the prefill engine and then to the decode engine, and the top-level response
-/// field the prefill engine answers with. Every field is optional on the wire; fields this
-/// project does not read (newer vLLM releases add some) are kept in `extra` and passed on
-/// unchanged.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct KvTransferParams {
-    /// To the prefill engine: compute the prompt, keep its KV for a remote decoder.
-    #[serde(default)]
-    pub do_remote_decode: bool,
-    /// To the decode engine: the prompt's KV waits on a remote prefill engine.
-    #[serde(default)]
-    pub do_remote_prefill: bool,
-    /// The prefill engine's id.
-    #[serde(default)]
-    pub remote_engine_id: Option<String>,
-    /// The prefill engine's blocks holding the prompt, in table order.
-    #[serde(default)]
-    pub remote_block_ids: Option<Vec<u64>>,
-    /// Where the prefill engine serves its blocks.
-    #[serde(default)]
-    pub remote_host: Option<String>,
-    #[serde(default)]
-    pub remote_port: Option<u16>,
-    /// Anything else a peer sent, kept verbatim.
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, serde_json::Value>,
-}
-
-impl KvTransferParams {
-    /// What a proxy sends to the prefill engine (step 1 of PROTOCOLS §11).
-    pub fn prefill_request() -> Self {
-        Self {
-            do_remote_decode: true,
-            ..Self::default()
-        }
+    #[test]
+    fn kv_transfer_params_read_vllm_answers_and_keep_unknown_fields() {
+        let answer = json!({
+            "do_remote_prefill": true, "do_remote_decode": false,
+            "remote_engine_id": "e1", "remote_block_ids": [3, 4],
+            "remote_host": "10.0.0.7", "remote_port": 5600, "tp_size": 1
+        });
+        let p: KvTransferParams = serde_json::from_value(answer.clone()).unwrap();
+        assert!(p.do_remote_prefill && !p.do_remote_decode);
+        assert_eq!(p.remote_block_ids, Some(vec![3, 4]));
+        assert_eq!(p.remote_port, Some(5600));
+        assert_eq!(p.extra.get("tp_size"), Some(&json!(1)));
+        // What a decoder is sent back is what the prefill engine answered.
+        assert_eq!(serde_json::to_value(&p).unwrap(), answer);
+        let first = serde_json::to_value(KvTransferParams::prefill_request()).unwrap();
+        assert_eq!(first["do_remote_decode"], json!(true));
+        assert_eq!(first["remote_host"], json!(null));
+        assert!(serde_json::from_value::<KvTransferParams>(json!({"remote_port": 70000})).is_err());
     }
 }
