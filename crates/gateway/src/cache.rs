@@ -8,7 +8,8 @@
 //! request with `Cache-Control: no-cache` (or `no-store`) skips the lookup.
 //!
 //! Backends: an in-memory LRU with a TTL and an entry-count bound, or Redis (`SET .. EX`;
-//! size is bounded by Redis's own `maxmemory` policy). A Redis failure is a miss.
+//! size is bounded by Redis's own `maxmemory` policy). A Redis failure is a miss (or an
+//! answer not stored); the caller counts it in `strata_gateway_backend_errors_total{backend="cache"}`.
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{RedisConn, RedisError};
 
 /// Fields that never change the answer.
 const IGNORED: &[&str] = &["stream", "stream_options", "user"];
@@ -180,28 +181,29 @@ pub enum ResponseCache {
 }
 
 impl ResponseCache {
-    pub async fn get(&self, key: &[u8; 32]) -> Option<Bytes> {
+    /// The stored answer for `key`; an error only from Redis (the caller treats it as a miss).
+    pub async fn get(&self, key: &[u8; 32]) -> Result<Option<Bytes>, RedisError> {
         match self {
-            ResponseCache::Memory(m) => m.get(key, Instant::now()),
+            ResponseCache::Memory(m) => Ok(m.get(key, Instant::now())),
             ResponseCache::Redis(r) => {
                 let cmd = redis::cmd("GET").arg(RedisCache::name(key)).clone();
-                match r.conn.query::<Option<Vec<u8>>>(&cmd).await {
-                    Ok(v) => v.map(Bytes::from),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cache lookup failed; treating as a miss");
-                        None
-                    }
-                }
+                let v = r.conn.query::<Option<Vec<u8>>>(&cmd).await?;
+                Ok(v.map(Bytes::from))
             }
         }
     }
 
-    pub async fn put(&self, key: [u8; 32], body: Bytes) {
+    /// Stores `body` under `key` (an entry over the size bound is skipped); an error only
+    /// from Redis.
+    pub async fn put(&self, key: [u8; 32], body: Bytes) -> Result<(), RedisError> {
         match self {
-            ResponseCache::Memory(m) => m.put(key, body, Instant::now()),
+            ResponseCache::Memory(m) => {
+                m.put(key, body, Instant::now());
+                Ok(())
+            }
             ResponseCache::Redis(r) => {
                 if body.len() > r.max_entry_bytes {
-                    return;
+                    return Ok(());
                 }
                 let cmd = redis::cmd("SET")
                     .arg(RedisCache::name(&key))
@@ -209,9 +211,7 @@ impl ResponseCache {
                     .arg("EX")
                     .arg(r.ttl.as_secs().max(1))
                     .clone();
-                if let Err(e) = r.conn.query::<()>(&cmd).await {
-                    tracing::warn!(error = %e, "cache store failed");
-                }
+                r.conn.query::<()>(&cmd).await
             }
         }
     }

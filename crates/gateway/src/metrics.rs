@@ -31,7 +31,8 @@ pub struct Metrics {
     pub upstream_failures: Family<Labels, Counter>,
     /// `strata_gateway_fallbacks_total`: requests answered by other than the first try.
     pub fallbacks: Counter,
-    /// `strata_gateway_backend_errors_total{backend}`: Redis failures.
+    /// `strata_gateway_backend_errors_total{backend}`: failures of a shared backend
+    /// (Redis, the store); `backend` is `ratelimit`, `cache`, `semantic_cache` or `store`.
     pub backend_errors: Family<Labels, Counter>,
     /// `strata_gateway_request_duration_seconds`: until response headers.
     pub duration: Histogram,
@@ -63,6 +64,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts one failure of `backend` in `strata_gateway_backend_errors_total`.
+    pub fn backend_error(&self, backend: &'static str) {
+        self.backend_errors
+            .get_or_create(&vec![("backend", backend.into())])
+            .inc();
+    }
+
     pub fn new() -> Metrics {
         let mut m = Metrics {
             registry: Registry::default(),

@@ -269,10 +269,7 @@ pub async fn follow(gw: Arc<Gateway>) {
                 }
             }
             Err(e) => {
-                gw.metrics
-                    .backend_errors
-                    .get_or_create(&vec![("backend", "semantic_cache".into())])
-                    .inc();
+                gw.metrics.backend_error("semantic_cache");
                 tracing::warn!(error = %e, "semantic cache: reading shared entries failed");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }

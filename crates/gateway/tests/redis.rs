@@ -233,7 +233,7 @@ async fn redis_going_away_follows_the_failure_mode() {
 
 #[tokio::test]
 async fn redis_cache_is_shared_by_replicas_but_never_across_tenants() {
-    let redis = Redis::start().await;
+    let mut redis = Redis::start().await;
     let m = mock("m").await;
     let extra = format!(
         "cache: {{enabled: true, backend: redis, redis_url: \"{}\", ttl_secs: 60}}",
@@ -268,6 +268,29 @@ async fn redis_cache_is_shared_by_replicas_but_never_across_tenants() {
     assert_eq!((s, h["x-strata-cache"].to_str().unwrap()), (200, "miss"));
     assert_ne!(theirs["id"], first["id"]);
     assert_eq!(m.requests(), 2);
+    // Redis gone: the cached question is a miss answered by the model, and both the failed
+    // lookup and the failed store are counted.
+    redis.stop();
+    let (s, h, _) = post(
+        &format!("{}/v1/chat/completions", b.url()),
+        Some(&ka),
+        &body,
+    )
+    .await;
+    assert_eq!((s, h["x-strata-cache"].to_str().unwrap()), (200, "miss"));
+    assert_eq!(m.requests(), 3);
+    let text = client()
+        .get(format!("{}/metrics", b.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("strata_gateway_backend_errors_total{backend=\"cache\"} 2"),
+        "{text}"
+    );
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -183,10 +183,7 @@ pub(crate) async fn admit(
         Ok(d) => d,
         Err(e) => {
             release_hold(gw, held, &ledger_id);
-            gw.metrics
-                .backend_errors
-                .get_or_create(&vec![("backend", "ratelimit".into())])
-                .inc();
+            gw.metrics.backend_error("ratelimit");
             return Err(Refusal::BackendUnavailable {
                 what: "Rate limiting",
                 error: e.to_string(),
@@ -194,10 +191,7 @@ pub(crate) async fn admit(
         }
     };
     if decision.degraded {
-        gw.metrics
-            .backend_errors
-            .get_or_create(&vec![("backend", "ratelimit".into())])
-            .inc();
+        gw.metrics.backend_error("ratelimit");
     }
     let mut extra = HeaderMap::new();
     let request_id = parts
@@ -306,10 +300,7 @@ async fn hold_budget(
             )))
         }
         Err(e) => {
-            gw.metrics
-                .backend_errors
-                .get_or_create(&vec![("backend", "store".into())])
-                .inc();
+            gw.metrics.backend_error("store");
             match store_cfg.on_error {
                 FailureMode::Open => {
                     tracing::warn!(error = %e, "budget store failed; admitting on this replica's view (fail open)");

@@ -99,7 +99,15 @@ async fn find(gw: &Gateway, req: &mut Admitted) -> Lookup {
         if cache::is_deterministic(&req.body) {
             let key = cache::cache_key(&req.key.record.tenant, req.route.name(), &req.body);
             if !skip_lookup {
-                if let Some(hit) = c.get(&key).await.and_then(|b| as_reply(req, b)) {
+                let stored = match c.get(&key).await {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        gw.metrics.backend_error("cache");
+                        tracing::warn!(error = %e, "cache lookup failed; treating as a miss");
+                        None
+                    }
+                };
+                if let Some(hit) = stored.and_then(|b| as_reply(req, b)) {
                     count(gw, "hit");
                     return Lookup::Hit(hit);
                 }

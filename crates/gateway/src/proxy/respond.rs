@@ -59,15 +59,15 @@ pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
 /// cache and the semantic cache, where the lookup said it goes.
 pub(crate) async fn store_answer(gw: &Gateway, store: Store, bytes: Bytes) {
     if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
-        c.put(k, bytes.clone()).await;
+        if let Err(e) = c.put(k, bytes.clone()).await {
+            gw.metrics.backend_error("cache");
+            tracing::warn!(error = %e, "cache: storing an answer failed");
+        }
     }
     if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
         if let Some(share) = &gw.semantic_share {
             if let Err(e) = share.publish(&bucket, &vector, &bytes).await {
-                gw.metrics
-                    .backend_errors
-                    .get_or_create(&vec![("backend", "semantic_cache".into())])
-                    .inc();
+                gw.metrics.backend_error("semantic_cache");
                 tracing::warn!(error = %e, "semantic cache: sharing an entry failed");
             }
         }
