@@ -17,6 +17,9 @@
 # Environment: SKIP_BUILD=1 (use target/release/strata as built), SERVERS="strata vllm llama"
 # (a subset), LEVELS="1 4 16 64", PEERS_DIR (where vLLM CPU is installed, see
 # ../shared/peers/vllm-cpu/install.sh, which this script runs when vLLM is missing).
+# STRATA_B=PATH adds a server `strata-b`: another strata binary (an earlier build, say) run
+# with the same flags, for before/after comparisons in one run (SERVERS="strata strata-b").
+# SUMMARY=FILE also writes the summary tables there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,7 +31,8 @@ PEERS="${PEERS_DIR:-$HOME/.cache/strata-peers}"
 VLLM_PEER="$ROOT/../shared/peers/vllm-cpu"
 
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --quiet -p strata-cli --bin strata
-STRATA="$ROOT/target/release/strata"
+# STRATA_BIN: a copy of the binary to run (others' builds may replace target/release mid-run).
+STRATA="${STRATA_BIN:-$ROOT/target/release/strata}"
 MODEL="$("$STRATA" model pull 2>/dev/null | tail -n 1)"
 for s in "${SERVERS[@]}"; do
     case "$s" in
@@ -65,10 +69,11 @@ KV_TOKENS=$(( 64 * (IN + OUT_LEN + 64) ))
 start() { # server -> "pid port"
     local port; port=$(free_port)
     case "$1" in
-        strata)
-            "$STRATA" engine --port "$port" --model "$MODEL" --served-model-name "$NAME" \
+        strata|strata-b)
+            local bin="$STRATA"; [ "$1" = strata-b ] && bin="${STRATA_B:?STRATA_B is not set}"
+            "$bin" engine --port "$port" --model "$MODEL" --served-model-name "$NAME" \
                 --max-num-seqs 64 --kv-cache-memory $(( KV_TOKENS * 30 * 3 * 64 * 2 * 2 )) \
-                --log-format json 2>"$OUT/strata.log" & ;;
+                --log-format json 2>"$OUT/$1.log" & ;;
         vllm)
             bash "$VLLM_PEER/serve.sh" "$port" >"$OUT/vllm.log" 2>&1 & ;;
         llama)
@@ -114,7 +119,7 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
-python3 - "$OUT" "$ROUNDS" "${SERVERS[*]}" "${LEVELS[*]}" <<'PY'
+python3 - "$OUT" "$ROUNDS" "${SERVERS[*]}" "${LEVELS[*]}" <<'PY' | tee "${SUMMARY:-/dev/null}"
 import json, pathlib, statistics, sys
 out, rounds = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 servers, levels = sys.argv[3].split(), sys.argv[4].split()

@@ -71,6 +71,28 @@ pub mod vllm {
     pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
 }
 
+/// Strata's own engine metrics, without a vLLM counterpart: KV blocks moving between
+/// engines and the shared KV tier (issue 21). Counters are named without `_total`.
+pub mod strata {
+    /// Blocks sent to or received from another engine or the tier, `direction="sent"` or
+    /// `"received"`.
+    pub const KV_TRANSFER_BLOCKS: &str = "strata:kv_transfer_blocks";
+    /// Seconds one pull of blocks (from a prefill engine or the tier) took.
+    pub const KV_TRANSFER_SECONDS: &str = "strata:kv_transfer_seconds";
+    /// Blocks this engine holds cached, `medium="GPU"` (its own KV cache) or `"CPU"` (its
+    /// evicted blocks that the tier acknowledged and still holds).
+    pub const KV_TIER_BLOCKS: &str = "strata:kv_tier_blocks";
+    /// Requests by where their prompt's KV came from, `path="local"`, `"remote_prefill"`,
+    /// `"tier"` or `"fallback"` (a pull failed and the prompt was recomputed).
+    pub const KV_TRANSFER_REQUESTS: &str = "strata:kv_transfer_requests";
+    /// Evicted blocks not offered to the tier because its queue was full.
+    pub const KV_OFFLOAD_DROPPED: &str = "strata:kv_offload_dropped_blocks";
+    /// Buckets of [`KV_TRANSFER_SECONDS`].
+    pub const KV_TRANSFER_BUCKETS: &[f64] = &[
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+}
+
 /// vLLM's token-count histogram buckets for a model of context `max_len`: 1, 2, 5, 10, 20,
 /// 50, ... up to the first value at or past `max_len` (vLLM's `build_1_2_5_buckets`, which
 /// stops at the last value ≤ `max_len`).

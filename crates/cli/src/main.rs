@@ -68,6 +68,25 @@ enum Command {
     },
     /// Manage gateway API keys.
     Keys(Box<strata_gateway::KeysArgs>),
+    /// The shared KV tier of this machine: keeps blocks engines evicted (memory, then
+    /// disk), serves them to engines of the same model and shape (`strata engine --kv-tier`).
+    KvTier(KvTierCmd),
+}
+
+#[derive(clap::Args)]
+struct KvTierCmd {
+    /// Address the tier's block-transfer endpoint listens on.
+    #[arg(long, default_value = "127.0.0.1:5600")]
+    listen: SocketAddr,
+    /// Memory bound for blocks (e.g. 512MiB, 2GiB, 1000000).
+    #[arg(long, default_value = "1GiB", value_parser = strata_engine::kv::tier::parse_bytes)]
+    memory_bytes: u64,
+    /// A directory for blocks pushed out of memory (its block files are cleared at start).
+    #[arg(long, value_name = "DIR")]
+    disk_dir: Option<PathBuf>,
+    /// Disk bound for blocks (with --disk-dir).
+    #[arg(long, default_value = "4GiB", value_parser = strata_engine::kv::tier::parse_bytes)]
+    disk_bytes: u64,
 }
 
 #[derive(clap::Args)]
@@ -147,6 +166,30 @@ struct EngineCmd {
     /// KV-event topic (default `kv@<host:port>@<model>`).
     #[arg(long)]
     kv_events_topic: Option<String>,
+    /// Disaggregated serving role (PROTOCOLS §11): `prefill` computes prompts and keeps
+    /// their KV for a decode engine to pull (needs --kv-transfer-port), `decode` pulls a
+    /// prompt's KV from the prefill engine a request names, `both` does either.
+    #[arg(long, default_value = "both")]
+    kv_role: strata_engine::server::KvRole,
+    /// TCP port of this engine's KV block-transfer endpoint, from which other engines pull
+    /// cached blocks by hash (0: off; required with --kv-role prefill).
+    #[arg(long, default_value_t = 0)]
+    kv_transfer_port: u16,
+    /// Host this engine advertises as `remote_host` for its transfer endpoint (default:
+    /// --host, or 127.0.0.1 when --host is a wildcard address).
+    #[arg(long, value_name = "HOST")]
+    kv_transfer_host: Option<String>,
+    /// Seconds a prefill engine keeps a finished request's blocks for its decoder to pull.
+    #[arg(long, default_value_t = 60)]
+    kv_pin_timeout_secs: u64,
+    /// Milliseconds a decode engine waits for a remote prefill's blocks (connect, the
+    /// prefill call and the pull together) before it recomputes the prompt itself.
+    #[arg(long, default_value_t = 5000)]
+    kv_transfer_timeout_ms: u64,
+    /// Address (`host:port`) of this machine's shared KV tier (`strata kv-tier`): evicted
+    /// blocks are offloaded there and looked up before a prompt is recomputed.
+    #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr)]
+    kv_tier: Option<SocketAddr>,
     /// Prompt-lookup speculative decoding, as vLLM spells it: `{"method": "ngram",
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`.
     #[arg(long, value_name = "JSON", value_parser = parse_speculative_config)]
@@ -260,6 +303,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => block_on(strata_gateway::run_keys(*args)),
         Command::Model { command } => model(command),
         Command::Engine(cmd) => engine(*cmd),
+        Command::KvTier(cmd) => block_on(kv_tier(cmd)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -387,6 +431,29 @@ fn mock_engine(cmd: EngineCmd, addr: SocketAddr) -> anyhow::Result<()> {
     })
 }
 
+async fn kv_tier(cmd: KvTierCmd) -> anyhow::Result<()> {
+    use strata_engine::kv::tier::{run_tier, TierConfig, TierOptions};
+    let config = TierConfig {
+        memory_bytes: cmd.memory_bytes,
+        disk: cmd.disk_dir.map(|d| (d, cmd.disk_bytes)),
+        log_entries: TierConfig::DEFAULT_LOG_ENTRIES,
+    };
+    Ok(run_tier(TierOptions {
+        listen: cmd.listen,
+        config,
+    })
+    .await?)
+}
+
+/// A `host:port` (an IP or a name resolved now) as one socket address.
+fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
 fn parse_speculative_config(s: &str) -> Result<strata_engine::spec_decode::SpecConfig, String> {
     strata_engine::spec_decode::SpecConfig::parse(s).map_err(|e| e.to_string())
 }
@@ -446,6 +513,12 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
             kv_events_endpoint: cmd.kv_events_endpoint,
             kv_events_replay_endpoint: cmd.kv_events_replay_endpoint,
             kv_events_topic: cmd.kv_events_topic,
+            kv_role: cmd.kv_role,
+            kv_transfer_port: cmd.kv_transfer_port,
+            kv_transfer_host: cmd.kv_transfer_host,
+            kv_pin_timeout: std::time::Duration::from_secs(cmd.kv_pin_timeout_secs),
+            kv_transfer_timeout: std::time::Duration::from_millis(cmd.kv_transfer_timeout_ms),
+            kv_tier: cmd.kv_tier,
             speculative: cmd.speculative_config,
             generation_config: cmd.generation_config,
             lora: cmd.enable_lora.then_some(strata_engine::lora::LoraOptions {

@@ -1,6 +1,7 @@
 //! Times the block kernels on the default model's shapes (no model file needed):
-//! `cargo run --release -p strata-engine --example kernel_bench -- [M ...]`. Q4_1 runs
-//! twice: f32 activations (`q4_1`) and 8-bit decode activations (`q4_1/q8`).
+//! `cargo run --release -p strata-engine --example kernel_bench -- [M ...]`. Each type runs
+//! twice: f32 activations (`q4_1`, `q8_0`) and 8-bit decode activations (`q4_1/q8`,
+//! `q8_0/q8`).
 use std::time::Instant;
 
 use strata_engine::kernels::{BlockMatrix, BlockType};
@@ -36,7 +37,10 @@ fn main() {
                     data.push(rnd() as u8);
                 }
             }
-            let w = BlockMatrix::new(kind, n, k, data).expect("blocks");
+            // Q8_0 as the model keeps its `lm_head`: with the 8-bit decode-row path too.
+            let w = BlockMatrix::new(kind, n, k, data)
+                .expect("blocks")
+                .with_q8_decode_rows();
             let modes: &[(&str, bool)] = if w.takes_q8_activations() {
                 &[("", false), ("/q8", true)]
             } else {

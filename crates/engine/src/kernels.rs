@@ -73,8 +73,9 @@ pub struct BlockMatrix {
     pub rows: usize,
     pub cols: usize,
     data: Vec<u8>,
-    /// The same 4-bit weights interleaved for the batched integer kernel (decode rows);
-    /// `None` for Q8_0.
+    /// The same weights interleaved for the batched integer kernel (decode rows): always
+    /// for 4-bit weights that allow it, for Q8_0 only after
+    /// [`BlockMatrix::with_q8_decode_rows`].
     packed: Option<PackedQ4>,
 }
 
@@ -144,6 +145,18 @@ impl BlockMatrix {
         })
     }
 
+    /// Gives a Q8_0 matrix the 8-bit decode-row path as well: its weights are kept a
+    /// second time in the interleaved layout, and [`BlockMatrix::matmul_split`] then
+    /// quantizes decode rows' activations for it as it does for 4-bit weights. Other
+    /// types, and Q8_0 weights whose scales the layout cannot hold exactly, are returned
+    /// unchanged (f32 activations for every row).
+    pub fn with_q8_decode_rows(mut self) -> Self {
+        if self.kind == BlockType::Q8_0 && self.packed.is_none() {
+            self.packed = PackedQ4::new_q8_0(self.rows, self.cols, &self.data);
+        }
+        self
+    }
+
     fn row_bytes(&self) -> usize {
         self.cols / BLOCK * self.kind.block_bytes()
     }
@@ -173,7 +186,10 @@ impl BlockMatrix {
 
     /// Whether [`BlockMatrix::matmul_split`] quantizes activations for this block type.
     pub fn takes_q8_activations(&self) -> bool {
-        matches!(self.kind, BlockType::Q4_0 | BlockType::Q4_1)
+        match self.kind {
+            BlockType::Q4_0 | BlockType::Q4_1 => true,
+            BlockType::Q8_0 => self.packed.is_some(),
+        }
     }
 
     /// `x: [m, cols]` → `[m, rows]`. Rows `0..exact` keep f32 activations; rows
@@ -236,7 +252,7 @@ impl BlockMatrix {
     ///
     /// # Safety
     /// `out` points to a `q.m × self.rows` buffer that no one else writes in these columns;
-    /// the matrix is 4-bit.
+    /// the matrix takes 8-bit activations ([`BlockMatrix::takes_q8_activations`]).
     unsafe fn chunk_q8(
         &self,
         path: KernelPath,
@@ -291,7 +307,14 @@ impl BlockMatrix {
                 // SAFETY: AVX2, FMA and F16C are present (the path is supported); shapes
                 // as documented.
                 let y = out.0.add(first);
-                if panel {
+                if panel && path >= KernelPath::Avx512 {
+                    // SAFETY: AVX-512F is present too (the path is supported).
+                    PANEL.with_borrow_mut(|buf| {
+                        avx512::panel_chunk(
+                            self.kind, data, rows, x, m, self.cols, buf, y, self.rows,
+                        )
+                    });
+                } else if panel {
                     PANEL.with_borrow_mut(|buf| {
                         avx2::panel_chunk(self.kind, data, rows, x, m, self.cols, buf, y, self.rows)
                     });
@@ -443,7 +466,7 @@ mod avx2 {
 
     /// How one block type expands into f32: both paths get their weights from here, so
     /// they multiply identical values.
-    trait Expand {
+    pub(super) trait Expand {
         const BYTES: usize;
         /// Expands the block at `p` into four vectors of eight weights (elements 0..8,
         /// 8..16, 16..24, 24..32).
@@ -517,7 +540,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(super) unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -963,6 +986,154 @@ mod avx2 {
     }
 }
 
+/// The f32 panel path at 512 bits, giving the same bits as the 256-bit one: each 16-lane
+/// accumulator holds the 8-lane accumulators of two weight rows side by side (the panel
+/// interleaves the rows of each pair eight floats at a time), and an activation row's
+/// eight floats are broadcast to both halves. Every lane therefore sees the same FMAs in
+/// the same order as on the AVX2 path, and the two halves are summed with its horizontal
+/// sum, so a row's result is the same on either path, alone or in a batch, and the
+/// few-rows path (AVX2) stays its exact twin. What the width buys is half the
+/// instructions per FMA and, with 32 registers, a 6 × 8 tile (24 accumulators) that loads
+/// each weight and activation vector once per six or eight FMAs instead of once per three
+/// or four.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::avx2::{hsum, Expand, Q4_0, Q4_1, Q8_0};
+    use super::{BlockType, BLOCK};
+    use std::arch::x86_64::*;
+
+    /// Activation rows per tile.
+    const MR: usize = 6;
+    /// Pairs of weight rows per tile.
+    const NP: usize = 4;
+
+    /// As [`super::avx2::panel_chunk`]; the panel holds `rows` rounded up to pairs (a
+    /// missing last row is zeros and its outputs are not stored).
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2, FMA and F16C; shapes as [`super::avx2::decode_chunk`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn panel_chunk(
+        kind: BlockType,
+        data: &[u8],
+        rows: usize,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        panel: &mut Vec<f32>,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let pairs = rows.div_ceil(2);
+        panel.clear();
+        // Zeroed, so that the padding row of an odd chunk multiplies to nothing.
+        panel.resize(pairs * 2 * k, 0.0);
+        let (w, p) = (data.as_ptr(), panel.as_mut_ptr());
+        match kind {
+            BlockType::Q4_0 => expand_pairs::<Q4_0>(w, rows, k, p),
+            BlockType::Q4_1 => expand_pairs::<Q4_1>(w, rows, k, p),
+            BlockType::Q8_0 => expand_pairs::<Q8_0>(w, rows, k, p),
+        }
+        panel_gemm(x.as_ptr(), m, k, panel.as_ptr(), rows, y, ldy);
+    }
+
+    /// Row `r` goes to pair `r / 2`, half `r % 2`: its floats `8c..8c + 8` at
+    /// `(pair · k + 8c) · 2 + 8 · half`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn expand_pairs<E: Expand>(w: *const u8, rows: usize, k: usize, p: *mut f32) {
+        let nb = k / BLOCK;
+        for r in 0..rows {
+            let base = p.add((r / 2) * 2 * k + 8 * (r % 2));
+            for b in 0..nb {
+                let v = E::expand(w.add((r * nb + b) * E::BYTES));
+                for (c, vc) in v.iter().enumerate() {
+                    _mm256_storeu_ps(base.add((b * BLOCK + 8 * c) * 2), *vc);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn panel_gemm(
+        x: *const f32,
+        m: usize,
+        k: usize,
+        p: *const f32,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) {
+        let pairs = rows.div_ceil(2);
+        let mut i = 0;
+        while i < m {
+            let mr = (m - i).min(MR);
+            let xp = x.add(i * k);
+            let mut j = 0;
+            while j < pairs {
+                let np = (pairs - j).min(NP);
+                let (wp, yp) = (p.add(j * 2 * k), y.add(i * ldy + 2 * j));
+                // Outputs this tile may store: two per pair, one fewer for a padding row.
+                let cols = (rows - 2 * j).min(2 * np);
+                macro_rules! tiles {
+                    ($($a:literal, $b:literal);*) => {
+                        match (mr, np) {
+                            $(($a, $b) => tile::<$a, $b>(xp, wp, k, yp, ldy, cols),)*
+                            _ => unreachable!("tile shapes cover 1..=MR × 1..=NP"),
+                        }
+                    };
+                }
+                tiles!(6, 4; 6, 3; 6, 2; 6, 1; 5, 4; 5, 3; 5, 2; 5, 1; 4, 4; 4, 3; 4, 2; 4, 1;
+                       3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+                j += np;
+            }
+            i += mr;
+        }
+    }
+
+    /// `M` activation rows × `N` pairs of weight rows; stores the first `cols` of the
+    /// tile's `2N` outputs per row.
+    #[inline(always)]
+    unsafe fn tile<const M: usize, const N: usize>(
+        x: *const f32,
+        w: *const f32,
+        k: usize,
+        y: *mut f32,
+        ldy: usize,
+        cols: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); N]; M];
+        let mut kk = 0;
+        while kk < k {
+            let mut wv = [_mm512_setzero_ps(); N];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(w.add(j * 2 * k + 2 * kk));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                // Eight floats in both halves (the 256-bit broadcast of AVX-512F, as f64).
+                let x8 = _mm256_loadu_pd(x.add(i * k + kk) as *const f64);
+                let xv = _mm512_castpd_ps(_mm512_broadcast_f64x4(x8));
+                for (a, wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(*wj, xv, *a);
+                }
+            }
+            kk += 8;
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, a) in row.iter().enumerate() {
+                let lo = _mm512_castps512_ps256(*a);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                let at = y.add(i * ldy + 2 * j);
+                if 2 * j < cols {
+                    *at = hsum(lo);
+                }
+                if 2 * j + 1 < cols {
+                    *at.add(1) = hsum(hi);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1172,13 +1343,20 @@ mod tests {
             .collect()
     }
 
+    /// A random matrix that takes 8-bit decode rows (Q8_0 repacked for them).
+    fn random_q8_rows(kind: BlockType, rows: usize, cols: usize, seed: u64) -> BlockMatrix {
+        let w = random_blocks(kind, rows, cols, seed).with_q8_decode_rows();
+        assert!(w.takes_q8_activations(), "{kind:?}");
+        w
+    }
+
     #[test]
     fn every_integer_path_gives_the_scalar_bits() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-        for kind in [BlockType::Q4_0, BlockType::Q4_1] {
+        for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
             // Rows not a multiple of the group (a padded last group), several tasks.
             for (n, k) in [(37, 96), (53, 160), (130, 64)] {
-                let w = random_blocks(kind, n, k, 17);
+                let w = random_q8_rows(kind, n, k, 17);
                 assert!(w.packed.is_some());
                 for m in [1, 2, 5, 8, 9, 17] {
                     let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
@@ -1202,9 +1380,17 @@ mod tests {
     fn every_path_keeps_a_row_identical_alone_and_in_a_batch() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(22);
         for path in paths_here() {
-            for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
+            // Q8_0 twice: f32 activations only, and with 8-bit decode rows.
+            for (kind, q8_rows) in [
+                (BlockType::Q4_0, true),
+                (BlockType::Q4_1, true),
+                (BlockType::Q8_0, false),
+                (BlockType::Q8_0, true),
+            ] {
                 let (n, k, m) = (45, 128, 13);
                 let w = random_blocks(kind, n, k, 19);
+                let w = if q8_rows { w.with_q8_decode_rows() } else { w };
+                assert_eq!(w.takes_q8_activations(), q8_rows, "{kind:?}");
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
                 for exact in [0, 2, 5, m] {
                     let batch = w.matmul_split_on(path, &x, m, exact);
@@ -1260,6 +1446,79 @@ mod tests {
         }
     }
 
+    /// `Σ_b d_w · d_x · Σ q_w q_x` in f64: the product the 8-bit kernels compute, for Q8_0
+    /// weights.
+    fn q8_0_twin(w: &BlockMatrix, q: &QuantRows, i: usize, n: usize) -> f32 {
+        let rb = w.row_bytes();
+        let nb = q.k / BLOCK;
+        let row = &w.data[n * rb..(n + 1) * rb];
+        let mut acc = 0f64;
+        for (b, block) in row.chunks_exact(34).enumerate() {
+            let isum: i32 = (0..BLOCK)
+                .map(|j| i32::from(block[2 + j] as i8) * i32::from(q.q[i * q.k + b * BLOCK + j]))
+                .sum();
+            acc += f64::from(read_f16(block, 0)) * f64::from(q.d[i * nb + b]) * f64::from(isum);
+        }
+        acc as f32
+    }
+
+    #[test]
+    fn q8_0_decode_rows_agree_with_the_integer_product_and_the_f32_product() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+        let (n, k, m) = (40, 192, 6);
+        let w = random_q8_rows(BlockType::Q8_0, n, k, 31);
+        let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let want = reference(&w, &x, m);
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let q = QuantRows::new(&x, m, k);
+        for path in paths_here() {
+            // Two rows f32, four decode rows.
+            let got = w.matmul_split_on(path, &x, m, 2);
+            for i in 0..m {
+                for j in 0..n {
+                    let (g, r) = (got[i * n + j], want[i * n + j]);
+                    if i < 2 {
+                        assert!(
+                            (g - r).abs() <= 1e-4 * scale,
+                            "{path:?} {i},{j}: {g} vs {r}"
+                        );
+                        continue;
+                    }
+                    // The offset form `d·(q + 128) − 128·d` only reorders exact terms.
+                    let twin = q8_0_twin(&w, &q, i, j);
+                    assert!(
+                        (g - twin).abs() <= 1e-5 * scale,
+                        "{path:?} {i},{j}: {g} vs {twin}"
+                    );
+                    assert!(
+                        (g - r).abs() <= 1e-2 * scale,
+                        "{path:?} {i},{j}: {g} vs {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_with_scales_the_layout_cannot_hold_keeps_f32_activations() {
+        // −128 · 1024 overflows f16: the matrix stays on the f32 path for every row.
+        let mut block = vec![0u8; 34];
+        block[..2].copy_from_slice(&f16::from_f32(1024.0).to_bits().to_le_bytes());
+        block[2] = 3;
+        let w = BlockMatrix::new(BlockType::Q8_0, 1, 32, block)
+            .expect("one block")
+            .with_q8_decode_rows();
+        assert!(w.packed.is_none());
+        assert!(!w.takes_q8_activations());
+        let x = vec![0.5f32; 32];
+        assert_eq!(w.matmul_split(&x, 1, 0), vec![1024.0 * 3.0 * 0.5]);
+        assert!(PackedQ4::new_q8_0(1, 32, &w.data).is_none());
+        // A 4-bit matrix is returned as it was.
+        let q4 = random_blocks(BlockType::Q4_1, 3, 64, 1);
+        let again = q4.clone().with_q8_decode_rows();
+        assert_eq!(again.size_bytes(), q4.size_bytes());
+    }
+
     #[test]
     fn unpackable_weights_fall_back_to_the_gguf_kernels() {
         // A Q4_0 scale so large that −8·d overflows f16: not packed, still multiplied.
@@ -1276,6 +1535,29 @@ mod tests {
             "{got:?} {want:?}"
         );
         assert!(PackedQ4::new(BlockType::Q8_0, 1, 32, &[0; 34]).is_none());
+    }
+
+    #[test]
+    fn the_512_bit_f32_panel_gives_the_256_bit_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
+            // Odd chunks (a padding row), tails of the 6 × 8 tile, several tasks.
+            for (n, k, m) in [(37, 96, 4), (101, 64, 7), (96, 128, 13), (49, 32, 22)] {
+                let w = random_blocks(kind, n, k, 37);
+                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let want = w.matmul_split_on(KernelPath::Avx2, &x, m, m);
+                for path in [KernelPath::Avx512, KernelPath::Avx512Vnni] {
+                    let got = w.matmul_split_on(path, &x, m, m);
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            r.to_bits(),
+                            "{kind:?} {path:?} n={n} m={m} output {i}: {g} vs {r}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

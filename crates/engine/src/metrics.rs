@@ -22,7 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use strata_api::model_server::{token_buckets, vllm};
+use strata_api::model_server::{strata, token_buckets, vllm};
 
 type Labels = Vec<(String, String)>;
 
@@ -53,6 +53,38 @@ pub struct MetricLimits {
     pub max_model_len: usize,
     /// Tokens per step: the tokens-per-step histogram goes up to it.
     pub max_num_batched_tokens: usize,
+}
+
+/// Where a request's prompt KV came from (`strata:kv_transfer_requests_total{path}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferPath {
+    /// Computed here (or found in this engine's own prefix cache).
+    Local,
+    /// Pulled from a prefill engine.
+    RemotePrefill,
+    /// Fetched from the shared KV tier.
+    Tier,
+    /// A pull failed or timed out and the prompt was recomputed here.
+    Fallback,
+}
+
+impl TransferPath {
+    pub const ALL: [TransferPath; 4] = [
+        TransferPath::Local,
+        TransferPath::RemotePrefill,
+        TransferPath::Tier,
+        TransferPath::Fallback,
+    ];
+
+    /// The `path` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::RemotePrefill => "remote_prefill",
+            Self::Tier => "tier",
+            Self::Fallback => "fallback",
+        }
+    }
 }
 
 /// What one finished sequence reports.
@@ -109,6 +141,22 @@ pub struct EngineMetrics {
     /// while LoRA is off, as vLLM).
     pub lora_requests_info: Family<Labels, Gauge<f64, AtomicU64>>,
     lora_last: Mutex<Option<Labels>>,
+    // --- KV transfer and the shared tier (issue 21), `strata:*` names ---
+    /// `direction`: `sent` (exported to a peer) or `received` (installed from a peer or
+    /// the tier); both counted by the engine loop.
+    pub kv_transfer_blocks: Family<Labels, Counter>,
+    /// One pull (the server observes it, [`EngineMetrics::observe_transfer`]).
+    pub kv_transfer_seconds: Histogram,
+    /// `medium`: `GPU` (cached blocks in the pool) or `CPU` (announced on the tier).
+    pub kv_tier_blocks: Family<Labels, Gauge>,
+    /// `path`: see [`TransferPath`].
+    pub kv_transfer_requests: Family<Labels, Counter>,
+    /// Evicted blocks dropped because the offload queue was full.
+    pub kv_offload_dropped: Counter,
+    /// The `GPU` and `CPU` series of `kv_tier_blocks`, set every engine step without a
+    /// label lookup.
+    tier_gpu: Gauge,
+    tier_cpu: Gauge,
 }
 
 fn histogram(buckets: &[f64]) -> Histogram {
@@ -167,6 +215,13 @@ impl EngineMetrics {
             spec_decode: Default::default(),
             lora_requests_info: Family::default(),
             lora_last: Mutex::new(None),
+            kv_transfer_blocks: Family::default(),
+            kv_transfer_seconds: histogram(strata::KV_TRANSFER_BUCKETS),
+            kv_tier_blocks: Family::default(),
+            kv_transfer_requests: Family::default(),
+            kv_offload_dropped: Counter::default(),
+            tier_gpu: Gauge::default(),
+            tier_cpu: Gauge::default(),
             registry: Registry::default(),
         };
         // Every series but the `http_*` and `process_*` ones carries the model and engine,
@@ -341,6 +396,46 @@ impl EngineMetrics {
         );
         // --- speculative decoding ---
         m.spec_decode.register(r);
+        // --- KV transfer and the shared tier: every label value present from the start ---
+        r.register(
+            strata::KV_TRANSFER_BLOCKS,
+            "KV blocks sent to or received from another engine or the KV tier",
+            m.kv_transfer_blocks.clone(),
+        );
+        for direction in ["sent", "received"] {
+            m.record_transfer_blocks(direction, 0);
+        }
+        r.register(
+            strata::KV_TRANSFER_SECONDS,
+            "Seconds one pull of KV blocks from a prefill engine or the KV tier took",
+            m.kv_transfer_seconds.clone(),
+        );
+        r.register(
+            strata::KV_TIER_BLOCKS,
+            "Cached KV blocks by medium (GPU: this engine's cache, CPU: on the KV tier)",
+            m.kv_tier_blocks.clone(),
+        );
+        let tier_gauge = |medium: &str| {
+            m.kv_tier_blocks
+                .get_or_create(&vec![("medium".into(), medium.into())])
+                .clone()
+        };
+        let (tier_gpu, tier_cpu) = (tier_gauge("GPU"), tier_gauge("CPU"));
+        r.register(
+            strata::KV_TRANSFER_REQUESTS,
+            "Requests by where their prompt KV came from",
+            m.kv_transfer_requests.clone(),
+        );
+        for path in TransferPath::ALL {
+            m.kv_transfer_requests
+                .get_or_create(&vec![("path".into(), path.as_str().into())])
+                .inc_by(0);
+        }
+        r.register(
+            strata::KV_OFFLOAD_DROPPED,
+            "Evicted KV blocks not offered to the tier because its queue was full",
+            m.kv_offload_dropped.clone(),
+        );
         registry.register(
             "http_requests",
             "Total number of requests by method, status and handler",
@@ -358,7 +453,12 @@ impl EngineMetrics {
             m.lora_requests_info.clone(),
         );
         m.process.register(&mut registry);
-        Self { registry, ..m }
+        Self {
+            registry,
+            tier_gpu,
+            tier_cpu,
+            ..m
+        }
     }
 
     /// The LoRA slots and the adapters of the running and waiting requests (comma-joined,
@@ -413,16 +513,58 @@ impl EngineMetrics {
 
     /// A sequence produced its first token: its prompt is counted, by where its KV came from.
     pub fn record_prompt(&self, prompt_tokens: usize, cached_tokens: usize) {
-        let cached = cached_tokens.min(prompt_tokens) as u64;
-        let computed = prompt_tokens as u64 - cached;
+        self.record_prompt_sources(prompt_tokens, cached_tokens, 0);
+    }
+
+    /// [`Self::record_prompt`] for a prompt of which `imported_tokens` (a part of
+    /// `cached_tokens`) came from another engine or the tier: those count as
+    /// `external_kv_transfer`, the other cached ones as `local_cache_hit`, and all of them
+    /// as cached (vLLM's `prompt_tokens_cached` includes KV-transferred tokens too).
+    pub fn record_prompt_sources(
+        &self,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        imported_tokens: usize,
+    ) {
+        let cached = cached_tokens.min(prompt_tokens);
+        let imported = imported_tokens.min(cached);
+        let computed = prompt_tokens - cached;
         self.prompt_tokens.inc_by(prompt_tokens as u64);
-        self.prompt_tokens_cached.inc_by(cached);
-        self.prompt_tokens_by_source
-            .get_or_create(&vec![("source".into(), "local_compute".into())])
-            .inc_by(computed);
-        self.prompt_tokens_by_source
-            .get_or_create(&vec![("source".into(), "local_cache_hit".into())])
-            .inc_by(cached);
+        self.prompt_tokens_cached.inc_by(cached as u64);
+        for (source, n) in [
+            ("local_compute", computed),
+            ("local_cache_hit", cached - imported),
+            ("external_kv_transfer", imported),
+        ] {
+            self.prompt_tokens_by_source
+                .get_or_create(&vec![("source".into(), source.into())])
+                .inc_by(n as u64);
+        }
+    }
+
+    /// `n` blocks went `direction` (`"sent"` or `"received"`).
+    pub fn record_transfer_blocks(&self, direction: &str, n: u64) {
+        self.kv_transfer_blocks
+            .get_or_create(&vec![("direction".into(), direction.into())])
+            .inc_by(n);
+    }
+
+    /// One pull of blocks took `elapsed`.
+    pub fn observe_transfer(&self, elapsed: Duration) {
+        self.kv_transfer_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// A request's prompt KV came through `path`.
+    pub fn record_transfer_request(&self, path: TransferPath) {
+        self.kv_transfer_requests
+            .get_or_create(&vec![("path".into(), path.as_str().into())])
+            .inc();
+    }
+
+    /// Cached blocks in the engine's own cache (`GPU`) and announced on the tier (`CPU`).
+    pub fn set_tier_blocks(&self, gpu: usize, cpu: usize) {
+        self.tier_gpu.set(i64::try_from(gpu).unwrap_or(i64::MAX));
+        self.tier_cpu.set(i64::try_from(cpu).unwrap_or(i64::MAX));
     }
 
     /// The parameters of an accepted request (once per request, whatever its `n`).
@@ -713,6 +855,96 @@ mod tests {
         assert_eq!(
             (load.waiting, load.running, load.block_size),
             (3.0, 2.0, Some(16))
+        );
+    }
+
+    #[test]
+    fn kv_transfer_and_tier_series_start_at_zero_and_count() {
+        let m = EngineMetrics::new("m", 16, 100);
+        let value = |page: &str, name: &str, label: (&str, &str)| {
+            let (all, bad) = samples(page);
+            assert_eq!(bad, 0);
+            all.iter()
+                .find(|s| s.name == name && s.label(label.0) == Some(label.1))
+                .map(|s| s.value)
+        };
+        let page = m.render();
+        for d in ["sent", "received"] {
+            assert_eq!(
+                value(&page, "strata:kv_transfer_blocks_total", ("direction", d)),
+                Some(0.0)
+            );
+        }
+        for p in TransferPath::ALL {
+            assert_eq!(
+                value(
+                    &page,
+                    "strata:kv_transfer_requests_total",
+                    ("path", p.as_str())
+                ),
+                Some(0.0)
+            );
+        }
+        assert_eq!(
+            value(&page, "strata:kv_tier_blocks", ("medium", "CPU")),
+            Some(0.0)
+        );
+        m.record_transfer_blocks("sent", 3);
+        m.record_transfer_blocks("received", 5);
+        m.record_transfer_request(TransferPath::Tier);
+        m.record_transfer_request(TransferPath::Tier);
+        m.record_transfer_request(TransferPath::Fallback);
+        m.observe_transfer(Duration::from_millis(3));
+        m.set_tier_blocks(7, 11);
+        m.kv_offload_dropped.inc_by(2);
+        // 100 prompt tokens: 40 computed, 60 cached of which 20 were imported.
+        m.record_prompt_sources(100, 60, 20);
+        let page = m.render();
+        let v = |name: &str, label: (&str, &str)| value(&page, name, label);
+        assert_eq!(
+            v("strata:kv_transfer_blocks_total", ("direction", "sent")),
+            Some(3.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_blocks_total", ("direction", "received")),
+            Some(5.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_requests_total", ("path", "tier")),
+            Some(2.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_requests_total", ("path", "fallback")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_requests_total", ("path", "local")),
+            Some(0.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_seconds_bucket", ("le", "0.005")),
+            Some(1.0)
+        );
+        assert_eq!(
+            v("strata:kv_transfer_seconds_bucket", ("le", "0.0025")),
+            Some(0.0)
+        );
+        assert_eq!(v("strata:kv_tier_blocks", ("medium", "GPU")), Some(7.0));
+        assert_eq!(v("strata:kv_tier_blocks", ("medium", "CPU")), Some(11.0));
+        assert_eq!(
+            v(
+                "strata:kv_offload_dropped_blocks_total",
+                ("model_name", "m")
+            ),
+            Some(2.0)
+        );
+        let by = |s: &str| v("vllm:prompt_tokens_by_source_total", ("source", s));
+        assert_eq!(by("local_compute"), Some(40.0));
+        assert_eq!(by("local_cache_hit"), Some(40.0));
+        assert_eq!(by("external_kv_transfer"), Some(20.0));
+        assert_eq!(
+            v("vllm:prompt_tokens_cached_total", ("model_name", "m")),
+            Some(60.0)
         );
     }
 

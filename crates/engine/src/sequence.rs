@@ -65,6 +65,10 @@ pub enum SeqEvent {
         cached_tokens: usize,
         /// When it queued, was first scheduled and produced tokens (for trace spans).
         times: SeqTimes,
+        /// The blocks kept under the request's pin (`GenerationRequest::pin`), in prompt
+        /// order; empty without a pin (or when nothing could be kept). The server reports
+        /// them as `remote_block_ids`.
+        pinned_blocks: Vec<u32>,
     },
 }
 
@@ -89,6 +93,18 @@ pub struct GenerationRequest {
     /// The LoRA adapter the request's `model` named; `None` is the base model. Holding it
     /// keeps the adapter from being unloaded while the request runs.
     pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
+    /// Prompt blocks pulled from elsewhere (a prefill engine or the KV tier), in prompt
+    /// order, starting at the first block that was not cached here when the server looked.
+    /// Right before the request is admitted the loop installs the run of them that matches
+    /// the prompt's own block hashes (at the first mismatch, that block and the rest are
+    /// dropped), skipping blocks that became cached meanwhile; admission then takes them as
+    /// prefix hits. Empty for a request computed as usual.
+    pub imported: Vec<crate::kv::transfer::BlockData>,
+    /// Prefill role: when the request finishes (stop or length), its full committed prompt
+    /// blocks stay referenced under this pin id until a decoder exports them with
+    /// `release`, [`EngineHandle::release_pin`](crate::engine::EngineHandle::release_pin)
+    /// drops it, or the engine's pin timeout passes.
+    pub pin: Option<String>,
 }
 
 /// Timestamps for the latency histograms and trace spans.
@@ -137,6 +153,14 @@ pub struct Sequence {
     pub spec: SpecState,
     /// The LoRA adapter this sequence runs with (`None`: the base model).
     pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
+    /// Imported blocks not yet installed (taken at the first admission).
+    pub imported: Vec<crate::kv::transfer::BlockData>,
+    /// Indices (into `block_hashes`) of the blocks installed from `imported`.
+    pub installed: Vec<usize>,
+    /// Prompt tokens whose KV came from imported blocks (a part of `cached_tokens`).
+    pub imported_tokens: usize,
+    /// See [`GenerationRequest::pin`].
+    pub pin: Option<String>,
 }
 
 impl Sequence {
@@ -171,6 +195,10 @@ impl Sequence {
             num_draft: 0,
             spec: SpecState::default(),
             lora: req.lora,
+            imported: req.imported,
+            installed: Vec::new(),
+            imported_tokens: 0,
+            pin: req.pin,
         }
     }
 

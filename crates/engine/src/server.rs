@@ -41,6 +41,7 @@ use crate::gguf::{GgufFile, ModelError};
 use crate::kv::block_pool::{HashKey, PoolEvent};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::hashing::BlockHash;
+use crate::kv::transfer::BlockData;
 use crate::kv_events::{self, KvEvent, KvEventPublisher, KvEventsConfig};
 use crate::lora::registry::read_adapter;
 use crate::lora::{LoadLoraRequest, LoraAdapter, LoraOptions, LoraRegistry, UnloadLoraRequest};
@@ -52,6 +53,9 @@ use crate::sequence::{FinishReason, GenerationRequest, SeqEvent, SeqTimes, Token
 use crate::spec_decode::SpecConfig;
 use crate::structured::{GrammarCompiler, GrammarState};
 use crate::tokenizer::Tokenizer;
+
+mod disagg;
+pub use disagg::{start_kv_services, KvServices, KvState};
 
 /// Engine tuning, with defaults that serve on one machine.
 #[derive(Debug, Clone)]
@@ -99,6 +103,19 @@ pub struct EngineOptions {
     /// cost (at least 256 prefill tokens a step, so prompts always progress). Zero turns it
     /// off: only `max_num_batched_tokens` bounds a step.
     pub step_time_budget_ms: u64,
+    /// Disaggregated serving role (`--kv-role`, PROTOCOLS §11).
+    pub kv_role: KvRole,
+    /// Port of the KV block-transfer endpoint (`--kv-transfer-port`); 0 is off.
+    pub kv_transfer_port: u16,
+    /// Host advertised as `remote_host` (`--kv-transfer-host`); `None`: the bind host, or
+    /// 127.0.0.1 for a wildcard bind.
+    pub kv_transfer_host: Option<String>,
+    /// How long a prefill engine keeps a finished request's blocks pinned for its decoder.
+    pub kv_pin_timeout: Duration,
+    /// How long a decode engine waits for a remote prefill's blocks before recomputing.
+    pub kv_transfer_timeout: Duration,
+    /// The machine's shared KV tier (`--kv-tier`); off when `None`.
+    pub kv_tier: Option<SocketAddr>,
 }
 
 impl Default for EngineOptions {
@@ -127,11 +144,59 @@ impl Default for EngineOptions {
             generation_config: "auto".to_string(),
             lora: None,
             step_time_budget_ms: 100,
+            kv_role: KvRole::Both,
+            kv_transfer_port: 0,
+            kv_transfer_host: None,
+            kv_pin_timeout: Duration::from_secs(60),
+            kv_transfer_timeout: Duration::from_millis(5000),
+            kv_tier: None,
         }
     }
 }
 
-/// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
+/// What part of a disaggregated deployment an engine plays (`--kv-role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvRole {
+    /// Computes prompts and keeps their KV for a decode engine to pull.
+    Prefill,
+    /// Pulls a prompt's KV from the prefill engine a request names.
+    Decode,
+    /// Either, and colocated serving.
+    #[default]
+    Both,
+}
+
+impl KvRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+            Self::Both => "both",
+        }
+    }
+}
+
+impl std::fmt::Display for KvRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "prefill" => Ok(Self::Prefill),
+            "decode" => Ok(Self::Decode),
+            "both" => Ok(Self::Both),
+            other => Err(format!(
+                "unknown KV role `{other}`; expected prefill, decode or both"
+            )),
+        }
+    }
+}
+
+/// The default block-hash seed:/// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
 /// a default Strata engine and a default vLLM engine in `sha256_cbor` mode name the same
 /// blocks.
 pub use crate::kv::hashing::DEFAULT_HASH_SEED;
@@ -182,6 +247,8 @@ pub struct AppState {
     pub generation_defaults: GenerationDefaults,
     /// The loaded LoRA adapters; `None` when LoRA is off.
     pub lora: Option<std::sync::Mutex<LoraRegistry>>,
+    /// Disaggregation role, transfer endpoint and tier.
+    pub kv: KvState,
 }
 
 impl AppState {
@@ -301,6 +368,19 @@ pub fn load(
             None
         }
     };
+    // The tier gets copies of evicted blocks; the offloader that sends them starts with
+    // the async services (`start_kv_services`).
+    let (evicted_tx, evicted_rx) = match opts.kv_tier {
+        Some(_) if opts.prefix_caching => {
+            let (tx, rx) = tokio::sync::mpsc::channel(disagg::EVICTED_QUEUE);
+            (Some(tx), Some(rx))
+        }
+        Some(tier) => {
+            tracing::warn!(%tier, "--kv-tier is ignored without prefix caching");
+            (None, None)
+        }
+        None => (None, None),
+    };
     let (handle, engine_thread) = engine::start(
         Arc::new(model),
         tokenizer.clone(),
@@ -319,9 +399,12 @@ pub fn load(
             max_loras: opts.lora.as_ref().map(|l| l.max_loras),
             step_time_budget: (opts.step_time_budget_ms > 0)
                 .then(|| Duration::from_millis(opts.step_time_budget_ms)),
+            pin_timeout: opts.kv_pin_timeout,
+            weights_path: Some(model_path.to_path_buf()),
         },
         metrics.clone(),
         kv_events,
+        evicted_tx,
     );
     let state = Arc::new(AppState {
         model_name: model_name.to_string(),
@@ -336,6 +419,7 @@ pub fn load(
         grammar,
         generation_defaults,
         lora: lora.map(std::sync::Mutex::new),
+        kv: KvState::new(opts, evicted_rx),
     });
     Ok(Loaded {
         state,
@@ -404,58 +488,87 @@ fn kv_event_sink(
     })))
 }
 
-/// Pool changes as vLLM KV events: consecutive stores of a chain become one BlockStored,
-/// consecutive evictions one BlockRemoved.
+/// Pool changes as vLLM KV events: consecutive stores of a chain on one medium become one
+/// BlockStored, consecutive removals from one medium one BlockRemoved. The engine's own
+/// cache is `medium: "GPU"` (vLLM's name for the primary tier, on CPU too); blocks it
+/// offloaded to the shared tier are `"CPU"`.
 pub fn to_kv_events(events: Vec<PoolEvent>, block_size: usize) -> Vec<KvEvent> {
     let wire = |h: &HashKey| BlockHash(*h).to_u64();
     let mut out: Vec<KvEvent> = Vec::new();
     for ev in events {
-        match ev {
+        let (stored, medium) = match ev {
             PoolEvent::Stored {
                 hash,
                 parent,
                 tokens,
                 lora,
-            } => {
-                if let Some(KvEvent::BlockStored {
-                    block_hashes,
-                    token_ids,
-                    lora_name,
-                    ..
-                }) = out.last_mut()
-                {
-                    if parent.as_ref().map(wire) == block_hashes.last().copied()
-                        && lora_name.as_deref() == lora.as_ref().map(|l| l.name.as_str())
-                    {
-                        block_hashes.push(wire(&hash));
-                        token_ids.extend_from_slice(&tokens);
-                        continue;
-                    }
-                }
-                out.push(KvEvent::BlockStored {
-                    block_hashes: vec![wire(&hash)],
-                    parent_block_hash: parent.as_ref().map(wire),
-                    token_ids: tokens,
-                    block_size,
-                    lora_id: lora.as_ref().map(|l| l.id),
-                    medium: Some(kv_events::MEDIUM_GPU.to_string()),
-                    lora_name: lora.map(|l| l.name),
-                });
-            }
+            } => ((hash, parent, tokens, lora), kv_events::MEDIUM_GPU),
+            PoolEvent::TierStored {
+                hash,
+                parent,
+                tokens,
+                lora,
+            } => ((hash, parent, tokens, lora), kv_events::MEDIUM_CPU),
             PoolEvent::Removed { hash } => {
-                if let Some(KvEvent::BlockRemoved { block_hashes, .. }) = out.last_mut() {
-                    block_hashes.push(wire(&hash));
-                    continue;
-                }
-                out.push(KvEvent::BlockRemoved {
-                    block_hashes: vec![wire(&hash)],
-                    medium: Some(kv_events::MEDIUM_GPU.to_string()),
-                });
+                push_removed(&mut out, wire(&hash), kv_events::MEDIUM_GPU);
+                continue;
             }
-            PoolEvent::Cleared => out.push(KvEvent::AllBlocksCleared),
+            PoolEvent::TierRemoved { hash } => {
+                push_removed(&mut out, wire(&hash), kv_events::MEDIUM_CPU);
+                continue;
+            }
+            PoolEvent::Cleared => {
+                out.push(KvEvent::AllBlocksCleared);
+                continue;
+            }
+        };
+        let (hash, parent, tokens, lora) = stored;
+        if let Some(KvEvent::BlockStored {
+            block_hashes,
+            token_ids,
+            lora_name,
+            medium: last_medium,
+            ..
+        }) = out.last_mut()
+        {
+            if parent.as_ref().map(wire) == block_hashes.last().copied()
+                && lora_name.as_deref() == lora.as_ref().map(|l| l.name.as_str())
+                && last_medium.as_deref() == Some(medium)
+            {
+                block_hashes.push(wire(&hash));
+                token_ids.extend_from_slice(&tokens);
+                continue;
+            }
         }
+        out.push(KvEvent::BlockStored {
+            block_hashes: vec![wire(&hash)],
+            parent_block_hash: parent.as_ref().map(wire),
+            token_ids: tokens,
+            block_size,
+            lora_id: lora.as_ref().map(|l| l.id),
+            medium: Some(medium.to_string()),
+            lora_name: lora.map(|l| l.name),
+        });
     }
     out
+}
+
+/// Appends a removal, joining the previous BlockRemoved of the same medium.
+fn push_removed(out: &mut Vec<KvEvent>, hash: u64, medium: &str) {
+    if let Some(KvEvent::BlockRemoved {
+        block_hashes,
+        medium: last,
+    }) = out.last_mut()
+    {
+        if last.as_deref() == Some(medium) {
+            block_hashes.push(hash);
+            return;
+        }
+    }
+    out.push(KvEvent::BlockRemoved {
+        block_hashes: vec![hash],
+        medium: Some(medium.to_string()),
+    });
 }
 
 /// The HTTP routes.
@@ -512,6 +625,13 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         return crate::embed::server::run(config).await;
     }
     let mut opts = config.options.clone();
+    if opts.kv_role == KvRole::Prefill && opts.kv_transfer_port == 0 {
+        return Err(ServerError::Option(
+            "--kv-role prefill needs --kv-transfer-port: decode engines pull the prompt's KV \
+             blocks from that endpoint"
+                .into(),
+        ));
+    }
     if opts.kv_events_topic.is_none() {
         opts.kv_events_topic = Some(kv_events::topic(
             &config.addr.to_string(),
@@ -530,20 +650,50 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
-    tracing::info!(addr = %local, model = %config.model_name, "serving");
+    let transfer = match config.options.kv_transfer_port {
+        0 => None,
+        port => {
+            let addr = SocketAddr::new(config.addr.ip(), port);
+            Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Bind { addr, source })?,
+            )
+        }
+    };
+    let advertise = config
+        .options
+        .kv_transfer_host
+        .clone()
+        .unwrap_or_else(|| advertised_host(config.addr.ip()));
+    let services =
+        start_kv_services(&loaded.state, transfer, &advertise).map_err(ServerError::Serve)?;
+    tracing::info!(addr = %local, model = %config.model_name, kv_role = %config.options.kv_role, "serving");
     let engine = loaded.state.clone();
     let draining = loaded.state.clone();
-    serve_with_drain(
+    let served = serve_with_drain(
         listener,
         router(loaded.state.clone()),
         config.options.shutdown_grace,
         move || draining.engine.start_draining(),
         move || engine.engine.in_flight(),
     )
-    .await?;
+    .await;
+    services.shutdown().await;
+    served?;
     drop(loaded.state);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The host a transfer endpoint bound to `ip` advertises by default: the bind address, or
+/// loopback for a wildcard bind (which names no one address peers could use).
+fn advertised_host(ip: std::net::IpAddr) -> String {
+    if ip.is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        ip.to_string()
+    }
 }
 
 /// Serves `app` until Ctrl-C or SIGTERM, then drains: `start_draining`, a wait of up to
@@ -686,6 +836,8 @@ struct Job {
     sampling: SamplingParams,
     /// The adapter `model` named; `None` for the base model.
     lora: Option<Arc<LoraAdapter>>,
+    /// Prefill for a remote decoder: the pin its blocks are kept under.
+    pin: Option<String>,
 }
 
 fn check_sampling_ids(state: &AppState, p: &SamplingParams) -> Result<(), ApiError> {
@@ -696,7 +848,14 @@ fn check_sampling_ids(state: &AppState, p: &SamplingParams) -> Result<(), ApiErr
 
 /// Submits every choice; on failure nothing stays queued (dropping the receivers aborts
 /// any that were accepted).
-fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>>, ApiError> {
+///
+/// `imported` (blocks fetched from a peer or the tier) ride with the first choice: the
+/// others find them cached once it is admitted.
+fn submit(
+    state: &AppState,
+    job: &Job,
+    mut imported: Vec<BlockData>,
+) -> Result<Vec<UnboundedReceiver<SeqEvent>>, ApiError> {
     // Compile every choice's grammar before queueing anything, so a schema that cannot be
     // enforced is a 400 with nothing submitted.
     let mut grammars = Vec::new();
@@ -727,6 +886,8 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
             grammar: grammars.next(),
             speculative: job.sampling.speculative,
             lora: job.lora.clone(),
+            imported: std::mem::take(&mut imported),
+            pin: job.pin.clone(),
         };
         state.engine.submit(req).map_err(|e| match e {
             SubmitError::QueueFull(_) => ApiError::rate_limited(
@@ -740,6 +901,45 @@ fn submit(state: &AppState, job: &Job) -> Result<Vec<UnboundedReceiver<SeqEvent>
         .metrics
         .record_params(job.sampling.n as usize, job.max_tokens);
     Ok(receivers)
+}
+
+/// Checks the request's `kv_transfer_params` / `x-prefiller-host-port` (a 400 for what
+/// this engine cannot honour), then fetches what it can of the prompt's KV: from the
+/// prefill engine named, or from the tier. Sets the job's pin for a remote decoder.
+async fn prepare_kv(
+    state: &AppState,
+    job: &mut Job,
+    params: Option<&strata_api::types::KvTransferParams>,
+    headers: &HeaderMap,
+    stream: bool,
+    path: &str,
+    body: &Bytes,
+) -> Result<Vec<BlockData>, ApiError> {
+    let plan = disagg::plan(state, params, headers, stream, job.sampling.n, &job.id)?;
+    let prompt = disagg::PromptRef {
+        tokens: &job.prompt,
+        salt: job.sampling.cache_salt.as_deref(),
+        lora: job.lora.as_ref().map(|a| a.name.as_str()),
+        path,
+        body,
+    };
+    let prepared = disagg::prepare(state, &plan, prompt).await;
+    job.pin = prepared.pin;
+    Ok(prepared.imported)
+}
+
+/// The top-level `kv_transfer_params` of a request prefilled for a remote decoder.
+fn prefill_answer(
+    state: &AppState,
+    job: &Job,
+    collected: &[Collected],
+) -> Option<strata_api::types::KvTransferParams> {
+    let pin = job.pin.as_deref()?;
+    let blocks = collected
+        .first()
+        .map(|c| c.pinned_blocks.as_slice())
+        .unwrap_or_default();
+    Some(disagg::prefill_answer(state, pin, blocks))
 }
 
 /// A request's structured-output constraint, compiled for this model; what cannot be
@@ -776,6 +976,8 @@ struct Collected {
     completion_tokens: usize,
     cached_tokens: usize,
     times: Option<SeqTimes>,
+    /// Blocks kept for a remote decoder (`do_remote_decode`).
+    pinned_blocks: Vec<u32>,
 }
 
 /// The request's trace span, child of the caller's `traceparent` (a malformed one starts a
@@ -865,7 +1067,9 @@ async fn collect(mut rx: UnboundedReceiver<SeqEvent>) -> Collected {
                 completion_tokens,
                 cached_tokens,
                 times,
+                pinned_blocks,
             } => {
+                c.pinned_blocks = pinned_blocks;
                 c.text.push_str(&text);
                 c.times = Some(times);
                 c.finish = Some(reason);
@@ -1020,6 +1224,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
     let (headers, body) = read_body(&state, req).await?;
     let mut parsed: ChatCompletionRequest = parse_json(&body)?;
     state.generation_defaults.apply_chat(&mut parsed);
+    let kv_params = parsed.kv_transfer_params.take();
     let chat = validate_chat(parsed)?;
     let lora = state.resolve_model(chat.model.as_deref())?;
     check_sampling_ids(&state, &chat.sampling)?;
@@ -1038,7 +1243,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
         state.max_model_len,
         "messages",
     )?;
-    let job = Job {
+    let mut job = Job {
         id: request_id(&headers)
             .map(|r| format!("chatcmpl-{r}"))
             .unwrap_or_else(|| random_id("chatcmpl")),
@@ -1046,8 +1251,19 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
         max_tokens: max_tokens as usize,
         sampling: chat.sampling.clone(),
         lora,
+        pin: None,
     };
-    let receivers = submit(&state, &job)?;
+    let imported = prepare_kv(
+        &state,
+        &mut job,
+        kv_params.as_ref(),
+        &headers,
+        chat.stream,
+        "/v1/chat/completions",
+        &body,
+    )
+    .await?;
+    let receivers = submit(&state, &job, imported)?;
     let created = unix_now();
     // Answers name what was asked for: the adapter, or the base model.
     let model = served_name(&state, &job);
@@ -1094,9 +1310,9 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
                 stop_reason: stop_reason(&c.stop),
             })
             .collect();
-        return Ok(json_response(&ChatCompletionResponse::new(
-            job.id, created, model, choices, usage,
-        )));
+        let mut resp = ChatCompletionResponse::new(job.id.clone(), created, model, choices, usage);
+        resp.kv_transfer_params = prefill_answer(&state, &job, &collected);
+        return Ok(json_response(&resp));
     }
 
     let n = receivers.len();
@@ -1176,6 +1392,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
                 completion_tokens: c,
                 cached_tokens,
                 times,
+                ..
             } => {
                 trace_phases(&span, i, &times, p, c, cached_tokens);
                 prompt_tokens = p;
@@ -1209,6 +1426,7 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
     let (headers, body) = read_body(&state, req).await?;
     let mut parsed: CompletionRequest = parse_json(&body)?;
     state.generation_defaults.apply_completion(&mut parsed);
+    let kv_params = parsed.kv_transfer_params.take();
     let c = validate_completion(parsed)?;
     let lora = state.resolve_model(c.model.as_deref())?;
     check_sampling_ids(&state, &c.sampling)?;
@@ -1239,7 +1457,7 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
     } else {
         String::new()
     };
-    let job = Job {
+    let mut job = Job {
         id: request_id(&headers)
             .map(|r| format!("cmpl-{r}"))
             .unwrap_or_else(|| random_id("cmpl")),
@@ -1247,8 +1465,19 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
         max_tokens: max_tokens as usize,
         sampling: c.sampling.clone(),
         lora,
+        pin: None,
     };
-    let receivers = submit(&state, &job)?;
+    let imported = prepare_kv(
+        &state,
+        &mut job,
+        kv_params.as_ref(),
+        &headers,
+        c.stream,
+        "/v1/completions",
+        &body,
+    )
+    .await?;
+    let receivers = submit(&state, &job, imported)?;
     let created = unix_now();
     let model = served_name(&state, &job);
 
@@ -1294,9 +1523,9 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
                 stop_reason: stop_reason(&col.stop),
             })
             .collect();
-        return Ok(json_response(&CompletionResponse::new(
-            job.id, created, model, choices, usage,
-        )));
+        let mut resp = CompletionResponse::new(job.id.clone(), created, model, choices, usage);
+        resp.kv_transfer_params = prefill_answer(&state, &job, &collected);
+        return Ok(json_response(&resp));
     }
 
     let n = receivers.len();
@@ -1373,6 +1602,7 @@ async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiRes
                 completion_tokens: ct,
                 cached_tokens,
                 times,
+                ..
             } => {
                 trace_phases(&span, i, &times, p, ct, cached_tokens);
                 prompt_tokens = p;
@@ -1577,4 +1807,90 @@ async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> ApiResult {
 
 async fn version() -> Response {
     json_response(&serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(n: u8) -> HashKey {
+        [n; 32]
+    }
+
+    #[test]
+    fn tier_events_are_cpu_blocks_and_never_merge_with_gpu_ones() {
+        let wire = |n| BlockHash(h(n)).to_u64();
+        let stored = |n: u8, parent: Option<u8>| PoolEvent::Stored {
+            hash: h(n),
+            parent: parent.map(h),
+            tokens: vec![n as u32; 2],
+            lora: None,
+        };
+        let tier = |n: u8, parent: Option<u8>| PoolEvent::TierStored {
+            hash: h(n),
+            parent: parent.map(h),
+            tokens: vec![n as u32; 2],
+            lora: None,
+        };
+        let events = vec![
+            stored(1, None),
+            stored(2, Some(1)),
+            // The same chain on the tier is a separate CPU event.
+            tier(3, Some(2)),
+            tier(4, Some(3)),
+            PoolEvent::Removed { hash: h(1) },
+            PoolEvent::TierRemoved { hash: h(3) },
+            PoolEvent::TierRemoved { hash: h(4) },
+            PoolEvent::Removed { hash: h(2) },
+        ];
+        let out = to_kv_events(events, 2);
+        let gpu = Some("GPU".to_string());
+        let cpu = Some("CPU".to_string());
+        assert_eq!(
+            out,
+            vec![
+                KvEvent::BlockStored {
+                    block_hashes: vec![wire(1), wire(2)],
+                    parent_block_hash: None,
+                    token_ids: vec![1, 1, 2, 2],
+                    block_size: 2,
+                    lora_id: None,
+                    medium: gpu.clone(),
+                    lora_name: None,
+                },
+                KvEvent::BlockStored {
+                    block_hashes: vec![wire(3), wire(4)],
+                    parent_block_hash: Some(wire(2)),
+                    token_ids: vec![3, 3, 4, 4],
+                    block_size: 2,
+                    lora_id: None,
+                    medium: cpu.clone(),
+                    lora_name: None,
+                },
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![wire(1)],
+                    medium: gpu.clone(),
+                },
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![wire(3), wire(4)],
+                    medium: cpu,
+                },
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![wire(2)],
+                    medium: gpu,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn kv_roles_parse_and_wildcard_binds_advertise_loopback() {
+        for r in [KvRole::Prefill, KvRole::Decode, KvRole::Both] {
+            assert_eq!(r.as_str().parse::<KvRole>(), Ok(r));
+        }
+        assert!("producer".parse::<KvRole>().is_err());
+        assert_eq!(advertised_host("0.0.0.0".parse().unwrap()), "127.0.0.1");
+        assert_eq!(advertised_host("::".parse().unwrap()), "127.0.0.1");
+        assert_eq!(advertised_host("10.1.2.3".parse().unwrap()), "10.1.2.3");
+    }
 }

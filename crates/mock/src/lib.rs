@@ -16,6 +16,14 @@
 //! token counts are whitespace-separated words (or the length of a token-id prompt), so that
 //! a caller's accounting can be checked against what it sent.
 //!
+//! Prefill/decode disaggregation (PROTOCOLS §11): a request whose `kv_transfer_params` say
+//! `do_remote_decode: true` is answered (not streamed) with top-level `kv_transfer_params`
+//! as a vLLM prefill engine answers (`do_remote_prefill: true`, this replica as
+//! `remote_engine_id`, its address as `remote_host`/`remote_port`, one block id per
+//! `block_size` prompt tokens), unless [`MockConfig::kv_transfer`] is off. Every completion
+//! request is recorded ([`MockEngine::received`], `GET /mock/received`) with what a proxy
+//! sent: its `kv_transfer_params`, token limits, `stream` and `x-request-id`.
+//!
 //! [`MockEngine::shutdown`] is abrupt like a killed process: the listener closes and every
 //! open connection, streams included, is cut.
 
@@ -29,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -91,6 +99,30 @@ pub struct MockConfig {
     /// Streamed answers are written one byte per body chunk, so every SSE event (and the
     /// `[DONE]` terminator) is split across network chunks.
     pub split_stream_bytes: bool,
+    /// Answer phase 1 of a disaggregated request (`kv_transfer_params.do_remote_decode`)
+    /// with `kv_transfer_params`, as a prefill engine does; off: answer it as any request
+    /// (an engine that does not speak the protocol).
+    pub kv_transfer: bool,
+}
+
+/// Most requests [`MockEngine::received`] keeps (the oldest go first).
+pub const MAX_RECEIVED: usize = 1024;
+
+/// What one completion request carried, as the mock received it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Received {
+    /// `chat` or `completions`.
+    pub api: String,
+    pub request_id: Option<String>,
+    /// Prompt tokens as the mock counts them (words).
+    pub prompt_tokens: u64,
+    pub kv_transfer_params: Option<Value>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub stream: bool,
+    pub stream_options: bool,
+    /// The `x-prefiller-host-port` header (llm-d's prefill engine for a decoder).
+    pub prefiller: Option<String>,
 }
 
 impl Default for MockConfig {
@@ -106,6 +138,7 @@ impl Default for MockConfig {
             num_blocks: 1024,
             token_text: " tok".to_string(),
             split_stream_bytes: false,
+            kv_transfer: true,
         }
     }
 }
@@ -120,6 +153,9 @@ struct Gauges {
 struct Shared {
     config: MockConfig,
     replica: String,
+    /// Where it listens, for the `remote_host`/`remote_port` of a phase-1 answer.
+    addr: Option<SocketAddr>,
+    received: Mutex<std::collections::VecDeque<Received>>,
     fault: Mutex<Fault>,
     gauges: Mutex<Gauges>,
     requests: AtomicU64,
@@ -133,6 +169,21 @@ impl Shared {
     }
     fn gauges(&self) -> Gauges {
         *self.gauges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn record(&self, r: Received) {
+        let mut q = self.received.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= MAX_RECEIVED {
+            q.pop_front();
+        }
+        q.push_back(r);
+    }
+    fn received(&self) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 }
 
@@ -167,6 +218,8 @@ impl MockEngine {
         let shared = Arc::new(Shared {
             config,
             replica,
+            addr: Some(addr),
+            received: Mutex::default(),
             fault: Mutex::new(Fault::None),
             gauges: Mutex::new(Gauges::default()),
             requests: AtomicU64::new(0),
@@ -215,6 +268,11 @@ impl MockEngine {
     /// Completion requests received so far (chat and text, including failed ones).
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// The completion requests received so far (at most [`MAX_RECEIVED`], oldest first).
+    pub fn received(&self) -> Vec<Received> {
+        self.shared.received()
     }
 
     /// Completion requests being answered right now.
@@ -266,7 +324,9 @@ async fn accept_loop(listener: TcpListener, app: Router, mut stopped: watch::Rec
 pub fn app(config: MockConfig, replica: String) -> Router {
     router(Arc::new(Shared {
         config,
+        addr: replica.parse().ok(),
         replica,
+        received: Mutex::default(),
         fault: Mutex::new(Fault::None),
         gauges: Mutex::new(Gauges::default()),
         requests: AtomicU64::new(0),
@@ -282,6 +342,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/mock/received", get(received))
         .fallback(|| async { error(ApiError::not_found("unknown route")) })
         .with_state(shared)
 }
@@ -309,6 +370,10 @@ async fn models(State(s): State<Arc<Shared>>) -> Response {
         "data": [{"id": s.config.model, "object": "model", "created": unix_now(), "owned_by": "strata-mock"}]
     }))
     .into_response()
+}
+
+async fn received(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(s.received()).into_response()
 }
 
 async fn health(State(s): State<Arc<Shared>>) -> Response {
@@ -387,12 +452,12 @@ enum Api {
     Text,
 }
 
-async fn chat(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
-    complete(s, Api::Chat, body).await
+async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    complete(s, Api::Chat, &headers, body).await
 }
 
-async fn completions(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
-    complete(s, Api::Text, body).await
+async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    complete(s, Api::Text, &headers, body).await
 }
 
 /// Counts words in the prompt (or token ids), the mock's notion of prompt tokens.
@@ -435,7 +500,7 @@ impl Drop for InFlight {
     }
 }
 
-async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
+async fn complete(s: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bytes) -> Response {
     s.requests.fetch_add(1, Ordering::SeqCst);
     s.in_flight.fetch_add(1, Ordering::SeqCst);
     let guard = InFlight(s.clone());
@@ -453,6 +518,52 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
         Ok(n) => n,
         Err(e) => return error(e),
     };
+    let request_id = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let kv_params = req
+        .get("kv_transfer_params")
+        .filter(|v| !v.is_null())
+        .cloned();
+    s.record(Received {
+        api: if api == Api::Chat {
+            "chat"
+        } else {
+            "completions"
+        }
+        .to_string(),
+        request_id: request_id.clone(),
+        prompt_tokens,
+        kv_transfer_params: kv_params.clone(),
+        max_tokens: req.get("max_tokens").and_then(Value::as_u64),
+        max_completion_tokens: req.get("max_completion_tokens").and_then(Value::as_u64),
+        stream: req.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        stream_options: req.get("stream_options").is_some_and(|v| !v.is_null()),
+        prefiller: headers
+            .get("x-prefiller-host-port")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    });
+    // Phase 1 of a disaggregated request: what a prefill engine answers with.
+    let remote_prefill = s.config.kv_transfer
+        && kv_params
+            .as_ref()
+            .and_then(|p| p.get("do_remote_decode"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+    let kv_answer = remote_prefill.then(|| {
+        let blocks = prompt_tokens.div_ceil(u64::from(s.config.block_size.max(1)));
+        json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_engine_id": s.replica,
+            "remote_block_ids": (0..blocks).collect::<Vec<u64>>(),
+            "remote_host": s.addr.map(|a| a.ip().to_string()),
+            "remote_port": s.addr.map(|a| a.port()),
+            "remote_request_id": request_id,
+        })
+    });
     let fault = s.fault();
     match fault {
         Fault::Status(code) => {
@@ -513,6 +624,10 @@ async fn complete(s: Arc<Shared>, api: Api, body: Bytes) -> Response {
                 "usage": usage,
             }),
         };
+        let mut body = body;
+        if let (Some(kv), Some(obj)) = (kv_answer, body.as_object_mut()) {
+            obj.insert("kv_transfer_params".into(), kv);
+        }
         drop(guard);
         let mut resp = axum::Json(body).into_response();
         resp.headers_mut().insert("x-mock-replica", replica);

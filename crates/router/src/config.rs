@@ -14,6 +14,7 @@
 //! circuit: {failures: 5, open_ms: 5000}
 //! precise: {block_size: 16, hash_seed: vllm-none-hash, tokenize_timeout_ms: 200, tokenize_cache: 4096}
 //! approx: {block_size_tokens: 16, capacity_per_endpoint: 65536, max_blocks: 512}
+//! pd: {prefill_timeout_ms: 15000}   # phase 1 of a disaggregated request
 //! scheduling: { ...EndpointPickerConfig... }   # default: PROTOCOLS §6
 //! endpoints: [ ...same as an endpoints file... ]
 //! ```
@@ -46,6 +47,7 @@ pub struct RouterConfig {
     pub circuit: CircuitSection,
     pub precise: PreciseSection,
     pub approx: Option<ApproxSection>,
+    pub pd: PdSection,
     pub scheduling: Option<EndpointPickerConfig>,
     pub endpoints: Vec<EndpointSpec>,
     /// Engine kind for endpoints given without one.
@@ -92,6 +94,23 @@ pub struct PreciseSection {
     pub replay_timeout_ms: u64,
 }
 
+/// Prefill/decode disaggregation (the profile pair is in `scheduling`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PdSection {
+    /// Bound on phase 1 (the prefill engine computing the prompt and answering); past it
+    /// the decode pick computes the prompt itself.
+    pub prefill_timeout_ms: u64,
+}
+
+impl Default for PdSection {
+    fn default() -> Self {
+        PdSection {
+            prefill_timeout_ms: 15_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApproxSection {
@@ -116,6 +135,7 @@ impl Default for RouterConfig {
             circuit: CircuitSection::default(),
             precise: PreciseSection::default(),
             approx: None,
+            pd: PdSection::default(),
             scheduling: None,
             endpoints: Vec::new(),
             default_kind: EngineKind::Vllm,
@@ -206,6 +226,11 @@ impl RouterConfig {
                 "precise.block_size must be at least 1".into(),
             ));
         }
+        if self.pd.prefill_timeout_ms == 0 {
+            return Err(RouterConfigError::Invalid(
+                "pd.prefill_timeout_ms must be at least 1".into(),
+            ));
+        }
         if self.circuit.failures == 0 {
             return Err(RouterConfigError::Invalid(
                 "circuit.failures must be at least 1".into(),
@@ -224,6 +249,11 @@ impl RouterConfig {
     /// Bound on one KV-event replay.
     pub fn kv_replay_timeout(&self) -> Duration {
         Duration::from_millis(self.precise.replay_timeout_ms.max(1))
+    }
+
+    /// Bound on phase 1 of a disaggregated request.
+    pub fn prefill_timeout(&self) -> Duration {
+        Duration::from_millis(self.pd.prefill_timeout_ms.max(1))
     }
 
     pub fn stale_after(&self) -> Duration {
@@ -287,6 +317,8 @@ mod tests {
             "endpoints: [{url: 'https://x:1'}]",
             "scheduling: {plugins: [{type: nope}], schedulingProfiles: []}",
             "circuit: {failures: 0}",
+            "pd: {prefill_timeout_ms: 0}",
+            "pd: {timeout: 1}",
             "- 1",
         ] {
             assert!(RouterConfig::from_yaml(y).is_err(), "{y}");

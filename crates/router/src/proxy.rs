@@ -6,6 +6,19 @@
 //! (shed with 429, or wait for capacity) → prefix keys (prompt-text chunks; token blocks
 //! when a precise scorer is configured) → [`Router::pick`] → attempts in ranked order.
 //!
+//! Disaggregated requests (a prefill/decode profile pair in the scheduling config,
+//! PROTOCOLS §11, vLLM's proxy protocol): when the pick names a prefill engine, phase 1
+//! sends it the request with `kv_transfer_params: {do_remote_decode: true, ...}`,
+//! `max_tokens: 1`, `stream: false` and the same `x-request-id`, bounded by
+//! `pd.prefill_timeout_ms`; the `kv_transfer_params` of its answer go into the original
+//! body, which phase 2 sends to the decode pick (streamed or not, as the client asked). The
+//! prefill engine's lease lasts for phase 1 only. Any phase-1 failure (an error status, a
+//! timeout, an answer without `kv_transfer_params`) sends the original request to the
+//! decode pick, which computes the prompt itself: the client never sees it.
+//!
+//! A client's `x-prefiller-host-port` is never passed on: it would make a decode engine
+//! prefill on a host the client chose.
+//!
 //! Attempts: a connect error or a 5xx before the first byte moves on to the next-ranked
 //! endpoint, at most `max_retries` times, each outcome feeding that endpoint's circuit
 //! breaker. Streams (`text/event-stream`) are passed through chunk by chunk as they
@@ -34,7 +47,9 @@ use strata_api::{sse, ApiError, StreamWatch};
 use xxhash_rust::xxh64::xxh64;
 
 use crate::router::{RouteError, Router};
-use crate::scheduling::{SchedRequest, ScheduleError};
+use crate::scheduling::{PdChoice, SchedRequest, ScheduleError};
+use crate::telemetry::{PD_PATH_DECODE_ONLY, PD_PATH_DISAGGREGATED, PD_PATH_FALLBACK};
+use tracing::Instrument;
 
 /// Request id header, propagated upstream and echoed back.
 pub const REQUEST_ID: &str = "x-request-id";
@@ -45,6 +60,8 @@ pub const OBJECTIVE: &str = "x-gateway-inference-objective";
 pub const PROFILE: &str = "x-strata-scheduling-profile";
 /// Names the endpoint that served (as in GIE's `x-gateway-destination-endpoint-served`).
 pub const SERVED_BY: &str = "x-gateway-destination-endpoint-served";
+/// On a disaggregated answer: the prefill engine (`host:port`) that computed the prompt.
+pub const PREFILLED_BY: &str = "x-strata-prefilled-by";
 
 /// Largest non-streamed upstream body relayed.
 const MAX_UPSTREAM_BODY: usize = 256 << 20;
@@ -126,6 +143,9 @@ struct Parsed {
     salt: Option<String>,
     /// Body for `/tokenize`, when the precise index needs one.
     tokenize_body: Option<serde_json::Value>,
+    /// The client sent its own `kv_transfer_params` (it runs the protocol itself): never
+    /// disaggregated here.
+    own_kv_transfer: bool,
 }
 
 fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
@@ -133,6 +153,7 @@ fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
     let tokenize_body = want_tokenize.then(|| {
         serde_json::json!({"model": req.model, "messages": req.messages, "add_generation_prompt": req.add_generation_prompt.unwrap_or(true)})
     });
+    let own_kv_transfer = req.kv_transfer_params.is_some();
     let v = validate_chat(req)?;
     let mut prefix_text = String::new();
     for m in &v.messages {
@@ -148,11 +169,13 @@ fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
         tokens: None,
         salt: v.sampling.cache_salt,
         tokenize_body,
+        own_kv_transfer,
     })
 }
 
 fn parse_completion(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
+    let own_kv_transfer = req.kv_transfer_params.is_some();
     let v = validate_completion(req)?;
     let (prefix_text, tokens, tokenize_body) = match &v.prompt {
         PromptInput::Text(t) => (
@@ -176,6 +199,7 @@ fn parse_completion(body: &[u8], want_tokenize: bool) -> Result<Parsed, ApiError
         tokens,
         salt: v.sampling.cache_salt,
         tokenize_body,
+        own_kv_transfer,
     })
 }
 
@@ -283,8 +307,19 @@ async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
             }
             _ => None,
         };
+        if let Some(t) = &tokens {
+            sreq.prompt_tokens = Some(t.len());
+        }
         sreq.precise_blocks =
             tokens.map(|t| router.precise_blocks(&t, sreq.lora.as_deref(), parsed.salt.as_deref()));
+    }
+    if parsed.own_kv_transfer {
+        sreq.prompt_tokens = None;
+    } else if sreq.prompt_tokens.is_none() {
+        sreq.prompt_tokens = Some(crate::scheduling::pd::estimate_prompt_tokens(
+            parsed.prefix_text.len(),
+            parsed.tokens.as_ref().map(Vec::len),
+        ));
     }
     forward(&router, &parts, body, sreq, rid, traced).await
 }
@@ -390,6 +425,44 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
+    // Phase 1 of a disaggregated request; the body the decode pick gets.
+    let mut prefilled_by: Option<Arc<str>> = None;
+    let body = match (&picked.prefill, picked.pd) {
+        (Some(prefill), _) => {
+            let phase1 = prefill_phase(
+                router,
+                parts,
+                path,
+                &body,
+                prefill,
+                &rid,
+                traceparent.as_ref(),
+            )
+            .instrument(tracing::info_span!(
+                target: trace::SPAN_TARGET,
+                parent: &proxy_span,
+                "router.prefill"
+            ))
+            .await;
+            match phase1.and_then(|(params, url)| Ok((with_kv_params(&body, params)?, url))) {
+                Ok((b, url)) => {
+                    router.metrics().pd_path(PD_PATH_DISAGGREGATED);
+                    prefilled_by = Some(url);
+                    b
+                }
+                Err(e) => {
+                    tracing::warn!(request_id = ?rid, error = %e, "remote prefill failed; the decode pick computes the prompt");
+                    router.metrics().pd_path(PD_PATH_FALLBACK);
+                    body
+                }
+            }
+        }
+        (None, PdChoice::DecodeOnly | PdChoice::NoPrefill) => {
+            router.metrics().pd_path(PD_PATH_DECODE_ONLY);
+            body
+        }
+        (None, _) => body,
+    };
     let max_attempts = router.config().max_retries + 1;
     let mut last_5xx: Option<(StatusCode, HeaderMap, Bytes)> = None;
     let mut attempts = 0;
@@ -408,7 +481,11 @@ async fn forward(
             .method(parts.method.clone())
             .uri(format!("{url}{path}"));
         for (name, value) in &parts.headers {
-            if !is_hop_by_hop(name) && name != REQUEST_ID && name != trace::TRACEPARENT {
+            if !is_hop_by_hop(name)
+                && name != REQUEST_ID
+                && name != trace::TRACEPARENT
+                && name != crate::extproc::PREFILLER
+            {
                 builder = builder.header(name, value);
             }
         }
@@ -460,6 +537,11 @@ async fn forward(
         if let Ok(v) = HeaderValue::from_str(url.trim_start_matches("http://")) {
             headers.insert(SERVED_BY, v);
         }
+        if let Some(p) = &prefilled_by {
+            if let Ok(v) = HeaderValue::from_str(p.trim_start_matches("http://")) {
+                headers.insert(PREFILLED_BY, v);
+            }
+        }
         if is_sse {
             // The spans end with the stream, not with its head.
             let body = stream_through(incoming, lease, [traced.span, proxy_span]);
@@ -498,6 +580,137 @@ async fn forward(
             &ApiError::unavailable("No replica could serve the request."),
             Some(&rid),
         ),
+    }
+}
+
+/// The phase-1 body (PROTOCOLS §11): the client's request asking the prefill engine to
+/// compute the prompt and keep its KV for a remote decoder, one token, not streamed.
+fn prefill_body(body: &[u8]) -> Result<Bytes, String> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| "the body is not a JSON object".to_string())?;
+    obj.insert(
+        "kv_transfer_params".into(),
+        serde_json::json!({
+            "do_remote_decode": true,
+            "do_remote_prefill": false,
+            "remote_engine_id": null,
+            "remote_block_ids": null,
+            "remote_host": null,
+            "remote_port": null,
+        }),
+    );
+    obj.insert("max_tokens".into(), 1.into());
+    if obj.contains_key("max_completion_tokens") {
+        obj.insert("max_completion_tokens".into(), 1.into());
+    }
+    obj.insert("stream".into(), false.into());
+    obj.remove("stream_options");
+    serde_json::to_vec(&value)
+        .map(Bytes::from)
+        .map_err(|e| format!("encoding the phase-1 body: {e}"))
+}
+
+/// The phase-2 body: the client's request with the prefill engine's `kv_transfer_params`.
+fn with_kv_params(body: &[u8], params: serde_json::Value) -> Result<Bytes, String> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body: {e}"))?;
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| "the body is not a JSON object".to_string())?;
+    obj.insert("kv_transfer_params".into(), params);
+    serde_json::to_vec(&value)
+        .map(Bytes::from)
+        .map_err(|e| format!("encoding the phase-2 body: {e}"))
+}
+
+/// Phase 1 on the first prefill engine whose circuit lets it through: one attempt,
+/// bounded by `pd.prefill_timeout_ms`, its lease (in-flight count, circuit) held for this
+/// phase only. Returns the answer's top-level `kv_transfer_params` and the engine's URL,
+/// or why there are none.
+async fn prefill_phase(
+    router: &Router,
+    parts: &axum::http::request::Parts,
+    path: &str,
+    body: &Bytes,
+    prefill: &[(crate::endpoint::EndpointId, Arc<str>)],
+    rid: &HeaderValue,
+    traceparent: Option<&HeaderValue>,
+) -> Result<(serde_json::Value, Arc<str>), String> {
+    let phase1 = prefill_body(body)?;
+    let Some((mut lease, url)) = prefill
+        .iter()
+        .find_map(|(id, url)| router.lease(*id, url).map(|l| (l, url.clone())))
+    else {
+        return Err("no prefill engine could take the request".into());
+    };
+    let mut builder = hyper::Request::builder()
+        .method(hyper::Method::POST)
+        .uri(format!("{url}{path}"));
+    for (name, value) in &parts.headers {
+        if !is_hop_by_hop(name)
+            && name != REQUEST_ID
+            && name != trace::TRACEPARENT
+            && name != header::CONTENT_TYPE
+            && name != crate::extproc::PREFILLER
+        {
+            builder = builder.header(name, value);
+        }
+    }
+    builder = builder
+        .header(REQUEST_ID, rid.clone())
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(tp) = traceparent {
+        builder = builder.header(trace::TRACEPARENT, tp.clone());
+    }
+    let req = builder
+        .body(Full::new(phase1))
+        .map_err(|e| format!("building the phase-1 request: {e}"))?;
+    let started = std::time::Instant::now();
+    let exchange = async {
+        let resp = router
+            .inner
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let bytes = collect_limited(resp.into_body())
+            .await
+            .ok_or_else(|| format!("{url}: the answer broke off"))?;
+        Ok::<_, String>((status, bytes))
+    };
+    let outcome = tokio::time::timeout(router.config().prefill_timeout(), exchange).await;
+    router
+        .metrics()
+        .pd_prefill_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let (status, bytes) = match outcome {
+        Err(_) => {
+            lease.failure();
+            return Err(format!("{url}: no answer within the prefill timeout"));
+        }
+        Ok(Err(e)) => {
+            lease.failure();
+            return Err(e);
+        }
+        Ok(Ok(answer)) => answer,
+    };
+    if status.is_server_error() {
+        lease.failure();
+        return Err(format!("{url} answered {status}"));
+    }
+    lease.success();
+    if !status.is_success() {
+        return Err(format!("{url} answered {status}"));
+    }
+    let answer: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{url}: the answer is not JSON: {e}"))?;
+    match answer.get("kv_transfer_params") {
+        Some(p @ serde_json::Value::Object(_)) => Ok((p.clone(), url)),
+        _ => Err(format!("{url}: the answer has no kv_transfer_params")),
     }
 }
 

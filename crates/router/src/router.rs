@@ -33,8 +33,8 @@ use crate::prefix::hashing::BlockHasher;
 use crate::prefix::precise::PreciseIndex;
 use crate::scheduling::saturation::{admit, pool_saturated, Admission};
 use crate::scheduling::{
-    Candidate, Context, EndpointMetrics, EndpointPicker, PickDecision, PreciseBlocks, SchedRequest,
-    ScheduleError, TrafficSplit,
+    Candidate, Context, EndpointMetrics, EndpointPicker, PdChoice, PickDecision, PreciseBlocks,
+    SchedRequest, ScheduleError, TrafficSplit,
 };
 use crate::telemetry::RouterMetrics;
 use strata_api::model_server::LoadSample;
@@ -126,6 +126,11 @@ pub struct Picked {
     pub decision: PickDecision,
     /// `(slot, base URL)` best first.
     pub ranked: Vec<(EndpointId, Arc<str>)>,
+    /// When the request is disaggregated: the prefill engines, best first (never the
+    /// decode pick). The proxy runs phase 1 there, then sends the request to `ranked`.
+    pub prefill: Option<Vec<(EndpointId, Arc<str>)>>,
+    /// What the prefill/decode pair decided ([`PdChoice::Single`] without one).
+    pub pd: PdChoice,
 }
 
 /// Permission to send one attempt to an endpoint; counts it in flight until dropped and
@@ -577,9 +582,12 @@ impl Router {
             precise: Some(&precise),
         };
         let split = (!split.is_empty()).then_some(&*split);
-        let decision = self.inner.scheduler.schedule(&ctx, req, cands, split, rng);
-        let decision = match decision {
-            Ok(d) => d,
+        let decision = self
+            .inner
+            .scheduler
+            .schedule_pd(&ctx, req, cands, split, rng);
+        let (decision, prefill_decision, pd) = match decision {
+            Ok(d) => (d.decode, d.prefill, d.choice),
             Err(e) => {
                 self.inner.metrics.fail(match e {
                     ScheduleError::NoReadyEndpoint => "no_ready_endpoint",
@@ -617,17 +625,24 @@ impl Router {
         };
         drop(precise);
         pool.approx.record(first, &req.approx_blocks);
+        let urls = |pool: &Pool, d: &PickDecision| -> Vec<(EndpointId, Arc<str>)> {
+            d.ranked
+                .iter()
+                .filter_map(|s| {
+                    pool.cands
+                        .iter()
+                        .find(|c| c.id == s.id)
+                        .map(|c| (c.id, Arc::<str>::from(c.spec.url.as_str())))
+                })
+                .collect()
+        };
+        let ranked = urls(&pool, &decision);
+        let prefill = prefill_decision.map(|p| {
+            // The prefill engine computes (and then caches) the same blocks.
+            pool.approx.record(p.pick(), &req.approx_blocks);
+            urls(&pool, &p)
+        });
         let approx_len = pool.approx.len();
-        let ranked: Vec<(EndpointId, Arc<str>)> = decision
-            .ranked
-            .iter()
-            .filter_map(|s| {
-                pool.cands
-                    .iter()
-                    .find(|c| c.id == s.id)
-                    .map(|c| (c.id, Arc::<str>::from(c.spec.url.as_str())))
-            })
-            .collect();
         drop(pool);
         let m = &self.inner.metrics;
         m.schedule_seconds.observe(started.elapsed().as_secs_f64());
@@ -638,7 +653,15 @@ impl Router {
         if let Some((_, url)) = ranked.first() {
             m.picks.get_or_create(&RouterMetrics::endpoint(url)).inc();
         }
-        Ok(Picked { decision, ranked })
+        if pd != PdChoice::Single {
+            m.pd_decision(pd);
+        }
+        Ok(Picked {
+            decision,
+            ranked,
+            prefill,
+            pd,
+        })
     }
 
     /// Takes a lease for one attempt on `id`, or `None` when its circuit refuses or it

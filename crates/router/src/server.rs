@@ -33,6 +33,15 @@ pub struct RouterArgs {
     /// Engine kind of endpoints listed without one: strata, vllm, sglang, trtllm, llamacpp.
     #[arg(long, value_name = "KIND")]
     pub engine_kind: Option<String>,
+    /// Prefill/decode disaggregation (PROTOCOLS §11): schedule with llm-d's profile pair
+    /// (a `decode` profile over endpoints of role `decode`, `both` or none; a `prefill`
+    /// profile over role `prefill`) and split a request when the decode pick's uncached
+    /// prompt tokens reach N (`nonCachedTokens`; 0 splits every request). Replaces the
+    /// config file's `scheduling`. Endpoints get their role from the `role` key of an
+    /// endpoints file.
+    #[arg(long, value_name = "N", num_args = 0..=1,
+          default_missing_value = "256")]
+    pub pd_threshold: Option<u32>,
     /// How often each endpoint's /metrics is read (overrides the config file).
     #[arg(long, value_name = "MS")]
     pub scrape_interval_ms: Option<u64>,
@@ -92,6 +101,9 @@ pub fn load_config(args: &RouterArgs) -> anyhow::Result<RouterConfig> {
     }
     if let Some(ms) = args.scrape_interval_ms {
         config.scrape_interval_ms = ms;
+    }
+    if let Some(n) = args.pd_threshold {
+        config.scheduling = Some(crate::scheduling::EndpointPickerConfig::pd(n));
     }
     if let Some(list) = &args.endpoints {
         let extra = parse_endpoint_list(list, config.default_kind)?;
@@ -272,3 +284,40 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
 
 /// Resolves on Ctrl-C or SIGTERM (the one definition, in `strata-api`).
 pub use strata_api::http::shutdown_signal;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RouterArgs,
+    }
+
+    fn load(argv: &[&str]) -> RouterConfig {
+        let cli =
+            Cli::try_parse_from(std::iter::once("router").chain(argv.iter().copied())).unwrap();
+        load_config(&cli.args).unwrap()
+    }
+
+    #[test]
+    fn pd_threshold_flag_runs_the_profile_pair() {
+        let pair = |c: &RouterConfig| {
+            c.picker_config()
+                .build()
+                .unwrap()
+                .pd()
+                .map(|p| p.decider.non_cached_tokens)
+        };
+        assert_eq!(pair(&load(&[])), None);
+        assert_eq!(pair(&load(&["--pd-threshold", "0"])), Some(0));
+        assert_eq!(pair(&load(&["--pd-threshold", "1000"])), Some(1000));
+        assert_eq!(
+            pair(&load(&["--pd-threshold"])),
+            Some(crate::scheduling::pd::SUGGESTED_NON_CACHED_TOKENS)
+        );
+        assert!(Cli::try_parse_from(["router", "--pd-threshold", "-1"]).is_err());
+    }
+}

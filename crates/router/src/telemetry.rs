@@ -25,6 +25,31 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabel {
+    pub decision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    pub path: String,
+}
+
+/// How a request went through the prefill/decode pair (`pd_requests{path}`): phase 1 on a
+/// prefill engine, then the decode pick with its `kv_transfer_params`.
+pub const PD_PATH_DISAGGREGATED: &str = "disaggregated";
+/// Straight to the decode pick (the decider kept it there, or no prefill engine could
+/// take it).
+pub const PD_PATH_DECODE_ONLY: &str = "decode_only";
+/// Phase 1 failed (error, timeout, no `kv_transfer_params` in the answer): the decode pick
+/// computed the prompt itself.
+pub const PD_PATH_FALLBACK: &str = "fallback";
+
+/// Phase-1 (remote prefill) latency buckets, seconds.
+pub const PREFILL_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 /// Scheduling-latency buckets, seconds (1 µs .. 100 ms).
 pub const SCHEDULE_BUCKETS: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2, 1e-1,
@@ -53,6 +78,12 @@ pub struct RouterMetrics {
     pub ep_kv_usage: Family<EndpointLabel, Gauge<f64, AtomicU64>>,
     pub ep_ready: Family<EndpointLabel, Gauge>,
     pub ep_in_flight: Family<EndpointLabel, Gauge>,
+    /// Decisions of the prefill/decode profile pair.
+    pub pd_decisions: Family<DecisionLabel, Counter>,
+    /// Requests by the path they took through the pair ([`PD_PATH_DISAGGREGATED`] ...).
+    pub pd_requests: Family<PathLabel, Counter>,
+    /// Phase 1 (the remote prefill) as the HTTP proxy timed it.
+    pub pd_prefill_seconds: Histogram,
 }
 
 impl Default for RouterMetrics {
@@ -85,6 +116,9 @@ impl RouterMetrics {
             ep_kv_usage: Family::default(),
             ep_ready: Family::default(),
             ep_in_flight: Family::default(),
+            pd_decisions: Family::default(),
+            pd_requests: Family::default(),
+            pd_prefill_seconds: Histogram::new(PREFILL_BUCKETS.iter().copied()),
             registry: Registry::default(),
         };
         registry.register(
@@ -187,7 +221,38 @@ impl RouterMetrics {
             "Requests in flight from this router",
             m.ep_in_flight.clone(),
         );
+        registry.register(
+            "pd_decisions",
+            "Prefill/decode pair decisions: prefill_decode, decode_only, no_prefill",
+            m.pd_decisions.clone(),
+        );
+        registry.register(
+            "pd_requests",
+            "Requests by path through the prefill/decode pair: disaggregated, decode_only, fallback",
+            m.pd_requests.clone(),
+        );
+        registry.register(
+            "pd_prefill_duration_seconds",
+            "Phase 1 of a disaggregated request (the remote prefill), as the proxy saw it",
+            m.pd_prefill_seconds.clone(),
+        );
         RouterMetrics { registry, ..m }
+    }
+
+    /// Counts one decision of the prefill/decode pair.
+    pub fn pd_decision(&self, choice: crate::scheduling::PdChoice) {
+        self.pd_decisions
+            .get_or_create(&DecisionLabel {
+                decision: choice.as_str().into(),
+            })
+            .inc();
+    }
+
+    /// Counts one request's path through the pair.
+    pub fn pd_path(&self, path: &str) {
+        self.pd_requests
+            .get_or_create(&PathLabel { path: path.into() })
+            .inc();
     }
 
     pub fn endpoint(url: &str) -> EndpointLabel {

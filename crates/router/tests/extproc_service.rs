@@ -857,3 +857,73 @@ async fn a_fallback_that_served_takes_over_the_lease_and_the_pick_counts_a_failu
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn the_profile_pair_names_the_prefill_engine_in_x_prefiller_host_port() {
+    // Mock 0 prefills, mocks 1 and 2 decode; a request is split at 50 uncached tokens.
+    let h = harness(3, |c| {
+        c.endpoints[0].role = Some("prefill".into());
+        c.endpoints[1].role = Some("decode".into());
+        c.endpoints[2].role = Some("decode".into());
+        c.scheduling = Some(strata_router::EndpointPickerConfig::pd(50));
+    })
+    .await;
+    let decoders = [h.addr_of(1), h.addr_of(2)];
+    let long = |tag: usize| -> String { (0..200).map(|i| format!("w{tag}x{i} ")).collect() };
+    let mut first_decoder = String::new();
+    for tag in 0..3 {
+        let mut x = h.open().await;
+        x.request(
+            "/v1/completions",
+            // A client cannot name its own prefill engine.
+            &[("x-prefiller-host-port", "10.9.9.9:1")],
+            &completion(&long(tag)),
+            4096,
+        )
+        .await;
+        let p = x.picked().await;
+        assert!(
+            decoders.contains(&p.destination().to_string()),
+            "decode pick"
+        );
+        assert_eq!(p.destination(), p.metadata);
+        assert_eq!(
+            p.header("x-prefiller-host-port"),
+            Some(h.addr_of(0).as_str()),
+            "the prefill pick"
+        );
+        if tag == 0 {
+            first_decoder = p.destination().to_string();
+        }
+        let _ = x.body_chunks().await;
+        let _ = x.respond("application/json", &[b"{}"]).await;
+    }
+    // The first long prompt again: cached on its decoder now, so no prefill hop.
+    let mut x = h.open().await;
+    x.request("/v1/completions", &[], &completion(&long(0)), 4096)
+        .await;
+    let p = x.picked().await;
+    assert_eq!(p.destination(), first_decoder);
+    assert_eq!(p.header("x-prefiller-host-port"), None);
+    let _ = x.body_chunks().await;
+    let _ = x.respond("application/json", &[b"{}"]).await;
+    // Short: the decode pick alone, and the client's header removed.
+    let mut x = h.open().await;
+    x.request(
+        "/v1/completions",
+        &[("x-prefiller-host-port", "10.9.9.9:1")],
+        &completion("hi"),
+        4096,
+    )
+    .await;
+    let p = x.picked().await;
+    assert!(decoders.contains(&p.destination().to_string()));
+    assert_eq!(p.header("x-prefiller-host-port"), None);
+    assert!(p.removed.iter().any(|r| r == "x-prefiller-host-port"));
+    let metrics = h.ext.encode_metrics();
+    assert!(
+        metrics.contains("strata_router_pd_requests_total{path=\"decode_only\"} 2")
+            && metrics.contains("strata_router_pd_requests_total{path=\"disaggregated\"} 3"),
+        "{metrics}"
+    );
+}

@@ -2,7 +2,7 @@
 //! admission, bad input and the data layer.
 
 use std::collections::HashSet;
-use std::future::{Future, IntoFuture};
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,13 +16,8 @@ use strata_router::config::RouterConfig;
 use strata_router::endpoint::{EndpointSpec, EngineKind};
 use strata_router::Router;
 
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
-struct Harness {
-    router: Router,
-    base: String,
-    client: HttpClient,
-}
+mod common;
+use common::{start, wait_for, Harness};
 
 async fn mock(model: &str) -> MockEngine {
     MockEngine::spawn(MockConfig {
@@ -46,37 +41,6 @@ fn fast_config(mocks: &[&MockEngine]) -> RouterConfig {
             .map(|m| EndpointSpec::new(m.url(), EngineKind::Vllm))
             .collect(),
         ..RouterConfig::default()
-    }
-}
-
-async fn wait_for<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn start(config: RouterConfig) -> Harness {
-    let n = config.endpoints.len();
-    let router = Router::new(config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = strata_router::proxy::app(router.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let r = router.clone();
-    wait_for("endpoints ready with metrics", || {
-        let s = r.status();
-        async move { s.len() == n && s.iter().all(|e| e.ready && !e.stale) }
-    })
-    .await;
-    Harness {
-        router,
-        base,
-        client: Client::builder(TokioExecutor::new()).build_http(),
     }
 }
 

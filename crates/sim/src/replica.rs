@@ -176,6 +176,8 @@ impl SimEngine {
             grammar: None,
             speculative: false,
             lora: None,
+            imported: Vec::new(),
+            pin: None,
         };
         let sampler = Sampler::new(SamplingConfig::default(), id);
         self.planner.add(Sequence::new(req, sampler, id));
@@ -250,7 +252,10 @@ impl SimEngine {
                     stored: false,
                     hash: BlockHash(hash).to_u64(),
                 }),
-                PoolEvent::Cleared => {}
+                // The simulator has no KV tier.
+                PoolEvent::Cleared
+                | PoolEvent::TierStored { .. }
+                | PoolEvent::TierRemoved { .. } => {}
             }
         }
     }

@@ -71,6 +71,8 @@ pub struct RouterRegistrar {
     /// LoRA adapters every replica serves (the pool's `adapters`), for the router's model
     /// filter and LoRA affinity.
     lora: Vec<String>,
+    /// Disaggregated serving: the replicas' `role` label (`prefill`, `decode`).
+    role: Option<String>,
     urls: Mutex<HashMap<String, String>>,
 }
 
@@ -89,8 +91,15 @@ impl RouterRegistrar {
             groups,
             held,
             lora: Vec::new(),
+            role: None,
             urls: Mutex::default(),
         }
+    }
+
+    /// Registers every replica with this `role` label (the router's profile pair reads it).
+    pub fn with_role(mut self, role: Option<String>) -> RouterRegistrar {
+        self.role = role;
+        self
     }
 
     /// Registers every replica as serving these adapters too.
@@ -106,6 +115,7 @@ impl ReplicaRegistrar for RouterRegistrar {
         spec.model = Some(self.served_model.clone());
         spec.group = Some(self.group.clone());
         spec.lora = self.lora.clone();
+        spec.role = self.role.clone();
         match self.router.add_endpoint(spec) {
             Ok(_) => {
                 self.groups.insert(&replica.url, &self.group);

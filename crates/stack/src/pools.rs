@@ -72,6 +72,9 @@ pub struct PoolSpec {
     pub engine_args: Vec<String>,
     pub kv_cache_memory: u64,
     pub adapters: Vec<AdapterEntry>,
+    /// Disaggregated serving: the replicas' role (`prefill` or `decode`), registered with
+    /// the router as their `role` label; `None` for a colocated pool.
+    pub role: Option<String>,
 }
 
 impl PoolSpec {
@@ -229,6 +232,7 @@ pub fn resolve(
             engine_args,
             kv_cache_memory: kv,
             adapters: e.adapters.clone(),
+            role: None,
         });
     }
     Ok(out)

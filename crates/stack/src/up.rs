@@ -9,6 +9,15 @@
 //! ... up to 30 s; reset when a replacement becomes ready). With `minReplicas: 0` the front
 //! holds requests while no replica is ready ([`crate::front`]) and the controller starts
 //! one for them. Canary rollouts: [`crate::rollout`].
+//!
+//! Disaggregated serving (`--prefill-replicas N --decode-replicas M`, PROTOCOLS §11): two
+//! fixed-size groups of the one model, `strata engine --kv-role prefill --kv-transfer-port
+//! <free port>` and `--kv-role decode`, registered with the router under the same served
+//! name and their `role` label; the router runs llm-d's profile pair (decode pick first, a
+//! prefill pick when its uncached prompt tokens reach `--pd-threshold`) and the two-phase
+//! proxy. `--kv-tier-bytes B` also starts `strata kv-tier` on a free loopback port and
+//! passes `--kv-tier` to every engine. Fixed counts only: autoscaling and `models:` are
+//! refused in this mode.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -80,6 +89,16 @@ pub struct StackConfig {
     /// One pool per model ([`crate::pools`]); empty: the one pool of `model`, `replicas`
     /// and `autoscale`.
     pub models: Vec<ModelEntry>,
+    /// Disaggregated serving: prefill engines (with `decode_replicas`; instead of
+    /// `replicas`).
+    pub prefill_replicas: Option<u32>,
+    /// Disaggregated serving: decode engines (with `prefill_replicas`).
+    pub decode_replicas: Option<u32>,
+    /// Disaggregated serving: a request goes through a prefill engine when its decode
+    /// pick's uncached prompt tokens reach this (llm-d's `nonCachedTokens`; 0: always).
+    pub pd_threshold: u32,
+    /// Memory bytes of a shared KV tier (`strata kv-tier`) for every engine; absent: none.
+    pub kv_tier_bytes: Option<u64>,
 }
 
 impl Default for StackConfig {
@@ -104,6 +123,10 @@ impl Default for StackConfig {
             gateway_port: 4000,
             gateway_db: None,
             models: Vec::new(),
+            prefill_replicas: None,
+            decode_replicas: None,
+            pd_threshold: strata_router::scheduling::pd::SUGGESTED_NON_CACHED_TOKENS,
+            kv_tier_bytes: None,
         }
     }
 }
@@ -156,6 +179,24 @@ pub struct UpArgs {
     /// Gateway database [default: $STRATA_HOME/gateway.db; `:memory:` for none].
     #[arg(long)]
     pub gateway_db: Option<PathBuf>,
+    /// Disaggregated serving: this many prefill engines (`--kv-role prefill`), with
+    /// `--decode-replicas`; fixed counts, no autoscaling.
+    #[arg(long, requires = "decode_replicas",
+          conflicts_with_all = ["replicas", "min_replicas", "max_replicas"])]
+    pub prefill_replicas: Option<u32>,
+    /// Disaggregated serving: this many decode engines (`--kv-role decode`), with
+    /// `--prefill-replicas`.
+    #[arg(long, requires = "prefill_replicas",
+          conflicts_with_all = ["replicas", "min_replicas", "max_replicas"])]
+    pub decode_replicas: Option<u32>,
+    /// Disaggregated serving: uncached prompt tokens at which a request goes through a
+    /// prefill engine (0: every request) [default: 256].
+    #[arg(long)]
+    pub pd_threshold: Option<u32>,
+    /// Start a shared KV tier (`strata kv-tier`) of this many memory bytes for every
+    /// engine (`--kv-tier`).
+    #[arg(long)]
+    pub kv_tier_bytes: Option<u64>,
 }
 
 impl StackConfig {
@@ -184,6 +225,18 @@ impl StackConfig {
         if let Some(v) = args.replicas {
             c.replicas = v;
             c.autoscale = None;
+            c.prefill_replicas = None;
+            c.decode_replicas = None;
+        }
+        if let (Some(p), Some(d)) = (args.prefill_replicas, args.decode_replicas) {
+            c.prefill_replicas = Some(p);
+            c.decode_replicas = Some(d);
+        }
+        if let Some(v) = args.pd_threshold {
+            c.pd_threshold = v;
+        }
+        if args.kv_tier_bytes.is_some() {
+            c.kv_tier_bytes = args.kv_tier_bytes;
         }
         if args.min_replicas.is_some() || args.max_replicas.is_some() {
             let mut a = c.autoscale.take().unwrap_or_default();
@@ -233,6 +286,40 @@ impl StackConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
+        match (self.prefill_replicas, self.decode_replicas) {
+            (None, None) => {}
+            (Some(p), Some(d)) => {
+                anyhow::ensure!(
+                    self.autoscale.is_none(),
+                    "disaggregated serving (prefill_replicas/decode_replicas) runs fixed \
+                     counts: it cannot be combined with autoscale, --min-replicas or \
+                     --max-replicas"
+                );
+                anyhow::ensure!(
+                    self.models.is_empty(),
+                    "disaggregated serving (prefill_replicas/decode_replicas) serves one \
+                     model: it cannot be combined with `models:`"
+                );
+                anyhow::ensure!(
+                    (1..=64).contains(&p) && (1..=64).contains(&d),
+                    "prefill_replicas and decode_replicas must be 1..=64, not {p} and {d}"
+                );
+                for role in ["--kv-role", "--kv-transfer-port"] {
+                    anyhow::ensure!(
+                        !self
+                            .engine_args
+                            .iter()
+                            .any(|a| a == role || a.starts_with(&format!("{role}="))),
+                        "{role} is set per group in disaggregated serving; leave it out of \
+                         engine_args"
+                    );
+                }
+            }
+            _ => anyhow::bail!("prefill_replicas and decode_replicas go together"),
+        }
+        if let Some(b) = self.kv_tier_bytes {
+            anyhow::ensure!(b >= 1 << 20, "kv_tier_bytes must be at least 1 MiB");
+        }
         if !self.models.is_empty() {
             let single = StackConfig::default();
             anyhow::ensure!(
@@ -304,8 +391,41 @@ impl StackConfig {
         served_name_of(&self.model)
     }
 
-    /// The pools to run: the `models:` entries, or the one pool of `model`.
+    /// Whether the engines are split into prefill and decode groups.
+    pub fn disaggregated(&self) -> bool {
+        self.prefill_replicas.is_some() && self.decode_replicas.is_some()
+    }
+
+    /// The pools to run: the `models:` entries, or the one pool of `model`; disaggregated,
+    /// the model's decode group then its prefill group (fixed counts, each engine told its
+    /// role; a prefill engine also gets a transfer port of its own).
     pub fn pools(&self) -> Result<Vec<PoolSpec>, PoolConfigError> {
+        if let (Some(p), Some(d)) = (self.prefill_replicas, self.decode_replicas) {
+            let group = |role: &str, n: u32, extra: &[&str]| {
+                let mut engine_args = self.engine_args.clone();
+                engine_args.push("--kv-role".into());
+                engine_args.push(role.into());
+                engine_args.extend(extra.iter().map(|a| a.to_string()));
+                PoolSpec {
+                    name: self.served_model_name(),
+                    model: self.model.clone(),
+                    autoscale: AutoscaleConfig {
+                        min_replicas: n,
+                        max_replicas: n,
+                        warm_spares: 0,
+                        ..AutoscaleConfig::default()
+                    },
+                    engine_args,
+                    kv_cache_memory: self.kv_cache_memory,
+                    adapters: Vec::new(),
+                    role: Some(role.into()),
+                }
+            };
+            return Ok(vec![
+                group("decode", d, &[]),
+                group("prefill", p, &["--kv-transfer-port", "{free_port}"]),
+            ]);
+        }
         if self.models.is_empty() {
             return Ok(vec![PoolSpec {
                 name: self.served_model_name(),
@@ -314,6 +434,7 @@ impl StackConfig {
                 engine_args: self.engine_args.clone(),
                 kv_cache_memory: self.kv_cache_memory,
                 adapters: Vec::new(),
+                role: None,
             }]);
         }
         crate::pools::resolve(&self.models, &self.engine_args, self.kv_cache_memory)
@@ -344,7 +465,10 @@ impl View {
             .map(|p| {
                 let s = p.status.lock().unwrap_or_else(|e| e.into_inner());
                 PoolView {
-                    name: p.spec.name.clone(),
+                    name: match &p.spec.role {
+                        Some(role) => format!("{} ({role})", p.spec.name),
+                        None => p.spec.name.clone(),
+                    },
                     model: p.spec.model.clone(),
                     adapters: p.spec.adapter_names(),
                     min_replicas: p.spec.autoscale.min_replicas,
@@ -369,12 +493,10 @@ impl StackView for View {
         let mut out: Vec<ReplicaView> = Vec::new();
         for pool in &self.pools {
             // Replica ids restart at 1 in every pool: the pool's name tells them apart.
-            let label = |id: &str| {
-                if several {
-                    format!("{} {id}", pool.spec.name)
-                } else {
-                    id.to_string()
-                }
+            let label = |id: &str| match &pool.spec.role {
+                Some(role) => format!("{role} {id}"),
+                None if several => format!("{} {id}", pool.spec.name),
+                None => id.to_string(),
             };
             out.extend(pool.fleet.replicas().into_iter().map(|r| {
                 let s = routed.iter().find(|s| s.spec.url == r.info.url);
@@ -557,10 +679,25 @@ fn bounds(a: &AutoscaleConfig) -> (String, String) {
 /// Runs the stack until Ctrl-C or SIGTERM.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = StackConfig::load(&args)?;
-    let specs = cfg.pools()?;
+    let mut specs = cfg.pools()?;
+    // The shared KV tier first: every engine is told where it is.
+    let _tier = match cfg.kv_tier_bytes {
+        Some(bytes) => {
+            let (child, addr) = start_kv_tier(bytes, cfg.log_dir.as_deref()).await?;
+            eprintln!("strata up: KV tier at {addr} ({bytes} bytes)");
+            for p in &mut specs {
+                p.engine_args.push("--kv-tier".into());
+                p.engine_args.push(addr.to_string());
+            }
+            Some(child)
+        }
+        None => None,
+    };
     for p in &specs {
         let a = &p.autoscale;
-        if a.min_replicas == a.max_replicas {
+        if let Some(role) = &p.role {
+            eprintln!("strata up: {} x {} ({role})", a.min_replicas, p.model);
+        } else if a.min_replicas == a.max_replicas {
             eprintln!("strata up: {} x {}", a.min_replicas, p.model);
         } else {
             eprintln!(
@@ -590,6 +727,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
         None => RouterConfig::default(),
     };
+    let router_config = pd_router_config(&cfg, router_config);
     let router = Router::new(router_config)?;
     let groups = GroupMap::default();
     if let Some(dir) = &cfg.log_dir {
@@ -612,7 +750,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 groups.clone(),
                 held.clone(),
             )
-            .with_adapters(spec.adapter_names()),
+            .with_adapters(spec.adapter_names())
+            .with_role(spec.role.clone()),
         );
         let engine_args = engine_command(&spec, cfg.shutdown_grace_secs);
         // Replica ids restart in every pool: the second and later pools log apart.
@@ -620,7 +759,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             if i == 0 {
                 d.clone()
             } else {
-                d.join(format!("pool-{}", spec.slug()))
+                match &spec.role {
+                    Some(role) => d.join(role),
+                    None => d.join(format!("pool-{}", spec.slug())),
+                }
             }
         });
         if let Some(dir) = &log_dir {
@@ -693,9 +835,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         interval,
     );
 
+    // The front holds and names requests by pool; a prefill group is no pool of its own
+    // to clients (its model is the decode group's).
     let pool_set = Arc::new(PoolSet(
         built
             .iter()
+            .filter(|b| b.spec.role.as_deref() != Some("prefill"))
             .map(|b| PoolRoute {
                 name: b.spec.name.clone(),
                 model: b.spec.model.clone(),
@@ -817,6 +962,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .iter()
         .map(|b| (b.fleet.clone(), b.spec.autoscale.min_replicas))
         .collect();
+    let disaggregated = cfg.disaggregated();
     let summary: Vec<(String, (String, String), Vec<String>)> = built
         .iter()
         .map(|b| {
@@ -850,18 +996,30 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 format!(" (adapters: {})", adapters.join(", "))
             }
         };
-        if let [(name, (count, scaling), adapters)] = summary.as_slice() {
-            println!("Strata is up: {count} of {name}{scaling}{}", with(adapters));
-            println!("  OpenAI API: http://{front}/v1   (model \"{name}\")");
-        } else {
-            println!("Strata is up: {} models", summary.len());
-            for (name, (count, scaling), adapters) in &summary {
-                println!("  model {name}: {count}{scaling}{}", with(adapters));
+        match (disaggregated, summary.as_slice()) {
+            (true, [(name, (decode, _), _), (_, (prefill, _), _)]) => {
+                let n = |s: &str| s.trim_end_matches(" replica(s)").to_string();
+                println!(
+                    "Strata is up: {} prefill + {} decode replica(s) of {name} (disaggregated)",
+                    n(prefill),
+                    n(decode)
+                );
+                println!("  OpenAI API: http://{front}/v1   (model \"{name}\")");
             }
-            println!(
-                "  OpenAI API: http://{front}/v1   (models: {})",
-                names.join(", ")
-            );
+            (_, [(name, (count, scaling), adapters)]) => {
+                println!("Strata is up: {count} of {name}{scaling}{}", with(adapters));
+                println!("  OpenAI API: http://{front}/v1   (model \"{name}\")");
+            }
+            _ => {
+                println!("Strata is up: {} models", summary.len());
+                for (name, (count, scaling), adapters) in &summary {
+                    println!("  model {name}: {count}{scaling}{}", with(adapters));
+                }
+                println!(
+                    "  OpenAI API: http://{front}/v1   (models: {})",
+                    names.join(", ")
+                );
+            }
         }
         println!("  dashboard:  http://{front}/ui");
         println!("  controller: http://{front}/controller/status   (rollouts: strata rollout --url http://{front})");
@@ -887,6 +1045,73 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         cfg.shutdown_grace_secs,
     )
     .await
+}
+
+/// The router's config in disaggregated mode: llm-d's profile pair at `pd_threshold`
+/// unless the router config file brings its own scheduling.
+fn pd_router_config(cfg: &StackConfig, mut rc: RouterConfig) -> RouterConfig {
+    if !cfg.disaggregated() {
+        return rc;
+    }
+    match &rc.scheduling {
+        None => {
+            rc.scheduling = Some(strata_router::EndpointPickerConfig::pd(cfg.pd_threshold));
+        }
+        Some(s) if !s.plugins.iter().any(|p| p.kind == "pd-profile-handler") => {
+            tracing::warn!(
+                "the router config's scheduling has no pd-profile-handler: requests are not \
+                 disaggregated"
+            );
+        }
+        Some(_) => {}
+    }
+    rc
+}
+
+/// Starts `strata kv-tier` on a free loopback port with `bytes` of memory; returns the
+/// child (stopped when dropped) once it accepts connections.
+async fn start_kv_tier(
+    bytes: u64,
+    log_dir: Option<&std::path::Path>,
+) -> anyhow::Result<(tokio::process::Child, SocketAddr)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the KV tier")?
+        .port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let exe = std::env::current_exe().context("finding the strata executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args([
+        "kv-tier",
+        "--listen",
+        &addr.to_string(),
+        "--memory-bytes",
+        &bytes.to_string(),
+    ])
+    .stdin(std::process::Stdio::null())
+    .kill_on_drop(true);
+    if let Some(dir) = log_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("kv-tier.log");
+        let out =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        cmd.stdout(out.try_clone()?).stderr(out);
+    }
+    let mut child = cmd.spawn().context("starting strata kv-tier")?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok((child, addr));
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("strata kv-tier exited at start ({status})");
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "strata kv-tier did not listen on {addr} within 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// `Retry-After` for a request that found its pool still cold: about one cold start.
@@ -1117,6 +1342,110 @@ mod tests {
             let e = StackConfig::load(&bad).unwrap_err();
             assert!(format!("{e:#}").contains("per entry"), "{e:#}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn disaggregated_layout_two_fixed_groups_with_roles() {
+        let args = UpArgs {
+            prefill_replicas: Some(2),
+            decode_replicas: Some(3),
+            pd_threshold: Some(32),
+            engine_args: vec!["--mock".into()],
+            ..UpArgs::default()
+        };
+        let c = StackConfig::load(&args).unwrap();
+        assert!(c.disaggregated());
+        let pools = c.pools().unwrap();
+        assert_eq!(pools.len(), 2);
+        let (decode, prefill) = (&pools[0], &pools[1]);
+        assert_eq!(decode.role.as_deref(), Some("decode"));
+        assert_eq!(prefill.role.as_deref(), Some("prefill"));
+        assert_eq!(decode.name, prefill.name, "one served model");
+        for (p, n) in [(decode, 3), (prefill, 2)] {
+            let a = &p.autoscale;
+            assert_eq!((a.min_replicas, a.max_replicas, a.warm_spares), (n, n, 0));
+        }
+        let cmd = engine_command(prefill, 30);
+        let at = |cmd: &[String], flag: &str| cmd.iter().position(|a| a == flag).unwrap();
+        assert_eq!(cmd[at(&cmd, "--kv-role") + 1], "prefill");
+        assert_eq!(cmd[at(&cmd, "--kv-transfer-port") + 1], "{free_port}");
+        assert!(cmd.contains(&"--mock".to_string()));
+        let cmd = engine_command(decode, 30);
+        assert_eq!(cmd[at(&cmd, "--kv-role") + 1], "decode");
+        assert!(!cmd.iter().any(|a| a == "--kv-transfer-port"));
+        // The router runs the profile pair at the threshold, unless its file says otherwise.
+        let rc = pd_router_config(&c, RouterConfig::default());
+        let picker = rc.picker_config().build().unwrap();
+        assert_eq!(picker.pd().unwrap().decider.non_cached_tokens, 32);
+        let custom = RouterConfig {
+            scheduling: Some(strata_router::EndpointPickerConfig::default_config()),
+            ..RouterConfig::default()
+        };
+        assert!(pd_router_config(&c, custom)
+            .picker_config()
+            .build()
+            .unwrap()
+            .pd()
+            .is_none());
+        // Colocated: one pool, no role, no pair.
+        let plain = StackConfig::default();
+        assert_eq!(plain.pools().unwrap()[0].role, None);
+        assert!(pd_router_config(&plain, RouterConfig::default())
+            .scheduling
+            .is_none());
+    }
+
+    #[test]
+    fn disaggregated_mode_refuses_autoscaling_models_and_its_own_flags() {
+        let dir = std::env::temp_dir().join(format!("strata-up-pd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("strata.yaml");
+        let with = |yaml: &str, args: UpArgs| {
+            std::fs::write(&file, yaml).unwrap();
+            StackConfig::load(&UpArgs {
+                config: Some(file.clone()),
+                ..args
+            })
+        };
+        let pd = || UpArgs {
+            prefill_replicas: Some(1),
+            decode_replicas: Some(1),
+            ..UpArgs::default()
+        };
+        let e = with("autoscale: {minReplicas: 0, maxReplicas: 2}\n", pd()).unwrap_err();
+        assert!(format!("{e:#}").contains("autoscale"), "{e:#}");
+        let e = with("models: [{model: a}]\n", pd()).unwrap_err();
+        assert!(format!("{e:#}").contains("models"), "{e:#}");
+        let e = with("engine_args: [--kv-role, both]\n", pd()).unwrap_err();
+        assert!(format!("{e:#}").contains("--kv-role"), "{e:#}");
+        let e = with("prefill_replicas: 1\n", UpArgs::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("go together"), "{e:#}");
+        let e = with(
+            "prefill_replicas: 0\ndecode_replicas: 1\n",
+            UpArgs::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("1..=64"), "{e:#}");
+        let e = with("kv_tier_bytes: 10\n", UpArgs::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("kv_tier_bytes"), "{e:#}");
+        // The file's keys work as the flags do; --replicas goes back to colocated.
+        let c = with(
+            "prefill_replicas: 1\ndecode_replicas: 2\npd_threshold: 0\n",
+            UpArgs::default(),
+        )
+        .unwrap();
+        assert!(c.disaggregated());
+        assert_eq!(c.pd_threshold, 0);
+        let c = with(
+            "prefill_replicas: 1\ndecode_replicas: 2\n",
+            UpArgs {
+                replicas: Some(2),
+                ..UpArgs::default()
+            },
+        )
+        .unwrap();
+        assert!(!c.disaggregated());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

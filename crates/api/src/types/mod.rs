@@ -30,8 +30,8 @@ pub use chat::{
     ResponseMessage, Role,
 };
 pub use common::{
-    FinishReason, KvTransferParams, Prompt, PromptTokensDetails, ResponseFormat, Stop, StopReason, StreamOptions,
-    Usage,
+    FinishReason, KvTransferParams, Prompt, PromptTokensDetails, ResponseFormat, Stop, StopReason,
+    StreamOptions, Usage,
 };
 pub use completion::{CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse};
 pub use embeddings::{

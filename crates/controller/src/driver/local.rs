@@ -32,7 +32,9 @@ use crate::signals::{EngineKind, MetricsScraper};
 pub struct LocalDriverConfig {
     /// The program to run (default: this `strata` executable).
     pub command: Option<PathBuf>,
-    /// Its arguments. `{host}`, `{port}`, `{model}` and `{id}` are replaced.
+    /// Its arguments. `{host}`, `{port}`, `{model}` and `{id}` are replaced, and
+    /// `{free_port}` by a second free port of the replica's own (a side endpoint, such as
+    /// an engine's KV-transfer port).
     pub args: Vec<String>,
     /// Extra environment, with the same replacements.
     pub env: BTreeMap<String, String>,
@@ -201,9 +203,21 @@ impl LocalDriver {
         self.next_id += 1;
         let id = format!("local-{n}");
         let port = self.free_port()?;
+        let wants_second = self.cfg.args.iter().any(|a| a.contains("{free_port}"));
+        let second = if wants_second {
+            // The kernel may hand the same free port out twice in a row.
+            let mut p = self.free_port()?;
+            if p == port {
+                p = self.free_port()?;
+            }
+            p.to_string()
+        } else {
+            String::new()
+        };
         let fill = |s: &str| {
             s.replace("{host}", &self.cfg.host)
                 .replace("{port}", &port.to_string())
+                .replace("{free_port}", &second)
                 .replace("{model}", &self.cfg.model)
                 .replace("{id}", &id)
         };

@@ -17,6 +17,15 @@
 //! with the integer sum exact. Every path (scalar, AVX2, AVX-VNNI, AVX-512, AVX-512 VNNI)
 //! does exactly these operations, so all of them give the same bits, and an output never
 //! depends on which other rows share the call.
+//!
+//! Q8_0 weights (the `lm_head` of the default model) fit the same scheme one byte a weight:
+//! a signed weight `q` is stored as the unsigned `q + 128` with the offset `m = −128·d`
+//! (exact in f16 whenever `d` is finite and not too large), so `d·q = d·(q + 128) + m` and the
+//! arithmetic above is unchanged. A group's block then holds eight 64-byte vectors of four
+//! weights × 16 rows instead of four vectors of nibbles. `vpdpbusd` takes those bytes as
+//! they are; the paths without VNNI split each byte into its two nibbles, because
+//! `maddubs` would saturate on the 16-bit sum of two products of up to 255 · 127, and add
+//! `16 ×` the high nibbles' sum: the same exact integer either way.
 
 use half::f16;
 
@@ -26,17 +35,30 @@ use super::{BlockType, QuantRows, BLOCK};
 pub const GROUP: usize = 16;
 /// Bytes of one group's block: 16 `d` and 16 `m` as f16, then 16 × 32 nibbles.
 const GROUP_BLOCK_BYTES: usize = 2 * GROUP * 2 + GROUP * BLOCK / 2;
+/// The same for 8-bit weights: 16 × 32 bytes after the scales.
+const WIDE_GROUP_BLOCK_BYTES: usize = 2 * GROUP * 2 + GROUP * BLOCK;
+
+/// Bytes of one group's block for nibbles (`WIDE = false`) or bytes (`WIDE = true`).
+const fn block_bytes(wide: bool) -> usize {
+    if wide {
+        WIDE_GROUP_BLOCK_BYTES
+    } else {
+        GROUP_BLOCK_BYTES
+    }
+}
 /// Activation rows per tile on the 512-bit paths (16 accumulators + 8 sums fit 32 registers).
 pub const MT_512: usize = 8;
 /// Activation rows per tile on the 256-bit paths (16 registers).
 pub const MT_256: usize = 4;
 
-/// A 4-bit matrix in the interleaved layout (rows padded to a multiple of [`GROUP`] with
-/// zero weights).
+/// A 4-bit (or, from Q8_0, 8-bit) matrix in the interleaved layout (rows padded to a
+/// multiple of [`GROUP`] with zero weights).
 #[derive(Debug, Clone)]
 pub struct PackedQ4 {
     pub rows: usize,
     pub cols: usize,
+    /// One byte a weight (from Q8_0) rather than one nibble.
+    wide: bool,
     data: Vec<u8>,
 }
 
@@ -82,7 +104,52 @@ impl PackedQ4 {
                 }
             }
         }
-        Some(Self { rows, cols, data })
+        Some(Self {
+            rows,
+            cols,
+            wide: false,
+            data,
+        })
+    }
+
+    /// Repacks GGUF Q8_0 rows as unsigned bytes `q + 128` with the offset `−128·d`. `None`
+    /// when some block's offset is not exact in f16 (a scale above 511.75, or not finite):
+    /// the caller keeps f32 activations for that matrix then.
+    pub fn new_q8_0(rows: usize, cols: usize, src: &[u8]) -> Option<Self> {
+        let bb = BlockType::Q8_0.block_bytes();
+        let nb = cols / BLOCK;
+        let groups = rows.div_ceil(GROUP);
+        let mut data = vec![0u8; groups * nb * WIDE_GROUP_BLOCK_BYTES];
+        for r in 0..rows {
+            let (g, lane) = (r / GROUP, r % GROUP);
+            for b in 0..nb {
+                let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                let d = u16::from_le_bytes([blk[0], blk[1]]);
+                let off = -128.0 * f16::from_bits(d).to_f32();
+                let m = f16::from_f32(off);
+                if m.to_f32() != off {
+                    return None;
+                }
+                let out =
+                    &mut data[(g * nb + b) * WIDE_GROUP_BLOCK_BYTES..][..WIDE_GROUP_BLOCK_BYTES];
+                out[2 * lane..2 * lane + 2].copy_from_slice(&d.to_le_bytes());
+                out[2 * GROUP + 2 * lane..2 * GROUP + 2 * lane + 2]
+                    .copy_from_slice(&m.to_bits().to_le_bytes());
+                // Quad p holds elements 4p..4p+4; flipping the sign bit adds 128.
+                for p in 0..8 {
+                    let at = 4 * GROUP + p * 4 * GROUP + 4 * lane;
+                    for e in 0..4 {
+                        out[at + e] = blk[2 + 4 * p + e] ^ 0x80;
+                    }
+                }
+            }
+        }
+        Some(Self {
+            rows,
+            cols,
+            wide: true,
+            data,
+        })
     }
 
     /// Bytes the packed weights take.
@@ -91,7 +158,7 @@ impl PackedQ4 {
     }
 
     fn group_bytes(&self) -> usize {
-        self.cols / BLOCK * GROUP_BLOCK_BYTES
+        self.cols / BLOCK * block_bytes(self.wide)
     }
 }
 
@@ -228,16 +295,18 @@ pub unsafe fn q8_chunk(
         let col = g * GROUP;
         let valid = (w.rows.min(first + rows) - col).min(GROUP);
         let y = out.add(col);
+        let wide = w.wide;
         match path {
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx512Vnni => x86::group_512_vnni(wg, q, y, ldy, valid),
+            KernelPath::Avx512Vnni => x86::group_512_vnni(wg, q, y, ldy, valid, wide),
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx512 => x86::group_512_bw(wg, q, y, ldy, valid),
+            KernelPath::Avx512 => x86::group_512_bw(wg, q, y, ldy, valid, wide),
             #[cfg(target_arch = "x86_64")]
-            KernelPath::AvxVnni => x86::group_256_vnni(wg, q, y, ldy, valid),
+            KernelPath::AvxVnni => x86::group_256_vnni(wg, q, y, ldy, valid, wide),
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx2 => x86::group_256_avx2(wg, q, y, ldy, valid),
-            _ => group_scalar(wg, q, y, ldy, valid),
+            KernelPath::Avx2 => x86::group_256_avx2(wg, q, y, ldy, valid, wide),
+            _ if wide => group_scalar::<true>(wg, q, y, ldy, valid),
+            _ => group_scalar::<false>(wg, q, y, ldy, valid),
         }
     }
 }
@@ -247,25 +316,41 @@ pub unsafe fn q8_chunk(
 ///
 /// # Safety
 /// As [`q8_chunk`], for columns `0..valid` from `y`.
-unsafe fn group_scalar(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid: usize) {
+unsafe fn group_scalar<const WIDE: bool>(
+    wg: &[u8],
+    q: &QuantRows,
+    y: *mut f32,
+    ldy: usize,
+    valid: usize,
+) {
     let nb = q.k / BLOCK;
+    let gbb = block_bytes(WIDE);
     for i in 0..q.m {
         let xq = &q.q[i * q.k..(i + 1) * q.k];
         for lane in 0..valid {
             let mut acc = 0f32;
             for b in 0..nb {
-                let blk = &wg[b * GROUP_BLOCK_BYTES..(b + 1) * GROUP_BLOCK_BYTES];
+                let blk = &wg[b * gbb..(b + 1) * gbb];
                 let dw = f16::from_bits(u16::from_le_bytes([blk[2 * lane], blk[2 * lane + 1]]));
                 let at = 2 * GROUP + 2 * lane;
                 let mw = f16::from_bits(u16::from_le_bytes([blk[at], blk[at + 1]]));
                 let xb = &xq[b * BLOCK..(b + 1) * BLOCK];
                 let mut sum = 0i32;
-                for p in 0..4 {
-                    let at = 4 * GROUP + p * 4 * GROUP + 4 * lane;
-                    for e in 0..4 {
-                        let byte = blk[at + e];
-                        sum += i32::from(byte & 0x0F) * i32::from(xb[4 * p + e]);
-                        sum += i32::from(byte >> 4) * i32::from(xb[16 + 4 * p + e]);
+                if WIDE {
+                    for p in 0..8 {
+                        let at = 4 * GROUP + p * 4 * GROUP + 4 * lane;
+                        for e in 0..4 {
+                            sum += i32::from(blk[at + e]) * i32::from(xb[4 * p + e]);
+                        }
+                    }
+                } else {
+                    for p in 0..4 {
+                        let at = 4 * GROUP + p * 4 * GROUP + 4 * lane;
+                        for e in 0..4 {
+                            let byte = blk[at + e];
+                            sum += i32::from(byte & 0x0F) * i32::from(xb[4 * p + e]);
+                            sum += i32::from(byte >> 4) * i32::from(xb[16 + 4 * p + e]);
+                        }
                     }
                 }
                 let (dx, sx) = (q.d[i * nb + b], q.s8[i * nb + b] * 8.0);
@@ -279,16 +364,20 @@ unsafe fn group_scalar(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid:
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{QuantRows, BLOCK, GROUP, GROUP_BLOCK_BYTES, MT_256, MT_512};
+    use super::{block_bytes, QuantRows, BLOCK, GROUP, MT_256, MT_512};
     use std::arch::x86_64::*;
 
     /// `acc + Σ_4 u8(a) · i8(b)` per 32-bit lane (the weights are `a`, at most 15, so the
     /// 16-bit pair sums of `maddubs` never saturate: 2 · 15 · 127 < 32767).
+    ///
+    /// `dot8` is the same for full bytes `a` (up to 255), exact in 32 bits either way.
     trait Dot512 {
         unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
+        unsafe fn dot8(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
     }
     trait Dot256 {
         unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     }
     struct Vnni512;
     struct Madd512;
@@ -300,6 +389,10 @@ mod x86 {
         unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
             _mm512_dpbusd_epi32(acc, a, b)
         }
+        #[inline(always)]
+        unsafe fn dot8(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            _mm512_dpbusd_epi32(acc, a, b)
+        }
     }
     impl Dot512 for Madd512 {
         #[inline(always)]
@@ -307,10 +400,23 @@ mod x86 {
             let pairs = _mm512_maddubs_epi16(a, b);
             _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
         }
+        #[inline(always)]
+        unsafe fn dot8(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+            let mask = _mm512_set1_epi8(0x0F);
+            let lo = _mm512_maddubs_epi16(_mm512_and_si512(a, mask), b);
+            let hi = _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(a, 4), mask), b);
+            let lo = _mm512_madd_epi16(lo, _mm512_set1_epi16(1));
+            let hi = _mm512_madd_epi16(hi, _mm512_set1_epi16(16));
+            _mm512_add_epi32(acc, _mm512_add_epi32(lo, hi))
+        }
     }
     impl Dot256 for Vnni256 {
         #[inline(always)]
         unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            _mm256_dpbusd_avx_epi32(acc, a, b)
+        }
+        #[inline(always)]
+        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_dpbusd_avx_epi32(acc, a, b)
         }
     }
@@ -319,6 +425,15 @@ mod x86 {
         unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             let pairs = _mm256_maddubs_epi16(a, b);
             _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+        #[inline(always)]
+        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            let mask = _mm256_set1_epi8(0x0F);
+            let lo = _mm256_maddubs_epi16(_mm256_and_si256(a, mask), b);
+            let hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(a, 4), mask), b);
+            let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(1));
+            let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(16));
+            _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi))
         }
     }
 
@@ -362,19 +477,41 @@ mod x86 {
     /// # Safety
     /// AVX-512F/BW/VL, FMA, F16C and AVX-512 VNNI; as [`super::q8_chunk`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    pub unsafe fn group_512_vnni(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid: usize) {
-        group_512::<Vnni512>(wg, q, y, ldy, valid)
+    pub unsafe fn group_512_vnni(
+        wg: &[u8],
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        valid: usize,
+        wide: bool,
+    ) {
+        if wide {
+            group_512::<Vnni512, true>(wg, q, y, ldy, valid)
+        } else {
+            group_512::<Vnni512, false>(wg, q, y, ldy, valid)
+        }
     }
 
     /// # Safety
     /// AVX-512F/BW/VL, FMA and F16C; as [`super::q8_chunk`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    pub unsafe fn group_512_bw(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid: usize) {
-        group_512::<Madd512>(wg, q, y, ldy, valid)
+    pub unsafe fn group_512_bw(
+        wg: &[u8],
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        valid: usize,
+        wide: bool,
+    ) {
+        if wide {
+            group_512::<Madd512, true>(wg, q, y, ldy, valid)
+        } else {
+            group_512::<Madd512, false>(wg, q, y, ldy, valid)
+        }
     }
 
     #[inline(always)]
-    unsafe fn group_512<D: Dot512>(
+    unsafe fn group_512<D: Dot512, const WIDE: bool>(
         wg: &[u8],
         q: &QuantRows,
         y: *mut f32,
@@ -387,14 +524,14 @@ mod x86 {
             let yi = y.add(i * ldy);
             let wp = wg.as_ptr();
             match (q.m - i).min(MT_512) {
-                8 => tile_512::<D, 8>(wp, x, yi, ldy, valid),
-                7 => tile_512::<D, 7>(wp, x, yi, ldy, valid),
-                6 => tile_512::<D, 6>(wp, x, yi, ldy, valid),
-                5 => tile_512::<D, 5>(wp, x, yi, ldy, valid),
-                4 => tile_512::<D, 4>(wp, x, yi, ldy, valid),
-                3 => tile_512::<D, 3>(wp, x, yi, ldy, valid),
-                2 => tile_512::<D, 2>(wp, x, yi, ldy, valid),
-                _ => tile_512::<D, 1>(wp, x, yi, ldy, valid),
+                8 => tile_512::<D, WIDE, 8>(wp, x, yi, ldy, valid),
+                7 => tile_512::<D, WIDE, 7>(wp, x, yi, ldy, valid),
+                6 => tile_512::<D, WIDE, 6>(wp, x, yi, ldy, valid),
+                5 => tile_512::<D, WIDE, 5>(wp, x, yi, ldy, valid),
+                4 => tile_512::<D, WIDE, 4>(wp, x, yi, ldy, valid),
+                3 => tile_512::<D, WIDE, 3>(wp, x, yi, ldy, valid),
+                2 => tile_512::<D, WIDE, 2>(wp, x, yi, ldy, valid),
+                _ => tile_512::<D, WIDE, 1>(wp, x, yi, ldy, valid),
             }
             i += MT_512;
         }
@@ -403,7 +540,7 @@ mod x86 {
     /// `M` activation rows × the group's 16 weight rows.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // indices name tile rows
-    unsafe fn tile_512<D: Dot512, const M: usize>(
+    unsafe fn tile_512<D: Dot512, const WIDE: bool, const M: usize>(
         w: *const u8,
         x: Rows,
         y: *mut f32,
@@ -412,22 +549,38 @@ mod x86 {
     ) {
         let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); M];
+        let gbb = block_bytes(WIDE);
         for b in 0..x.k / BLOCK {
-            let blk = w.add(b * GROUP_BLOCK_BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * GROUP_BLOCK_BYTES) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * GROUP_BLOCK_BYTES + 64) as *const i8);
-            let mut s = [_mm512_setzero_si512(); M];
-            for p in 0..4 {
-                let v = _mm512_loadu_si512(blk.add(4 * GROUP + p * 64) as *const __m512i);
-                let lo = _mm512_and_si512(v, mask);
-                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-                for i in 0..M {
-                    let xl = _mm512_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
-                    s[i] = D::dot(s[i], lo, xl);
+            let blk = w.add(b * gbb);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * gbb) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * gbb + 64) as *const i8);
+            if WIDE {
+                for line in 2..gbb / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * gbb + 64 * line) as *const i8);
                 }
-                for i in 0..M {
-                    let xh = _mm512_set1_epi32(x.quad(i, b * BLOCK + 16 + 4 * p));
-                    s[i] = D::dot(s[i], hi, xh);
+            }
+            let mut s = [_mm512_setzero_si512(); M];
+            if WIDE {
+                for p in 0..8 {
+                    let v = _mm512_loadu_si512(blk.add(4 * GROUP + p * 64) as *const __m512i);
+                    for i in 0..M {
+                        let xq = _mm512_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
+                        s[i] = D::dot8(s[i], v, xq);
+                    }
+                }
+            } else {
+                for p in 0..4 {
+                    let v = _mm512_loadu_si512(blk.add(4 * GROUP + p * 64) as *const __m512i);
+                    let lo = _mm512_and_si512(v, mask);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                    for i in 0..M {
+                        let xl = _mm512_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
+                        s[i] = D::dot(s[i], lo, xl);
+                    }
+                    for i in 0..M {
+                        let xh = _mm512_set1_epi32(x.quad(i, b * BLOCK + 16 + 4 * p));
+                        s[i] = D::dot(s[i], hi, xh);
+                    }
                 }
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
@@ -452,19 +605,41 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA, F16C and AVX-VNNI; as [`super::q8_chunk`].
     #[target_feature(enable = "avx2,avxvnni,fma,f16c")]
-    pub unsafe fn group_256_vnni(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid: usize) {
-        group_256::<Vnni256>(wg, q, y, ldy, valid)
+    pub unsafe fn group_256_vnni(
+        wg: &[u8],
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        valid: usize,
+        wide: bool,
+    ) {
+        if wide {
+            group_256::<Vnni256, true>(wg, q, y, ldy, valid)
+        } else {
+            group_256::<Vnni256, false>(wg, q, y, ldy, valid)
+        }
     }
 
     /// # Safety
     /// AVX2, FMA and F16C; as [`super::q8_chunk`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn group_256_avx2(wg: &[u8], q: &QuantRows, y: *mut f32, ldy: usize, valid: usize) {
-        group_256::<Madd256>(wg, q, y, ldy, valid)
+    pub unsafe fn group_256_avx2(
+        wg: &[u8],
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        valid: usize,
+        wide: bool,
+    ) {
+        if wide {
+            group_256::<Madd256, true>(wg, q, y, ldy, valid)
+        } else {
+            group_256::<Madd256, false>(wg, q, y, ldy, valid)
+        }
     }
 
     #[inline(always)]
-    unsafe fn group_256<D: Dot256>(
+    unsafe fn group_256<D: Dot256, const WIDE: bool>(
         wg: &[u8],
         q: &QuantRows,
         y: *mut f32,
@@ -483,10 +658,10 @@ mod x86 {
                 let yi = y.add(i * ldy + 8 * half);
                 let wp = wg.as_ptr();
                 match (q.m - i).min(MT_256) {
-                    4 => tile_256::<D, 4>(wp, half, x, yi, ldy, hv),
-                    3 => tile_256::<D, 3>(wp, half, x, yi, ldy, hv),
-                    2 => tile_256::<D, 2>(wp, half, x, yi, ldy, hv),
-                    _ => tile_256::<D, 1>(wp, half, x, yi, ldy, hv),
+                    4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
+                    3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
+                    2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
+                    _ => tile_256::<D, WIDE, 1>(wp, half, x, yi, ldy, hv),
                 }
                 i += MT_256;
             }
@@ -496,7 +671,7 @@ mod x86 {
     /// `M` activation rows × eight weight rows (half `half` of the group).
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // indices name tile rows
-    unsafe fn tile_256<D: Dot256, const M: usize>(
+    unsafe fn tile_256<D: Dot256, const WIDE: bool, const M: usize>(
         w: *const u8,
         half: usize,
         x: Rows,
@@ -506,21 +681,33 @@ mod x86 {
     ) {
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); M];
+        let gbb = block_bytes(WIDE);
         for b in 0..x.k / BLOCK {
-            let blk = w.add(b * GROUP_BLOCK_BYTES);
+            let blk = w.add(b * gbb);
             let mut s = [_mm256_setzero_si256(); M];
-            for p in 0..4 {
-                let v =
-                    _mm256_loadu_si256(blk.add(4 * GROUP + p * 64 + 32 * half) as *const __m256i);
-                let lo = _mm256_and_si256(v, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                for i in 0..M {
-                    let xl = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
-                    s[i] = D::dot(s[i], lo, xl);
+            if WIDE {
+                for p in 0..8 {
+                    let at = blk.add(4 * GROUP + p * 64 + 32 * half);
+                    let v = _mm256_loadu_si256(at as *const __m256i);
+                    for i in 0..M {
+                        let xq = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
+                        s[i] = D::dot8(s[i], v, xq);
+                    }
                 }
-                for i in 0..M {
-                    let xh = _mm256_set1_epi32(x.quad(i, b * BLOCK + 16 + 4 * p));
-                    s[i] = D::dot(s[i], hi, xh);
+            } else {
+                for p in 0..4 {
+                    let at = blk.add(4 * GROUP + p * 64 + 32 * half);
+                    let v = _mm256_loadu_si256(at as *const __m256i);
+                    let lo = _mm256_and_si256(v, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                    for i in 0..M {
+                        let xl = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
+                        s[i] = D::dot(s[i], lo, xl);
+                    }
+                    for i in 0..M {
+                        let xh = _mm256_set1_epi32(x.quad(i, b * BLOCK + 16 + 4 * p));
+                        s[i] = D::dot(s[i], hi, xh);
+                    }
                 }
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));

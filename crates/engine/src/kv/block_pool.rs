@@ -97,6 +97,40 @@ pub enum PoolEvent {
         hash: HashKey,
     },
     Cleared,
+    /// A block this engine evicted is now held by the shared KV tier (host memory or
+    /// disk): announced as `BlockStored` with `medium: "CPU"`. Parent, tokens and adapter
+    /// are the ones the block had when it was evicted.
+    TierStored {
+        hash: HashKey,
+        parent: Option<HashKey>,
+        tokens: Vec<u32>,
+        lora: Option<BlockLora>,
+    },
+    /// A block announced by [`PoolEvent::TierStored`] left the tier (or the engine can
+    /// no longer vouch for it): `BlockRemoved` with `medium: "CPU"`.
+    TierRemoved {
+        hash: HashKey,
+    },
+}
+
+/// A cached block the pool just evicted, with what named it (recorded only while
+/// [`BlockPool::set_track_evictions`] is on). Its slots still hold its keys and values
+/// until the block is written again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictedBlock {
+    pub block: u32,
+    pub hash: HashKey,
+    pub parent: Option<HashKey>,
+    pub tokens: Vec<u32>,
+    pub lora: Option<BlockLora>,
+}
+
+/// What a named block was committed with, kept for its eviction record.
+#[derive(Debug, Clone)]
+struct BlockMeta {
+    parent: Option<HashKey>,
+    tokens: Vec<u32>,
+    lora: Option<BlockLora>,
 }
 
 const NIL: u32 = u32::MAX;
@@ -202,6 +236,11 @@ pub struct BlockPool {
     /// Whether `Stored` events carry the block's tokens (the KV-event wire format wants
     /// them; a consumer that reads only hashes, like the simulator, saves a copy per block).
     event_tokens: bool,
+    /// Per block, what it was committed with; `None` unless evictions are tracked (the
+    /// tier needs the parent and tokens of an evicted block, nobody else does).
+    meta: Option<Vec<Option<BlockMeta>>>,
+    /// Cached blocks evicted since the last [`BlockPool::drain_evicted`].
+    evicted: Vec<EvictedBlock>,
 }
 
 impl BlockPool {
@@ -214,7 +253,32 @@ impl BlockPool {
             prefix_caching,
             events: Vec::new(),
             event_tokens: true,
+            meta: None,
+            evicted: Vec::new(),
         }
+    }
+
+    /// Records every cached block that `allocate` evicts (see [`Self::drain_evicted`]);
+    /// off by default, and then nothing is kept.
+    pub fn set_track_evictions(&mut self, on: bool) {
+        self.meta = on.then(|| vec![None; self.ref_counts.len()]);
+        self.evicted.clear();
+    }
+
+    /// The cached blocks evicted since the last call, oldest first. Their slots are
+    /// intact until the caller writes into the blocks it allocated.
+    pub fn drain_evicted(&mut self) -> std::vec::Drain<'_, EvictedBlock> {
+        self.evicted.drain(..)
+    }
+
+    /// References held on `block` (0: free); 0 for an id out of range.
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.ref_counts.get(block as usize).copied().unwrap_or(0)
+    }
+
+    /// Blocks named in the prefix cache (held or free).
+    pub fn num_cached(&self) -> usize {
+        self.cached.len()
     }
 
     pub fn prefix_caching(&self) -> bool {
@@ -292,6 +356,15 @@ impl BlockPool {
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
                     self.events.push(PoolEvent::Removed { hash: h });
+                    if let Some(meta) = self.meta.as_mut().and_then(|m| m[b as usize].take()) {
+                        self.evicted.push(EvictedBlock {
+                            block: b,
+                            hash: h,
+                            parent: meta.parent,
+                            tokens: meta.tokens,
+                            lora: meta.lora,
+                        });
+                    }
                 }
             }
             self.ref_counts[b as usize] = 1;
@@ -326,6 +399,13 @@ impl BlockPool {
             }
         }
         self.hashes[block as usize] = Some(hash);
+        if let Some(meta) = self.meta.as_mut() {
+            meta[block as usize] = Some(BlockMeta {
+                parent,
+                tokens: tokens.to_vec(),
+                lora: lora.cloned(),
+            });
+        }
         self.events.push(PoolEvent::Stored {
             hash,
             parent,
@@ -368,6 +448,9 @@ impl BlockPool {
         self.cached.clear();
         for h in self.hashes.iter_mut() {
             *h = None;
+        }
+        if let Some(meta) = self.meta.as_mut() {
+            meta.iter_mut().for_each(|m| *m = None);
         }
         self.events.push(PoolEvent::Cleared);
         true
@@ -479,6 +562,59 @@ mod tests {
                 if *hash == h(2) && *p == h(1) && tokens.is_empty()
         ));
         assert_eq!(pool.count_hits(&[h(1), h(2)]), 2, "caching is unchanged");
+    }
+
+    #[test]
+    fn tracked_evictions_carry_what_named_the_block_and_untracked_keep_nothing() {
+        let mut pool = BlockPool::new(2, true);
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(1), None, &[1, 2]);
+        pool.release(&a);
+        pool.allocate(2).expect("evicts h1");
+        assert_eq!(pool.drain_evicted().count(), 0, "not tracked");
+        pool.release(&[0, 1]);
+
+        pool.set_track_evictions(true);
+        let lora = BlockLora {
+            id: 2,
+            name: "x".into(),
+        };
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(3), None, &[5, 6]);
+        pool.commit_lora(a[1], h(4), Some(h(3)), &[7, 8], Some(&lora));
+        pool.release(&a);
+        assert_eq!(pool.num_cached(), 2);
+        assert_eq!(pool.ref_count(a[0]), 0);
+        let b = pool.allocate(2).expect("evicts both");
+        assert_eq!(pool.ref_count(b[0]), 1);
+        let ev: Vec<EvictedBlock> = pool.drain_evicted().collect();
+        // The tail (h4) goes first, as release queued it first.
+        assert_eq!(
+            ev,
+            vec![
+                EvictedBlock {
+                    block: a[1],
+                    hash: h(4),
+                    parent: Some(h(3)),
+                    tokens: vec![7, 8],
+                    lora: Some(lora),
+                },
+                EvictedBlock {
+                    block: a[0],
+                    hash: h(3),
+                    parent: None,
+                    tokens: vec![5, 6],
+                    lora: None,
+                },
+            ]
+        );
+        assert_eq!(pool.drain_evicted().count(), 0, "drained once");
+        // Reset forgets names without evicting anything.
+        pool.commit(b[0], h(9), None, &[1, 1]);
+        pool.release(&b);
+        assert!(pool.reset());
+        pool.allocate(2).expect("two");
+        assert_eq!(pool.drain_evicted().count(), 0);
     }
 
     #[test]

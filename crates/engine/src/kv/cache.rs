@@ -96,6 +96,53 @@ impl KvBuf {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Appends elements `at..at + n` to `out` as little-endian bytes of the buffer's dtype.
+    fn read_le(&self, at: usize, n: usize, out: &mut Vec<u8>) {
+        // Grown once and filled through fixed-size chunks, which compiles to a plain copy
+        // loop (a push per element would check the capacity every time).
+        let start = out.len();
+        match self {
+            Self::F16(b) => {
+                out.resize(start + 2 * n, 0);
+                for (o, v) in out[start..].chunks_exact_mut(2).zip(&b[at..at + n]) {
+                    o.copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+            Self::F32(b) => {
+                out.resize(start + 4 * n, 0);
+                for (o, v) in out[start..].chunks_exact_mut(4).zip(&b[at..at + n]) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// Stores little-endian elements of the buffer's dtype from element `at` on; `src`
+    /// holds a whole number of elements.
+    fn write_le(&mut self, at: usize, src: &[u8]) {
+        match self {
+            Self::F16(b) => {
+                for (o, c) in b[at..].iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+            Self::F32(b) => {
+                for (o, c) in b[at..].iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+    }
+}
+
+/// Why a block's bytes could not be written into the cache.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockIoError {
+    #[error("block {0} is outside the cache")]
+    OutOfRange(u32),
+    #[error("a block is {expected} bytes here, got {got}")]
+    Size { expected: usize, got: usize },
 }
 
 /// Per-layer key/value buffers.
@@ -143,6 +190,59 @@ impl KvCache {
         2 * n_layer * block_size * slot_width * dtype.bytes()
     }
 
+    /// Bytes of one of this cache's blocks (what [`Self::read_block`] produces).
+    pub fn block_bytes(&self) -> usize {
+        Self::bytes_per_block(
+            self.keys.len(),
+            self.block_size,
+            self.slot_width,
+            self.dtype,
+        )
+    }
+
+    /// Copies block `block`'s keys and values out, in the transfer layout: for each layer,
+    /// the block's keys (`block_size * slot_width` elements) then its values, as
+    /// little-endian elements of the cache's dtype (exact: no conversion).
+    pub fn read_block(&self, block: u32) -> Result<Vec<u8>, BlockIoError> {
+        if block as usize >= self.num_blocks {
+            return Err(BlockIoError::OutOfRange(block));
+        }
+        let n = self.block_size * self.slot_width;
+        let at = block as usize * n;
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for (k, v) in self.keys.iter().zip(&self.values) {
+            k.read_le(at, n, &mut out);
+            v.read_le(at, n, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Writes `bytes` (the layout of [`Self::read_block`], same dtype and shape) into block
+    /// `block` of every layer. A wrong size changes nothing.
+    pub fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BlockIoError> {
+        if block as usize >= self.num_blocks {
+            return Err(BlockIoError::OutOfRange(block));
+        }
+        let expected = self.block_bytes();
+        if bytes.len() != expected {
+            return Err(BlockIoError::Size {
+                expected,
+                got: bytes.len(),
+            });
+        }
+        let n = self.block_size * self.slot_width;
+        let at = block as usize * n;
+        let part = n * self.dtype.bytes();
+        let mut chunks = bytes.chunks_exact(part);
+        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            if let (Some(kb), Some(vb)) = (chunks.next(), chunks.next()) {
+                k.write_le(at, kb);
+                v.write_le(at, vb);
+            }
+        }
+        Ok(())
+    }
+
     /// The slot of position `pos` through `block_table`, if the table covers it.
     #[inline]
     pub fn slot(&self, block_table: &[u32], pos: usize) -> Option<usize> {
@@ -167,6 +267,49 @@ mod tests {
         c.values[0].write(0, &[0.1]);
         assert_eq!(c.values[0].get(0), 0.1);
         assert_eq!(c.values[0].len(), 24);
+    }
+
+    #[test]
+    fn a_block_round_trips_through_its_bytes_in_either_dtype() {
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let mut a = KvCache::with_dtype(2, 3, 2, 3, dtype);
+            // Block 1 of each layer: 2 slots of 3 numbers, distinct per layer and kind.
+            for l in 0..2 {
+                let base = l as f32 * 10.0;
+                a.keys[l].write(6, &[base + 1.0, base + 2.0, 0.5, -0.25, 3.0, 4.0]);
+                a.values[l].write(6, &[-base, 7.0, 8.0, 9.0, 0.125, 6.0]);
+            }
+            let bytes = a.read_block(1).unwrap();
+            assert_eq!(bytes.len(), a.block_bytes());
+            assert_eq!(a.block_bytes(), 2 * 2 * 2 * 3 * dtype.bytes());
+            // Layer 0's keys lead the layout.
+            let first = match dtype {
+                KvDtype::F16 => f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
+                KvDtype::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            };
+            assert_eq!(first, 1.0);
+            let mut b = KvCache::with_dtype(2, 3, 2, 3, dtype);
+            b.write_block(2, &bytes).unwrap();
+            for l in 0..2 {
+                for i in 0..6 {
+                    assert_eq!(b.keys[l].get(12 + i), a.keys[l].get(6 + i));
+                    assert_eq!(b.values[l].get(12 + i), a.values[l].get(6 + i));
+                }
+                // Neighbouring blocks are untouched.
+                assert_eq!(b.keys[l].get(6), 0.0);
+            }
+            assert_eq!(b.read_block(2).unwrap(), bytes);
+            assert_eq!(
+                b.write_block(0, &bytes[1..]),
+                Err(BlockIoError::Size {
+                    expected: bytes.len(),
+                    got: bytes.len() - 1
+                })
+            );
+            assert_eq!(b.read_block(0).unwrap(), vec![0; bytes.len()]);
+            assert_eq!(b.write_block(3, &bytes), Err(BlockIoError::OutOfRange(3)));
+            assert!(b.read_block(3).is_err());
+        }
     }
 
     #[test]

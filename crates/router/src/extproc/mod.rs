@@ -19,6 +19,10 @@
 //!    the pick, then up to [`ExtProc::with_fallbacks`] fallbacks in rank order
 //!    (`ip:port,ip:port`); a corrected `Content-Length`, `clear_route_cache`; then the whole
 //!    body in chunks of at most 62,000 bytes, the last one ending the stream;
+//!    With a prefill/decode profile pair, the destination is the decode pick and a
+//!    disaggregated request also gets `x-prefiller-host-port: <prefill host:port>` (llm-d's
+//!    header): the decode side runs phase 1 against that engine itself. A client's own
+//!    `x-prefiller-host-port` is always removed;
 //! 5. the response passes straight through chunk by chunk; `usage` (JSON or the SSE usage
 //!    chunk) is read for the serving endpoint's token counters (a fallback that served
 //!    takes the lease over, the pick's circuit counting a failure), and the lease is released
@@ -59,6 +63,9 @@ use request::{address_allowed, address_of, header, ApiKind, TEST_SELECTION};
 
 /// The gRPC service name, also a health-check service name.
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// The prefill engine of a disaggregated request, for the decode side (llm-d's header).
+pub const PREFILLER: &str = "x-prefiller-host-port";
 
 /// Most fallbacks one answer may name after the pick.
 pub const MAX_FALLBACKS: usize = 7;
@@ -599,8 +606,36 @@ impl StreamState {
         if let Some(b) = &body {
             set.push(messages::set_header("content-length", &b.len().to_string()));
         }
-        // A client must not name its own destination or claim who served.
-        let remove = vec![SERVED.to_string()];
+        // The prefill engine, when disaggregating: the decode side prefills there first.
+        // Its load is not counted here: this picker never sees phase 1 end.
+        let prefiller = picked
+            .prefill
+            .as_ref()
+            .and_then(|p| p.first())
+            .map(|(_, url)| address_of(url).to_string());
+        match (&prefiller, picked.pd) {
+            (Some(p), _) => {
+                set.push(messages::set_header(PREFILLER, p));
+                self.router
+                    .metrics()
+                    .pd_path(crate::telemetry::PD_PATH_DISAGGREGATED);
+            }
+            (
+                None,
+                crate::scheduling::PdChoice::DecodeOnly | crate::scheduling::PdChoice::NoPrefill,
+            ) => {
+                self.router
+                    .metrics()
+                    .pd_path(crate::telemetry::PD_PATH_DECODE_ONLY);
+            }
+            (None, _) => {}
+        }
+        // A client must not name its own destination, its prefill engine, or claim who
+        // served.
+        let mut remove = vec![SERVED.to_string()];
+        if prefiller.is_none() {
+            remove.push(PREFILLER.to_string());
+        }
         let metadata = messages::dynamic_metadata(LB_NAMESPACE, DESTINATION, &value);
         let mut out = vec![messages::request_headers(set, remove, Some(metadata))];
         if let Some(b) = body {

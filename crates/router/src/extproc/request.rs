@@ -62,6 +62,9 @@ pub struct ParsedBody {
     pub tokenize_body: Option<serde_json::Value>,
     /// The body to forward (the original bytes unless the model was rewritten).
     pub body: Bytes,
+    /// Estimated prompt tokens of a chat or completion request that does not carry its
+    /// own `kv_transfer_params` (what a prefill/decode pair may split).
+    pub prompt_tokens: Option<usize>,
 }
 
 fn missing_model() -> ApiError {
@@ -138,6 +141,7 @@ fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<ParsedBody, ApiError> 
             "add_generation_prompt": req.add_generation_prompt.unwrap_or(true),
         })
     });
+    let own_kv_transfer = req.kv_transfer_params.is_some();
     let v = validate_chat(req)?;
     let mut prefix_text = String::new();
     for m in &v.messages {
@@ -149,6 +153,8 @@ fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<ParsedBody, ApiError> 
     Ok(ParsedBody {
         model: v.model.unwrap_or_default(),
         priority: v.sampling.priority,
+        prompt_tokens: (!own_kv_transfer)
+            .then(|| crate::scheduling::pd::estimate_prompt_tokens(prefix_text.len(), None)),
         prefix_text,
         salt: v.sampling.cache_salt,
         tokenize_body,
@@ -158,6 +164,7 @@ fn parse_chat(body: &[u8], want_tokenize: bool) -> Result<ParsedBody, ApiError> 
 
 fn parse_completion(body: &[u8], want_tokenize: bool) -> Result<ParsedBody, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
+    let own_kv_transfer = req.kv_transfer_params.is_some();
     let v = validate_completion(req)?;
     let (prefix_text, tokens, tokenize_body) = match &v.prompt {
         PromptInput::Text(t) => (
@@ -179,6 +186,12 @@ fn parse_completion(body: &[u8], want_tokenize: bool) -> Result<ParsedBody, ApiE
     Ok(ParsedBody {
         model: v.model.unwrap_or_default(),
         priority: v.sampling.priority,
+        prompt_tokens: (!own_kv_transfer).then(|| {
+            crate::scheduling::pd::estimate_prompt_tokens(
+                prefix_text.len(),
+                tokens.as_ref().map(Vec::len),
+            )
+        }),
         prefix_text,
         tokens,
         salt: v.sampling.cache_salt,
@@ -228,6 +241,7 @@ pub async fn sched_request(
         priority,
         session: header(headers, router.config().session_header.as_str()).map(str::to_string),
         profile: header(headers, crate::proxy::PROFILE).map(str::to_string),
+        prompt_tokens: parsed.prompt_tokens,
         ..Default::default()
     };
     sreq.lora = router.lora_adapter(&sreq.model);
@@ -240,6 +254,9 @@ pub async fn sched_request(
             }
             _ => None,
         };
+        if let (Some(t), Some(_)) = (&tokens, sreq.prompt_tokens) {
+            sreq.prompt_tokens = Some(t.len());
+        }
         sreq.precise_blocks =
             tokens.map(|t| router.precise_blocks(&t, sreq.lora.as_deref(), parsed.salt.as_deref()));
     }

@@ -21,6 +21,33 @@
 //!       - pluginRef: max-score-picker
 //! ```
 //!
+//! Prefill/decode disaggregation ([`super::pd`]) is llm-d's profile pair: a
+//! `pd-profile-handler` (parameters `decodeProfile`, `prefillProfile`, default `decode` and
+//! `prefill`; `deciderPluginName`, default `prefix-based-pd-decider`; llm-d's older inline
+//! `threshold` too) over two profiles, and the decider's `nonCachedTokens` (0, llm-d's
+//! default, splits every request). `decode-filter` keeps role `decode`, `both` or
+//! unlabelled; `prefill-filter` only role `prefill`. [`EndpointPickerConfig::pd`] builds:
+//!
+//! ```yaml
+//! plugins:
+//!   - type: decode-filter
+//!   - type: prefill-filter
+//!   - type: queue-scorer
+//!   - type: kv-cache-utilization-scorer
+//!   - type: prefix-cache-scorer
+//!   - type: max-score-picker
+//!   - type: prefix-based-pd-decider
+//!     parameters: {nonCachedTokens: 256}
+//!   - type: pd-profile-handler
+//! schedulingProfiles:
+//!   - name: decode
+//!     plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer, weight: 2},
+//!               {pluginRef: kv-cache-utilization-scorer, weight: 2},
+//!               {pluginRef: prefix-cache-scorer, weight: 3}, {pluginRef: max-score-picker}]
+//!   - name: prefill
+//!     plugins: [{pluginRef: prefill-filter}, ...the same scorers...]
+//! ```
+//!
 //! A plugin's `name` defaults to its `type`. In a profile, filters run in the order
 //! listed, scorers are summed with their `weight` (default 1), and the last picker listed
 //! picks (default `max-score-picker`). Unknown types, unknown references and bad
@@ -31,7 +58,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::filters::{LoraAffinityFilter, LowQueueFilter, RoleFilter};
+use super::filters::{LoraAffinityFilter, LowQueueFilter, RoleFilter, StrictRoleFilter};
+use super::pd::{PdDecider, PdHandler, PD_PROFILE_HANDLER, PREFIX_PD_DECIDER};
 use super::pickers::{MaxScore, RandomPicker, WeightedRandom};
 use super::scorers::*;
 use super::{EndpointPicker, Filter, Picker, Profile, Scorer};
@@ -92,6 +120,12 @@ pub enum ConfigError {
     Weight(String),
     #[error("at least one scheduling profile is needed")]
     NoProfile,
+    #[error("`{handler}` names profile `{name}`, which is not defined")]
+    UnknownProfile { handler: String, name: String },
+    #[error("plugin `{0}` is a profile handler or decider, not a filter, scorer or picker")]
+    NotInProfile(String),
+    #[error("only one profile handler may be configured")]
+    TwoHandlers,
 }
 
 /// A built plugin.
@@ -100,6 +134,70 @@ pub enum Plugin {
     Filter(Arc<dyn Filter>),
     Scorer(Arc<dyn Scorer>),
     Picker(Arc<dyn Picker>),
+    /// Decides whether a request is disaggregated.
+    Decider(PdDecider),
+    /// Runs the prefill/decode profile pair.
+    ProfileHandler(PdHandlerParams),
+}
+
+/// `pd-profile-handler`'s parameters (llm-d's names; `threshold` is its older handler's
+/// inline decider threshold).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PdHandlerParams {
+    #[serde(default = "default_decode")]
+    pub decode_profile: String,
+    #[serde(default = "default_prefill")]
+    pub prefill_profile: String,
+    /// The decider plugin (default `prefix-based-pd-decider`).
+    #[serde(default)]
+    pub decider_plugin_name: Option<String>,
+    /// Non-cached prompt tokens that trigger disaggregation, when no decider plugin is
+    /// configured.
+    #[serde(default)]
+    pub threshold: Option<u32>,
+    /// Accepted for llm-d compatibility; the router hashes with each endpoint's own block
+    /// size.
+    #[serde(default)]
+    pub hash_block_size: Option<u32>,
+    /// Accepted for llm-d compatibility (data-parallel ranks); unused here.
+    #[serde(default)]
+    pub primary_port: Option<u16>,
+    /// Accepted for llm-d compatibility: the prefix index the decider reads is the one the
+    /// profiles score with.
+    #[serde(default)]
+    pub prefix_plugin_type: Option<String>,
+    #[serde(default)]
+    pub prefix_plugin_name: Option<String>,
+}
+
+impl Default for PdHandlerParams {
+    fn default() -> Self {
+        PdHandlerParams {
+            decode_profile: default_decode(),
+            prefill_profile: default_prefill(),
+            decider_plugin_name: None,
+            threshold: None,
+            hash_block_size: None,
+            primary_port: None,
+            prefix_plugin_type: None,
+            prefix_plugin_name: None,
+        }
+    }
+}
+
+fn default_decode() -> String {
+    "decode".into()
+}
+
+fn default_prefill() -> String {
+    "prefill".into()
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DeciderParams {
+    non_cached_tokens: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -197,6 +295,26 @@ pub fn build_plugin(spec: &PluginSpec) -> Result<Plugin, ConfigError> {
             };
             Plugin::Filter(Arc::new(RoleFilter { role: p.role }))
         }
+        // llm-d's role filters: a decoder may be `decode`, `both` or unlabelled; a prefill
+        // engine must say `prefill` (an unlabelled replica keeps no blocks for others).
+        "decode-filter" => Plugin::Filter(Arc::new(RoleFilter {
+            role: "decode".into(),
+        })),
+        "prefill-filter" => Plugin::Filter(Arc::new(StrictRoleFilter {
+            role: "prefill".into(),
+        })),
+        PREFIX_PD_DECIDER => {
+            let p: DeciderParams = params(spec, name)?;
+            let n = p.non_cached_tokens.unwrap_or(0);
+            let n = u32::try_from(n).map_err(|_| ConfigError::Parameters {
+                name: name.into(),
+                message: "nonCachedTokens must be 0 or more".into(),
+            })?;
+            Plugin::Decider(PdDecider {
+                non_cached_tokens: n,
+            })
+        }
+        PD_PROFILE_HANDLER => Plugin::ProfileHandler(params(spec, name)?),
         "max-score-picker" => Plugin::Picker(Arc::new(MaxScore)),
         "weighted-random-picker" => Plugin::Picker(Arc::new(WeightedRandom)),
         "random-picker" => Plugin::Picker(Arc::new(RandomPicker)),
@@ -277,6 +395,56 @@ impl EndpointPickerConfig {
         cfg
     }
 
+    /// The prefill/decode profile pair: a `decode` profile (role `decode`, `both` or none)
+    /// and a `prefill` profile (role `prefill`), each queue ×2, KV use ×2, approximate
+    /// prefix ×3 and max-score, a `prefix-based-pd-decider` at `non_cached_tokens` and the
+    /// `pd-profile-handler` over them.
+    pub fn pd(non_cached_tokens: u32) -> Self {
+        let plugin = |kind: &str, parameters: Option<serde_json::Value>| PluginSpec {
+            name: None,
+            kind: kind.into(),
+            parameters,
+        };
+        let plugins = vec![
+            plugin("decode-filter", None),
+            plugin("prefill-filter", None),
+            plugin("queue-scorer", None),
+            plugin("kv-cache-utilization-scorer", None),
+            plugin("prefix-cache-scorer", None),
+            plugin("max-score-picker", None),
+            plugin(
+                PREFIX_PD_DECIDER,
+                Some(serde_json::json!({ "nonCachedTokens": non_cached_tokens })),
+            ),
+            plugin(PD_PROFILE_HANDLER, None),
+        ];
+        let profile = |name: &str, filter: &str| ProfileSpec {
+            name: name.into(),
+            plugins: [
+                (filter, None),
+                ("queue-scorer", Some(2.0)),
+                ("kv-cache-utilization-scorer", Some(2.0)),
+                ("prefix-cache-scorer", Some(3.0)),
+                ("max-score-picker", None),
+            ]
+            .into_iter()
+            .map(|(r, weight)| PluginRef {
+                plugin_ref: r.into(),
+                weight,
+            })
+            .collect(),
+        };
+        EndpointPickerConfig {
+            api_version: Some("inference.networking.x-k8s.io/v1alpha1".into()),
+            kind: Some("EndpointPickerConfig".into()),
+            plugins,
+            scheduling_profiles: vec![
+                profile("decode", "decode-filter"),
+                profile("prefill", "prefill-filter"),
+            ],
+        }
+    }
+
     /// Whether any plugin needs the precise (KV-event) index and token-level hashes.
     pub fn uses_precise(&self) -> bool {
         self.plugins
@@ -319,11 +487,47 @@ impl EndpointPickerConfig {
                         profile.scorers.push((r.plugin_ref.clone(), s.clone(), w));
                     }
                     Plugin::Picker(k) => profile.picker = k.clone(),
+                    Plugin::Decider(_) | Plugin::ProfileHandler(_) => {
+                        return Err(ConfigError::NotInProfile(r.plugin_ref.clone()))
+                    }
                 }
             }
             profiles.push(profile);
         }
-        EndpointPicker::new(profiles)
+        let picker = EndpointPicker::new(profiles)?;
+        let mut handlers = built.iter().filter_map(|(name, p)| match p {
+            Plugin::ProfileHandler(h) => Some((name, h)),
+            _ => None,
+        });
+        let Some((handler_name, h)) = handlers.next() else {
+            return Ok(picker);
+        };
+        if handlers.next().is_some() {
+            return Err(ConfigError::TwoHandlers);
+        }
+        let decider = match (&h.decider_plugin_name, h.threshold) {
+            (Some(name), _) => match built.get(name) {
+                Some(Plugin::Decider(d)) => *d,
+                _ => {
+                    return Err(ConfigError::Parameters {
+                        name: handler_name.clone(),
+                        message: format!("deciderPluginName `{name}` is not a decider plugin"),
+                    })
+                }
+            },
+            (None, Some(t)) => PdDecider {
+                non_cached_tokens: t,
+            },
+            (None, None) => match built.get(PREFIX_PD_DECIDER) {
+                Some(Plugin::Decider(d)) => *d,
+                _ => PdDecider::default(),
+            },
+        };
+        picker.with_pd(PdHandler {
+            decode_profile: h.decode_profile.clone(),
+            prefill_profile: h.prefill_profile.clone(),
+            decider,
+        })
     }
 }
 
@@ -396,6 +600,75 @@ schedulingProfiles:
         let s = EndpointPickerConfig::default_config().build().unwrap();
         let w: Vec<f64> = s.profiles()[0].scorers.iter().map(|(_, _, w)| *w).collect();
         assert_eq!(w, vec![2.0, 2.0, 3.0]);
+    }
+
+    const PD_YAML: &str = r#"
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: prefill-filter
+  - type: decode-filter
+  - type: queue-scorer
+  - type: prefix-based-pd-decider
+    parameters: {nonCachedTokens: 64}
+  - type: pd-profile-handler
+    parameters: {deciderPluginName: prefix-based-pd-decider, primaryPort: 8000}
+schedulingProfiles:
+  - name: prefill
+    plugins: [{pluginRef: prefill-filter}, {pluginRef: queue-scorer}]
+  - name: decode
+    plugins: [{pluginRef: decode-filter}, {pluginRef: queue-scorer}]
+"#;
+
+    #[test]
+    fn pd_profile_handler_in_llm_d_shape() {
+        let s = EndpointPickerConfig::from_yaml(PD_YAML)
+            .unwrap()
+            .build()
+            .unwrap();
+        let pd = s.pd().unwrap();
+        assert_eq!(pd.decode_profile, "decode");
+        assert_eq!(pd.prefill_profile, "prefill");
+        assert_eq!(pd.decider.non_cached_tokens, 64);
+        // The older handler's inline threshold, no decider plugin.
+        let older = "plugins: [{type: queue-scorer}, {type: pd-profile-handler, parameters: {threshold: 9}}]\n\
+                     schedulingProfiles: [{name: decode, plugins: []}, {name: prefill, plugins: []}]";
+        let s = EndpointPickerConfig::from_yaml(older)
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(s.pd().unwrap().decider.non_cached_tokens, 9);
+        // No handler: no pair.
+        assert!(EndpointPickerConfig::default_config()
+            .build()
+            .unwrap()
+            .pd()
+            .is_none());
+        // The one-flag default.
+        let s = EndpointPickerConfig::pd(256).build().unwrap();
+        assert_eq!(s.pd().unwrap().decider.non_cached_tokens, 256);
+        let names: Vec<&str> = s.profiles().iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["decode", "prefill"]);
+        let w: Vec<f64> = s.profiles()[0].scorers.iter().map(|(_, _, w)| *w).collect();
+        assert_eq!(w, vec![2.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn pd_config_errors() {
+        let bad = [
+            ("plugins: [{type: pd-profile-handler}]\nschedulingProfiles: [{name: decode, plugins: []}]", "profile `prefill`"),
+            ("plugins: [{type: pd-profile-handler, parameters: {decodeProfile: a, prefillProfile: a}}]\nschedulingProfiles: [{name: a, plugins: []}]", "must differ"),
+            ("plugins: [{type: prefix-based-pd-decider, parameters: {nonCachedTokens: -1}}]\nschedulingProfiles: [{name: a, plugins: []}]", "0 or more"),
+            ("plugins: [{type: pd-profile-handler, parameters: {deciderPluginName: x}}]\nschedulingProfiles: [{name: decode, plugins: []}, {name: prefill, plugins: []}]", "not a decider"),
+            ("plugins: [{type: pd-profile-handler, parameters: {bogus: 1}}]\nschedulingProfiles: [{name: a, plugins: []}]", "bad parameters"),
+            ("plugins: [{type: pd-profile-handler}]\nschedulingProfiles: [{name: decode, plugins: [{pluginRef: pd-profile-handler}]}]", "not a filter"),
+            ("plugins: [{type: pd-profile-handler}, {name: h2, type: pd-profile-handler}]\nschedulingProfiles: [{name: decode, plugins: []}, {name: prefill, plugins: []}]", "only one"),
+        ];
+        for (yaml, want) in bad {
+            let err = EndpointPickerConfig::from_yaml(yaml).and_then(|c| c.build().map(|_| ()));
+            let msg = err.expect_err(yaml).to_string();
+            assert!(msg.contains(want), "{yaml}: {msg}");
+        }
     }
 
     #[test]

@@ -26,6 +26,28 @@ impl Filter for RoleFilter {
     }
 }
 
+/// Keeps only endpoints whose `role` label is exactly the given one: the prefill side of a
+/// disaggregated pair, where an unlabelled or `both` replica is a decoder, not a prefill
+/// engine that keeps blocks for others.
+#[derive(Debug, Clone)]
+pub struct StrictRoleFilter {
+    pub role: String,
+}
+
+impl Filter for StrictRoleFilter {
+    fn filter<'c>(
+        &self,
+        _: &Context,
+        _: &SchedRequest,
+        cands: Vec<&'c Candidate>,
+    ) -> Vec<&'c Candidate> {
+        cands
+            .into_iter()
+            .filter(|c| c.spec.role.as_deref() == Some(self.role.as_str()))
+            .collect()
+    }
+}
+
 /// Keeps endpoints whose queue is at most `threshold` (fresh metrics only); keeps all when
 /// none qualifies.
 #[derive(Debug, Clone)]
@@ -135,6 +157,15 @@ mod tests {
             cs[..2].iter().collect(),
         );
         assert!(out.is_empty());
+        let strict = StrictRoleFilter {
+            role: "prefill".into(),
+        };
+        let out = strict.filter(
+            &Context::at(now()),
+            &SchedRequest::default(),
+            cs.iter().collect(),
+        );
+        assert_eq!(ids(&out), vec![0], "unlabelled is no prefill engine");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod filters;
+pub mod pd;
 pub mod pickers;
 pub mod saturation;
 pub mod scorers;
@@ -39,6 +40,7 @@ use crate::prefix::approx::ApproxIndex;
 use crate::prefix::precise::PreciseIndex;
 
 pub use config::{ConfigError, EndpointPickerConfig};
+pub use pd::{PdChoice, PdDecider, PdHandler};
 pub use split::TrafficSplit;
 
 /// An endpoint's state as read from its `/metrics` (PROTOCOLS §2), whatever its kind.
@@ -154,8 +156,13 @@ pub struct SchedRequest {
     pub precise_blocks: Option<PreciseBlocks>,
     /// Running request number, for round-robin.
     pub seq: u64,
-    /// Scheduling profile to run (default: the first).
+    /// Scheduling profile to run (default: the first, or the prefill/decode pair when one
+    /// is configured).
     pub profile: Option<String>,
+    /// Prompt length in tokens (estimated from the text when the ids are unknown), set for
+    /// generation requests only: a prefill/decode profile pair splits only requests that
+    /// have it; others run the decode profile alone.
+    pub prompt_tokens: Option<usize>,
 }
 
 /// A prompt's block hashes for the precise index, once per block size: endpoints name their
@@ -294,10 +301,22 @@ pub enum ScheduleError {
     UnknownProfile(String),
 }
 
-/// Profiles, the first being the default.
+/// A decision of the prefill/decode profile pair ([`EndpointPicker::schedule_pd`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PdDecision {
+    /// The endpoint that generates (the only decision when not disaggregating).
+    pub decode: PickDecision,
+    /// The endpoint that computes the prompt first, when disaggregating: never the decode
+    /// pick.
+    pub prefill: Option<PickDecision>,
+    pub choice: PdChoice,
+}
+
+/// Profiles, the first being the default, and an optional prefill/decode pair.
 #[derive(Debug)]
 pub struct EndpointPicker {
     profiles: Vec<Profile>,
+    pd: Option<PdHandler>,
 }
 
 impl EndpointPicker {
@@ -306,7 +325,33 @@ impl EndpointPicker {
         if profiles.is_empty() {
             return Err(ConfigError::NoProfile);
         }
-        Ok(EndpointPicker { profiles })
+        Ok(EndpointPicker { profiles, pd: None })
+    }
+
+    /// Runs requests through the prefill/decode profile pair `pd` (both profiles must
+    /// exist).
+    pub fn with_pd(mut self, pd: PdHandler) -> Result<Self, ConfigError> {
+        for name in [&pd.decode_profile, &pd.prefill_profile] {
+            if !self.profiles.iter().any(|p| &p.name == name) {
+                return Err(ConfigError::UnknownProfile {
+                    handler: pd::PD_PROFILE_HANDLER.into(),
+                    name: name.clone(),
+                });
+            }
+        }
+        if pd.decode_profile == pd.prefill_profile {
+            return Err(ConfigError::Parameters {
+                name: pd::PD_PROFILE_HANDLER.into(),
+                message: "decodeProfile and prefillProfile must differ".into(),
+            });
+        }
+        self.pd = Some(pd);
+        Ok(self)
+    }
+
+    /// The prefill/decode pair, when configured.
+    pub fn pd(&self) -> Option<&PdHandler> {
+        self.pd.as_ref()
     }
 
     /// The PROTOCOLS §6 defaults: queue ×2, KV use ×2, approximate prefix ×3, max-score.
@@ -320,6 +365,7 @@ impl EndpointPicker {
                     scorers: vec![],
                     picker: Arc::new(pickers::MaxScore),
                 }],
+                pd: None,
             })
     }
 
@@ -336,14 +382,86 @@ impl EndpointPicker {
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
     ) -> Result<PickDecision, ScheduleError> {
-        let profile = match &req.profile {
-            None => &self.profiles[0],
-            Some(name) => self
-                .profiles
-                .iter()
-                .find(|p| &p.name == name)
-                .ok_or_else(|| ScheduleError::UnknownProfile(name.clone()))?,
+        let profile = match (&req.profile, &self.pd) {
+            (None, Some(pd)) => self.profile(&pd.decode_profile)?,
+            (None, None) => &self.profiles[0],
+            (Some(name), _) => self.profile(name)?,
         };
+        self.run_profile(profile, ctx, req, candidates, split, rng)
+    }
+
+    fn profile(&self, name: &str) -> Result<&Profile, ScheduleError> {
+        self.profiles
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| ScheduleError::UnknownProfile(name.to_string()))
+    }
+
+    /// One decision through the prefill/decode pair: the decode profile, then, when the
+    /// decider says the decode pick's uncached prompt tokens reach the threshold, the
+    /// prefill profile (its ranking without the decode pick). A request that names a
+    /// profile, one without a prompt length (not a generation request), or a picker with
+    /// no pair runs one profile, as [`EndpointPicker::schedule`] does.
+    pub fn schedule_pd(
+        &self,
+        ctx: &Context,
+        req: &SchedRequest,
+        candidates: &[Candidate],
+        split: Option<&TrafficSplit>,
+        rng: &mut dyn RngCore,
+    ) -> Result<PdDecision, ScheduleError> {
+        let single = |d| PdDecision {
+            decode: d,
+            prefill: None,
+            choice: PdChoice::Single,
+        };
+        let (Some(pd), None, Some(prompt)) = (&self.pd, &req.profile, req.prompt_tokens) else {
+            return self.schedule(ctx, req, candidates, split, rng).map(single);
+        };
+        let decode_profile = self.profile(&pd.decode_profile)?;
+        let decode = self.run_profile(decode_profile, ctx, req, candidates, split, rng)?;
+        let first = decode.pick();
+        let cached = candidates
+            .iter()
+            .find(|c| c.id == first)
+            .map_or(0, |c| pd::cached_tokens(ctx, req, c));
+        if !pd.decider.decide(prompt, cached) {
+            return Ok(PdDecision {
+                decode,
+                prefill: None,
+                choice: PdChoice::DecodeOnly,
+            });
+        }
+        let prefill_profile = self.profile(&pd.prefill_profile)?;
+        let prefill = self
+            .run_profile(prefill_profile, ctx, req, candidates, split, rng)
+            .ok()
+            .map(|mut p| {
+                p.ranked.retain(|s| s.id != first);
+                p
+            })
+            .filter(|p| !p.ranked.is_empty());
+        let choice = if prefill.is_some() {
+            PdChoice::Disaggregate
+        } else {
+            PdChoice::NoPrefill
+        };
+        Ok(PdDecision {
+            decode,
+            prefill,
+            choice,
+        })
+    }
+
+    fn run_profile(
+        &self,
+        profile: &Profile,
+        ctx: &Context,
+        req: &SchedRequest,
+        candidates: &[Candidate],
+        split: Option<&TrafficSplit>,
+        rng: &mut dyn RngCore,
+    ) -> Result<PickDecision, ScheduleError> {
         // Eligibility in one pass, into one pre-sized list.
         let mut any_ready = false;
         let mut cands: Vec<&Candidate> = Vec::with_capacity(candidates.len());
@@ -497,6 +615,78 @@ mod tests {
             s.schedule(&Context::at(now()), &req, &only, None, &mut rng),
             Err(ScheduleError::UnknownProfile(_))
         ));
+    }
+
+    #[test]
+    fn pd_pair_disaggregates_long_uncached_prompts_only() {
+        let mut cands = vec![cand(0, 0.0, 0.0), cand(1, 0.0, 0.0), cand(2, 0.0, 0.0)];
+        Arc::make_mut(&mut cands[0].spec).role = Some("prefill".into());
+        Arc::make_mut(&mut cands[1].spec).role = Some("decode".into());
+        Arc::make_mut(&mut cands[2].spec).role = Some("decode".into());
+        // Endpoint 1 holds the first four 16-token chunks of the shared prompt.
+        let mut approx = ApproxIndex::new(Default::default());
+        approx.record(EndpointId(1), &[1, 2, 3, 4]);
+        let ctx = Context {
+            approx: Some(&approx),
+            ..Context::at(now())
+        };
+        let s = EndpointPickerConfig::pd(100).build().unwrap();
+        let mut rng = StdRng::seed_from_u64(5);
+        let req = |tokens: usize, blocks: Vec<u64>| SchedRequest {
+            model: "m".into(),
+            approx_blocks: blocks,
+            prompt_tokens: Some(tokens),
+            ..Default::default()
+        };
+        // Long and new: the decode pick is a decoder, the prefill pick the prefill engine.
+        for _ in 0..10 {
+            let d = s
+                .schedule_pd(&ctx, &req(500, vec![9, 8, 7]), &cands, None, &mut rng)
+                .unwrap();
+            assert_eq!(d.choice, PdChoice::Disaggregate);
+            assert!([1, 2].contains(&d.decode.pick().0));
+            let p = d.prefill.unwrap();
+            assert_eq!(p.profile, "prefill");
+            assert_eq!(p.ranked.iter().map(|x| x.id.0).collect::<Vec<_>>(), vec![0]);
+        }
+        // Short: decode only.
+        let d = s
+            .schedule_pd(&ctx, &req(99, vec![9]), &cands, None, &mut rng)
+            .unwrap();
+        assert_eq!(
+            (d.choice, d.prefill.is_none()),
+            (PdChoice::DecodeOnly, true)
+        );
+        // Long but mostly cached where it lands (prefix score picks endpoint 1): 130 tokens,
+        // 64 cached, 66 uncached < 100.
+        let d = s
+            .schedule_pd(&ctx, &req(130, vec![1, 2, 3, 4, 5]), &cands, None, &mut rng)
+            .unwrap();
+        assert_eq!(d.decode.pick(), EndpointId(1));
+        assert_eq!(d.choice, PdChoice::DecodeOnly);
+        // Not a generation request, or a named profile: one profile.
+        let mut r = req(500, vec![]);
+        r.prompt_tokens = None;
+        let d = s.schedule_pd(&ctx, &r, &cands, None, &mut rng).unwrap();
+        assert_eq!(
+            (d.choice, d.decode.profile.as_str()),
+            (PdChoice::Single, "decode")
+        );
+        let mut r = req(500, vec![]);
+        r.profile = Some("prefill".into());
+        let d = s.schedule_pd(&ctx, &r, &cands, None, &mut rng).unwrap();
+        assert_eq!(d.decode.pick(), EndpointId(0));
+        // No prefill engine: served by the decode pick alone.
+        let decoders = &cands[1..];
+        let d = s
+            .schedule_pd(&ctx, &req(500, vec![]), decoders, None, &mut rng)
+            .unwrap();
+        assert_eq!((d.choice, d.prefill.is_none()), (PdChoice::NoPrefill, true));
+        // Only prefill engines: no decoder, an error as for any empty profile.
+        assert_eq!(
+            s.schedule_pd(&ctx, &req(500, vec![]), &cands[..1], None, &mut rng),
+            Err(ScheduleError::Filtered("decode".into()))
+        );
     }
 
     #[test]
