@@ -869,7 +869,15 @@ impl EngineLoop {
                 let _ = reply.send(out);
             }
             Command::ReleasePin(pin) => self.release_pin(&pin),
-            Command::Tier(change) => self.tier.apply(change),
+            Command::Tier(change) => {
+                // Announce at once (not after the next step): the tier's answers come about
+                // once a second, and whoever asks the loop anything after a change sees its
+                // events published and its gauge set.
+                self.tier.apply(change);
+                self.flush_kv_events();
+                self.metrics
+                    .set_tier_blocks(self.scheduler.pool.num_cached(), self.tier.announced.len());
+            }
             Command::Stats(reply) => {
                 let pool = &self.scheduler.pool;
                 let _ = reply.send(BlockStats {
@@ -2151,6 +2159,7 @@ mod tests {
         assert_eq!((stats.pins, stats.pinned, stats.free), (0, 0, 64));
         let remote = generate(&decode, &p, 8, None, blocks).await;
         assert_eq!(remote.cached, 64, "the imported blocks are prefix hits");
+        decode.block_stats().await; // after the finishing step's pool changes are published
         assert_eq!(decode.cached_index().leading(&hashes), 4);
         let page = decode.metrics.render();
         assert!(
@@ -2245,6 +2254,9 @@ mod tests {
         let before = h.export_blocks(hashes.clone(), None).await;
         assert_eq!(before.len(), 3);
         generate(&h, &prompt(6, 120), 1, None, Vec::new()).await;
+        // The loop answers a command only after the step that finished the request has
+        // published its pool changes (the index follows them).
+        h.block_stats().await;
         assert_eq!(h.cached_index().leading(&hashes), 0, "evicted");
         let mut copies = HashMap::new();
         while let Ok(b) = rx.try_recv() {
