@@ -258,15 +258,27 @@ fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engi
         panic!("strata up did not come up: {e}");
     }
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // The banner can come before the router has seen both engines ready: wait (bounded)
+    // until it routes to each role, or the first request may be served decode-only.
     let url_of = |role: &str| -> String {
-        get(addr, "/debug/endpoints")["endpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["role"] == role)
-            .and_then(|e| e["url"].as_str())
-            .expect("an engine of that role")
-            .to_string()
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let found = get(addr, "/debug/endpoints")["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["role"] == role && e["ready"] == true && e["stale"] == false)
+                .and_then(|e| e["url"].as_str())
+                .map(str::to_string);
+            if let Some(url) = found {
+                return url;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no ready {role} engine in the router"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     };
     let (prefill, decode) = (url_of("prefill"), url_of("decode"));
     let engine = |url: &str| -> SocketAddr { url.trim_start_matches("http://").parse().unwrap() };
