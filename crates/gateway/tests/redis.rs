@@ -215,14 +215,7 @@ async fn redis_going_away_follows_the_failure_mode() {
         3,
         "only the fail-open requests reached the model"
     );
-    let text = client()
-        .get(format!("{}/metrics", open.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&open.url()).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"ratelimit\"}"),
         "{text}"
@@ -279,20 +272,25 @@ async fn redis_cache_is_shared_by_replicas_but_never_across_tenants() {
     .await;
     assert_eq!((s, h["x-strata-cache"].to_str().unwrap()), (200, "miss"));
     assert_eq!(m.requests(), 3);
-    let text = client()
-        .get(format!("{}/metrics", b.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&b.url()).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"cache\"} 2"),
         "{text}"
     );
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A gateway's `/metrics` page.
+async fn metrics_text(url: &str) -> String {
+    client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 /// `x-strata-cache` of one chat request.
@@ -369,14 +367,7 @@ cache:
     redis.stop();
     assert_eq!(cache_outcome(&a.url(), &t, GERMANY).await, "miss");
     assert_eq!(cache_outcome(&a.url(), &t, FRANCE_AGAIN).await, "semantic");
-    let text = client()
-        .get(format!("{}/metrics", a.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&a.url()).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"semantic_cache\"}"),
         "{text}"
