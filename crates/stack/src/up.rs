@@ -1210,18 +1210,21 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// `args` over a `strata.yaml` at `file` holding `yaml`.
+    fn load_yaml(file: &std::path::Path, yaml: &str, args: UpArgs) -> anyhow::Result<StackConfig> {
+        std::fs::write(file, yaml).unwrap();
+        StackConfig::load(&UpArgs {
+            config: Some(file.to_path_buf()),
+            ..args
+        })
+    }
+
     #[test]
     fn replicas_pins_the_count_and_autoscale_keys_and_flags_set_bounds() {
         let dir = std::env::temp_dir().join(format!("strata-up-as-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("strata.yaml");
-        let with = |yaml: &str, args: UpArgs| {
-            std::fs::write(&file, yaml).unwrap();
-            StackConfig::load(&UpArgs {
-                config: Some(file.clone()),
-                ..args
-            })
-        };
+        let with = |yaml: &str, args: UpArgs| load_yaml(&file, yaml, args);
         // Today's behaviour: a fixed count.
         let c = with("replicas: 3\n", UpArgs::default()).unwrap();
         let a = c.autoscale();
@@ -1401,13 +1404,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("strata-up-pd-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("strata.yaml");
-        let with = |yaml: &str, args: UpArgs| {
-            std::fs::write(&file, yaml).unwrap();
-            StackConfig::load(&UpArgs {
-                config: Some(file.clone()),
-                ..args
-            })
-        };
+        let with = |yaml: &str, args: UpArgs| load_yaml(&file, yaml, args);
         let pd = || UpArgs {
             prefill_replicas: Some(1),
             decode_replicas: Some(1),
