@@ -218,7 +218,7 @@ impl BlockMatrix {
         } else {
             m
         };
-        let quant = (exact < m).then(|| QuantRows::new(&x[exact * k..], m - exact, k));
+        let quant = (exact < m).then(|| QuantRows::new_on(path, &x[exact * k..], m - exact, k));
         let panel = exact >= PANEL_MIN_M;
         let rows_per_task = if panel {
             PANEL_ROWS
@@ -411,28 +411,92 @@ pub struct QuantRows {
 }
 
 impl QuantRows {
-    /// Quantizes `m` rows of `k` floats (round to nearest, scale from the block's largest
-    /// magnitude). Each row depends on nothing but itself.
+    /// Quantizes `m` rows of `k` floats (round half to even, scale from the block's
+    /// largest magnitude; a NaN becomes 0). Each row depends on nothing but itself.
     pub fn new(x: &[f32], m: usize, k: usize) -> Self {
+        Self::new_on(KernelPath::active(), x, m, k)
+    }
+
+    /// [`QuantRows::new`] on a given instruction-set path: every path gives the same bits.
+    /// Large inputs are split over the rayon pool by rows.
+    pub fn new_on(path: KernelPath, x: &[f32], m: usize, k: usize) -> Self {
+        assert_eq!(x.len(), m * k, "activation shape");
         let nb = k / BLOCK;
         let mut q = vec![0i8; m * k];
-        let mut d = Vec::with_capacity(m * nb);
-        let mut s8 = Vec::with_capacity(m * nb);
-        for (xs, qs) in x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK)) {
-            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (o, v) in qs.iter_mut().zip(xs) {
-                // |v · inv| ≤ 127 up to rounding; the clamp keeps a NaN or overflow in range.
-                let r = (v * inv).round().clamp(-127.0, 127.0) as i8;
-                sum += i32::from(r);
-                *o = r;
+        let mut d = vec![0f32; m * nb];
+        let mut s8 = vec![0f32; m * nb];
+        #[cfg(target_arch = "x86_64")]
+        let simd = path.or_supported() >= KernelPath::Avx2;
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = {
+            let _ = path;
+            false
+        };
+        let quantize = |x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]| {
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: AVX2 is present (the path is supported); the slices hold
+                // whole blocks, `d` and `s8` one entry per block.
+                unsafe { avx2::quantize_blocks(x, q, d, s8) };
+                return;
             }
-            d.push(scale);
-            s8.push(scale * sum as f32 / 8.0);
+            let _ = simd;
+            quantize_blocks_scalar(x, q, d, s8);
+        };
+        // Rows per task: about 64 KiB of input each, so small calls stay on this thread.
+        let rows_per_task = (16_384 / k.max(1)).max(1);
+        if m * k <= 2 * 16_384 {
+            quantize(x, &mut q, &mut d, &mut s8);
+        } else {
+            x.par_chunks(rows_per_task * k)
+                .zip(q.par_chunks_mut(rows_per_task * k))
+                .zip(d.par_chunks_mut(rows_per_task * nb))
+                .zip(s8.par_chunks_mut(rows_per_task * nb))
+                .for_each(|(((x, q), d), s8)| quantize(x, q, d, s8));
         }
         Self { m, k, q, d, s8 }
+    }
+}
+
+/// One block's scale from its largest magnitude, and the inverse the values are
+/// multiplied by (0 for an all-zero, infinite or NaN-scaled block).
+#[inline(always)]
+fn block_scale(amax: f32) -> (f32, f32) {
+    let scale = amax / 127.0;
+    let inv = if scale > 0.0 && scale.is_finite() {
+        1.0 / scale
+    } else {
+        0.0
+    };
+    (scale, inv)
+}
+
+/// The portable quantizer, the definition every SIMD path reproduces bit for bit.
+fn quantize_blocks_scalar(x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]) {
+    for (((xs, qs), d), s8) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(d.iter_mut())
+        .zip(s8.iter_mut())
+    {
+        // `f32::max` skips a NaN operand, so a NaN never becomes the scale.
+        let amax = xs.iter().fold(0f32, |a, v| v.abs().max(a));
+        let (scale, inv) = block_scale(amax);
+        let mut sum = 0i32;
+        for (o, v) in qs.iter_mut().zip(xs) {
+            let p = v * inv;
+            // |v · inv| ≤ 127 up to rounding; the clamp keeps an overflow in range and
+            // a NaN (from a NaN input, or ∞ · 0) becomes 0.
+            let r = if p.is_nan() {
+                0
+            } else {
+                p.round_ties_even().clamp(-127.0, 127.0) as i8
+            };
+            sum += i32::from(r);
+            *o = r;
+        }
+        *d = scale;
+        *s8 = scale * sum as f32 / 8.0;
     }
 }
 
@@ -461,8 +525,63 @@ fn row_dot_q8_scalar(kind: BlockType, row: &[u8], q: &QuantRows, i: usize) -> f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{BlockType, BLOCK, MR, NR, NR_DECODE};
+    use super::{block_scale, BlockType, BLOCK, MR, NR, NR_DECODE};
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_blocks_scalar`] eight lanes at a time, with the same bits: the
+    /// largest magnitude is order-free, `vmaxps` returns its second operand when the first
+    /// is NaN (so a NaN input is skipped, as `f32::max` does), the product is the same
+    /// single multiply, NaN products are zeroed, `vroundps` rounds half to even, and the
+    /// sum of the integers is exact.
+    ///
+    /// # Safety
+    /// AVX2; `x` and `q` hold the same whole number of blocks, `d` and `s8` one entry each.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]) {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let lo = _mm256_set1_ps(-127.0);
+        let hi = _mm256_set1_ps(127.0);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (b, (d, s8)) in d.iter_mut().zip(s8.iter_mut()).enumerate() {
+            let p = x.as_ptr().add(b * BLOCK);
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let mut m = _mm256_setzero_ps();
+            for v in v {
+                m = _mm256_max_ps(_mm256_and_ps(v, abs_mask), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1));
+            let (scale, inv) = block_scale(_mm_cvtss_f32(m1));
+            let inv = _mm256_set1_ps(inv);
+            let r = v.map(|v| {
+                let p = _mm256_mul_ps(v, inv);
+                let p = _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q));
+                let p = _mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(p, lo), hi))
+            });
+            let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256(sum, 1),
+            );
+            let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b00_00_00_01));
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let bytes = _mm256_permutevar8x32_epi32(packed, order);
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * BLOCK) as *mut __m256i, bytes);
+            *d = scale;
+            *s8 = scale * _mm_cvtsi128_si32(s1) as f32 / 8.0;
+        }
+    }
 
     /// How one block type expands into f32: both paths get their weights from here, so
     /// they multiply identical values.
@@ -1303,7 +1422,9 @@ mod tests {
         assert_eq!(q.d[0], 0.0);
         assert!(q.q[..32].iter().all(|&v| v == 0));
         assert_eq!(q.s8[0], 0.0);
-        // The NaN poisons its block's scale, but every stored value stays in range.
+        // The NaN is skipped by the scale and quantized to 0.
+        assert_eq!(q.d[1], 1.0 / 127.0);
+        assert_eq!((q.q[40], q.q[41]), (0, 127));
         assert!(q.q.iter().all(|&v| (-127..=127).contains(&v)));
         let q = QuantRows::new(&[0.5f32; 32], 1, 32);
         assert_eq!(q.q[0], 127);
@@ -1348,6 +1469,49 @@ mod tests {
         let w = random_blocks(kind, rows, cols, seed).with_q8_decode_rows();
         assert!(w.takes_q8_activations(), "{kind:?}");
         w
+    }
+
+    #[test]
+    fn every_path_quantizes_activations_to_the_scalar_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(33);
+        // Large enough to be split over the pool, with a short last task.
+        let (m, k) = (70, 576);
+        let mut x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        // Exact ties (±0.5, ±2.5 steps of a block whose scale is 1), zeros, huge values,
+        // NaN and infinities.
+        let block = &mut x[..32];
+        block[0] = 127.0;
+        for (i, v) in [0.5f32, -0.5, 2.5, -2.5, 1.5, 126.5]
+            .into_iter()
+            .enumerate()
+        {
+            block[1 + i] = v;
+        }
+        x[32..64].fill(0.0);
+        x[64] = f32::NAN;
+        x[100] = f32::INFINITY;
+        x[140] = f32::NEG_INFINITY;
+        x[170] = f32::NAN;
+        x[200] = 3.0e38;
+        let want = QuantRows::new_on(KernelPath::Scalar, &x, m, k);
+        assert_eq!(&want.q[1..7], &[0, 0, 2, -2, 2, 126]);
+        for path in paths_here() {
+            let got = QuantRows::new_on(path, &x, m, k);
+            assert_eq!(got.q, want.q, "{path:?}");
+            assert_eq!(
+                got.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{path:?}"
+            );
+            assert_eq!(
+                got.s8.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.s8.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{path:?}"
+            );
+            // A row alone quantizes as it does among the others.
+            let alone = QuantRows::new_on(path, &x[5 * k..6 * k], 1, k);
+            assert_eq!(alone.q, want.q[5 * k..6 * k], "{path:?}");
+        }
     }
 
     #[test]
