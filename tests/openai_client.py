@@ -19,7 +19,7 @@ assert model in ids, f"/v1/models lists {ids}, not {model}"
 # Chat, non-streaming, greedy
 chat = client.chat.completions.create(
     model=model,
-    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
     max_tokens=24,
     temperature=0,
 )
@@ -33,7 +33,7 @@ assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completi
 # Chat, streaming with usage
 stream = client.chat.completions.create(
     model=model,
-    messages=[{"role": "user", "content": "What is the capital of France?"}],
+    messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
     max_tokens=24,
     temperature=0,
     stream=True,

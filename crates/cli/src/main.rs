@@ -105,10 +105,15 @@ struct EngineCmd {
     /// q8_0 (requantized, candle's kernels).
     #[arg(long, default_value = "gguf")]
     weights: WeightFormat,
-    /// Keep decode activations in f32 with 4-bit gguf weights: exact to the stored
-    /// weights, slower (by default they are quantized to 8 bits, as llama.cpp does).
+    /// Keep decode activations (and so prompt activations too) in f32 with 4-bit gguf
+    /// weights: exact to the stored weights, slower (by default every row's activations
+    /// are quantized to 8 bits, as llama.cpp does).
     #[arg(long)]
     exact_decode: bool,
+    /// Keep prompt activations in f32 with 4-bit gguf weights: prefill exact to the stored
+    /// weights, about 2.5x slower; decode rows stay 8-bit.
+    #[arg(long)]
+    exact_prefill: bool,
     /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16 or f32.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: KvDtypeArg,
@@ -496,6 +501,7 @@ fn engine(cmd: EngineCmd) -> anyhow::Result<()> {
         options: EngineOptions {
             weights: cmd.weights,
             exact_decode: cmd.exact_decode,
+            exact_prefill: cmd.exact_prefill,
             kv_cache_dtype: cmd.kv_cache_dtype.0,
             block_size: cmd.block_size,
             num_blocks: cmd.num_blocks,

@@ -3,7 +3,7 @@
 //!
 //! cargo run --release -p strata-engine --example engine_bench -- \
 //!     [--model PATH] [--weights gguf|f32|q8_0] [--prompt 512] [--gen 128] [--reps 3]
-//!     [--batch B [--ctx 512] [--steps 32]] [--exact-decode] [--kv-cache-dtype f16|f32]
+//!     [--batch B [--ctx 512] [--steps 32]] [--exact-decode] [--exact-prefill] [--kv-cache-dtype f16|f32]
 //!
 //! With `--batch`, it also serves `B` sequences of `--ctx` prompt tokens the way the
 //! scheduler would (prefill steps of up to 2048 tokens, then one decode step for all `B`
@@ -33,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = ModelCache::from_env().resolve(&model_arg)?;
     let mut model = Llama::load(&path, weights)?;
     model.q8_decode &= !args.iter().any(|a| a == "--exact-decode");
+    model.q8_prompt &= !args.iter().any(|a| a == "--exact-prefill");
     let kv_dtype: KvDtype = arg(&args, "--kv-cache-dtype", model.default_kv_dtype());
     let block_size = 16;
     let num_blocks = (n_prompt + n_gen).div_ceil(block_size) + 1;
@@ -109,8 +110,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         String::new()
     };
     println!(
-        "{{\"weights\": \"{weights}\", \"q8_decode\": {}, \"kv_dtype\": \"{kv_dtype}\", \"threads\": {}, \"pp{n_prompt}_tok_s\": {:.1}, \"tg{n_gen}_tok_s\": {:.1}{batched}}}",
+        "{{\"weights\": \"{weights}\", \"q8_decode\": {}, \"q8_prompt\": {}, \"kv_dtype\": \"{kv_dtype}\", \"threads\": {}, \"pp{n_prompt}_tok_s\": {:.1}, \"tg{n_gen}_tok_s\": {:.1}{batched}}}",
         model.q8_decode,
+        model.q8_prompt && model.q8_decode,
         rayon::current_num_threads(),
         median(&mut pp),
         median(&mut tg)

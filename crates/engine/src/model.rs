@@ -29,9 +29,10 @@ pub enum WeightFormat {
     /// the activations to 8 bits.
     Q8_0,
     /// Kept in the file's own blocks. Q4_0, Q4_1 and Q8_0 are multiplied by Strata's
-    /// kernels ([`crate::kernels`]): prompt rows with f32 activations; decode rows of 4-bit
-    /// weights, and of a Q8_0 `lm_head`, with 8-bit activations unless
-    /// [`Llama::q8_decode`] is off. Other types by candle's.
+    /// kernels ([`crate::kernels`]): rows of 4-bit weights, and of a Q8_0 `lm_head`, with
+    /// 8-bit activations unless [`Llama::q8_prompt`] (prompt rows) or
+    /// [`Llama::q8_decode`] (decode rows) is off, with f32 activations otherwise. Other
+    /// types by candle's.
     Gguf,
 }
 
@@ -93,7 +94,7 @@ pub struct SeqInput<'a> {
     /// Whether to compute logits for the last token.
     pub want_logits: bool,
     /// Positions from here on hold generated tokens: their rows are decode rows (see
-    /// [`Llama::q8_decode`]). The role follows the position, so a sequence recomputed
+    /// [`Llama::q8_decode`]), the others prompt rows ([`Llama::q8_prompt`]). The role follows the position, so a sequence recomputed
     /// after preemption gets the same keys and values as the first time.
     pub prompt_len: usize,
 }
@@ -104,11 +105,15 @@ pub struct Llama {
     pub format: WeightFormat,
     /// Decode rows of 4-bit block weights (and of a Q8_0 `lm_head`) quantize their
     /// activations to 8 bits per block of 32 for integer dot products (as llama.cpp does
-    /// for every row), about twice the arithmetic rate of expanding the weights to f32
-    /// (several times, with VNNI). Prompt rows always stay in f32.
+    /// for every row): 2.5–3× the rate of expanding the weights to f32 with AVX-512 VNNI.
     /// A row's kernel depends on its role, not on the batch, so outputs stay identical
     /// alone and batched. On by default; off is exact to the stored weights.
     pub q8_decode: bool,
+    /// The same for prompt rows (only while `q8_decode` is on too). On by default; off
+    /// keeps prompts exact to the stored weights (f32 activations through the f32 panel
+    /// kernel). With both on, a token's keys and values are the same whether it was
+    /// computed as a prompt or a decode row.
+    pub q8_prompt: bool,
     embed: Tensor,
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
@@ -179,8 +184,8 @@ impl Llama {
         };
         // A Q8_0 `lm_head` (the default model's tied embeddings) is the largest matrix of
         // a decode step; with 8-bit decode activations it runs the batched integer kernel
-        // instead of expanding every weight to f32 (3–5× faster). Prompt rows, and every
-        // row with `q8_decode` off, still multiply f32 activations.
+        // instead of expanding every weight to f32 (3–5× faster). Rows whose role keeps
+        // f32 activations (`q8_prompt` / `q8_decode` off) still multiply them.
         let lm_head = match lm_head {
             Linear::Blocks(b) => Linear::Blocks(b.with_q8_decode_rows()),
             other => other,
@@ -216,6 +221,7 @@ impl Llama {
         Ok(Self {
             config: cfg,
             q8_decode: format == WeightFormat::Gguf,
+            q8_prompt: format == WeightFormat::Gguf,
             format,
             embed,
             layers,
@@ -238,6 +244,13 @@ impl Llama {
     /// Numbers one KV-cache slot holds per layer (keys or values).
     pub fn kv_slot_width(&self) -> usize {
         self.config.n_kv_head * self.config.head_dim
+    }
+
+    /// Whether a row of this role (decode or prompt) quantizes its activations. Prompt rows
+    /// do only when decode rows do too: the f32 group runs first in a step, so a sequence's
+    /// prompt rows must never land after its decode rows.
+    fn quantizes(&self, decode: bool) -> bool {
+        self.q8_decode && (decode || self.q8_prompt)
     }
 
     /// Runs one step. Returns, for each input sequence, the logits of its last token when
@@ -298,14 +311,16 @@ impl Llama {
                 "KV cache shape does not match the model".into(),
             ));
         }
-        // Per token: its position and cache slot, prompt rows first, then decode rows (the
-        // matrix products take the two groups apart); per sequence: its last token's row.
+        // Per token: its position and cache slot, rows with f32 activations first, then
+        // rows with 8-bit ones (the matrix products take the two groups apart; a row's
+        // group follows its role, prompt or decode); per sequence: its last token's row.
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut seq_of = Vec::new();
         // Rows of each sequence's last `tails[s]` tokens (prompt rows come before decode
-        // rows, and positions ascend within each group, so these stay in position order).
+        // rows within either group when their groups differ, and positions ascend within
+        // each group, so these stay in position order).
         let mut tail_rows: Vec<Vec<usize>> = vec![Vec::new(); seqs.len()];
         for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
@@ -317,11 +332,11 @@ impl Llama {
             }
         }
         let mut exact = 0;
-        for decode_rows in [false, true] {
+        for quantized in [false, true] {
             for (s, seq) in seqs.iter().enumerate() {
                 for (i, &t) in seq.tokens.iter().enumerate() {
                     let pos = seq.start_pos + i;
-                    if (self.q8_decode && pos >= seq.prompt_len) != decode_rows {
+                    if self.quantizes(pos >= seq.prompt_len) != quantized {
                         continue;
                     }
                     if t as usize >= cfg.vocab_size {
@@ -344,7 +359,7 @@ impl Llama {
                     seq_of.push(s);
                 }
             }
-            if !decode_rows {
+            if !quantized {
                 exact = ids.len();
             }
         }
@@ -418,20 +433,20 @@ impl Llama {
             add_in_place(&mut x, &d);
         }
 
-        // Logits only for the rows asked for: prompt rows first, then decode rows, so that
-        // the `lm_head` product keeps each row's role (and so its kernel). Each sequence's
-        // rows stay in position order (its prompt rows come before its decode rows).
+        // Logits only for the rows asked for: f32 rows first, then 8-bit rows, so that the
+        // `lm_head` product keeps each row's kernel. Each sequence's rows stay in position
+        // order (its prompt rows come before its decode rows).
         let mut rows = Vec::new();
         let mut which = Vec::new();
         let mut exact_logits = 0;
-        for decode_rows in [false, true] {
+        for quantized in [false, true] {
             for (s, tail) in tail_rows.iter().enumerate() {
-                for &r in tail.iter().filter(|&&r| (r >= exact) == decode_rows) {
+                for &r in tail.iter().filter(|&&r| (r >= exact) == quantized) {
                     rows.extend_from_slice(&x[r * h..(r + 1) * h]);
                     which.push(s);
                 }
             }
-            if !decode_rows {
+            if !quantized {
                 exact_logits = which.len();
             }
         }

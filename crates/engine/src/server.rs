@@ -62,8 +62,10 @@ pub use disagg::{start_kv_services, KvServices, KvState};
 pub struct EngineOptions {
     pub weights: WeightFormat,
     /// Keep decode rows' activations in f32 (exact to the stored 4-bit weights, slower);
-    /// see [`Llama::q8_decode`].
+    /// see [`Llama::q8_decode`]. Prompt rows then stay in f32 too.
     pub exact_decode: bool,
+    /// Keep prompt rows' activations in f32; see [`Llama::q8_prompt`].
+    pub exact_prefill: bool,
     /// KV-cache entries: f16 or f32; `None` (auto) takes the model's default (f32 with f32
     /// weights, f16 otherwise).
     pub kv_cache_dtype: Option<KvDtype>,
@@ -123,6 +125,7 @@ impl Default for EngineOptions {
         Self {
             weights: WeightFormat::Gguf,
             exact_decode: false,
+            exact_prefill: false,
             kv_cache_dtype: None,
             block_size: 16,
             num_blocks: None,
@@ -309,6 +312,7 @@ pub fn load(
     }
     let mut model = Llama::from_gguf(&mut file, opts.weights)?;
     model.q8_decode &= !opts.exact_decode;
+    model.q8_prompt &= !opts.exact_prefill;
     let lora = match &opts.lora {
         None => None,
         Some(l) => Some(load_lora_modules(l, &model, model_name)?),
@@ -341,6 +345,7 @@ pub fn load(
         model = %model_path.display(),
         weights = %opts.weights,
         q8_decode = model.q8_decode,
+        q8_prompt = model.q8_prompt && model.q8_decode,
         layers = cfg.n_layer,
         vocab = cfg.vocab_size,
         num_blocks,

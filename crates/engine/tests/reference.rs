@@ -194,7 +194,7 @@ fn gguf_block_weights_match_greedy_continuations() {
     );
 }
 
-/// How far 8-bit decode activations may move a logit relative to the reference's top logit
+/// How far 8-bit activations may move a logit relative to the reference's top logit
 /// (logit units; softmax and greedy only see these differences, and the default model's
 /// top logits are 10–30). Measured worst on the fixture: 0.53 with the GGUF-layout integer
 /// kernel, 1.06 (one logit 9.4 below the top, one step) with the packed kernel, whose
@@ -206,20 +206,31 @@ const Q8_DECODE_LOGIT_TOLERANCE: f32 = 1.2;
 const GREEDY_MARGIN: f32 = 0.6;
 
 #[test]
-fn q8_decode_stays_near_the_reference_and_agrees_outside_near_ties() {
-    let fx = fixture();
+fn q8_activations_stay_near_the_reference_and_agree_outside_near_ties() {
     let model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
     assert!(
-        model.q8_decode,
-        "8-bit decode is the default for 4-bit weights"
+        model.q8_decode && model.q8_prompt,
+        "8-bit activations are the default for 4-bit weights"
     );
+    q8_near_the_reference(&model, "8-bit prompt and decode rows");
+}
+
+#[test]
+fn q8_decode_after_an_exact_prefill_stays_near_the_reference() {
+    let mut model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
+    model.q8_prompt = false;
+    q8_near_the_reference(&model, "f32 prompt rows, 8-bit decode rows");
+}
+
+fn q8_near_the_reference(model: &Llama, label: &str) {
+    let fx = fixture();
     let mut worst = 0f32;
     let mut failures = Vec::new();
     let mut checked = 0;
     for case in &fx.cases {
         // Teacher-forced, so every step sees the reference's context; rows after the
         // first are decode rows.
-        let rows = run_case(&model, case);
+        let rows = run_case(model, case);
         for (i, (row, step)) in rows.iter().zip(&case.steps).enumerate() {
             let (top, top_logit) = step.top5[0];
             for &(id, logit) in &step.top5[1..] {
@@ -248,7 +259,7 @@ fn q8_decode_stays_near_the_reference_and_agrees_outside_near_ties() {
             }
         }
     }
-    eprintln!("8-bit decode: worst error {worst:.3} (relative to the top logit); {checked} steps outside near-ties");
+    eprintln!("{label}: worst error {worst:.3} (relative to the top logit); {checked} steps outside near-ties");
     assert!(checked > 100, "too few steps to judge: {checked}");
     assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
 }

@@ -214,7 +214,7 @@ fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
 fn streaming_follows_the_sse_contract() {
     let addr = start(small());
     let body = chat(
-        "What is the capital of France?",
+        "What is the capital of France? Answer in one sentence.",
         json!({"stream": true, "stream_options": {"include_usage": true}, "max_tokens": 12}),
     );
     let (status, text) = request(
@@ -256,7 +256,10 @@ fn streaming_follows_the_sse_contract() {
     let (_, v) = post(
         addr,
         "/v1/chat/completions",
-        &chat("What is the capital of France?", json!({"max_tokens": 12})),
+        &chat(
+            "What is the capital of France? Answer in one sentence.",
+            json!({"max_tokens": 12}),
+        ),
     );
     assert_eq!(v["choices"][0]["message"]["content"], text);
     assert!(text.contains("Paris"), "{text}");
