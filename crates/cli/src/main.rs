@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use strata_engine::kv::cache::KvDtype;
 use strata_engine::model::WeightFormat;
 use strata_engine::model_cache::{ModelCache, PullEvent, DEFAULT_MODEL, KNOWN_MODELS};
-use strata_engine::scheduler::Policy;
+use strata_engine::scheduler::{Policy, StepBudget};
 use strata_engine::server::{EngineOptions, ServerConfig};
 
 mod telemetry;
@@ -135,7 +135,7 @@ struct EngineCmd {
     /// Stall-free scheduling: a step that carries decodes is kept near this many
     /// milliseconds by sizing the prefill chunks beside them from the measured step cost
     /// (0: off, only --max-num-batched-tokens bounds a step).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = StepBudget::DEFAULT_TARGET_MS)]
     step_time_budget_ms: u64,
     /// Waiting requests beyond this are answered 429.
     #[arg(long, default_value_t = 1024)]

@@ -146,7 +146,7 @@ impl Default for EngineOptions {
             speculative: None,
             generation_config: "auto".to_string(),
             lora: None,
-            step_time_budget_ms: 100,
+            step_time_budget_ms: crate::scheduler::StepBudget::DEFAULT_TARGET_MS,
             kv_role: KvRole::Both,
             kv_transfer_port: 0,
             kv_transfer_host: None,
