@@ -1,9 +1,10 @@
 //! The engine against the reference oracle (`tools/reference/oracle.py`): transformers
 //! running the same GGUF dequantized to f32. With f32 weights every greedy token and every
 //! top-5 logit must match; with the weights kept in their GGUF blocks and exact decode the
-//! free-running greedy continuations must match too. With 8-bit decode activations (the
-//! default) the logits must stay within a stated distance of the reference, and the greedy
-//! token must agree wherever the reference's own margin is wider than twice that.
+//! free-running greedy continuations must match too. With 8-bit activations (the default,
+//! for prompt and decode rows) the logits must stay within a stated distance of the
+//! reference, and the greedy token must agree wherever the reference's own margin is wider
+//! than twice that.
 
 mod common;
 
@@ -262,4 +263,77 @@ fn q8_near_the_reference(model: &Llama, label: &str) {
     eprintln!("{label}: worst error {worst:.3} (relative to the top logit); {checked} steps outside near-ties");
     assert!(checked > 100, "too few steps to judge: {checked}");
     assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
+}
+
+/// The logits of the last of `tokens`, computed as a prompt row (`decode_last` false) or,
+/// after a prefill of the others, as a decode row.
+fn last_logits(model: &Llama, tokens: &[u32], decode_last: bool) -> Vec<f32> {
+    let block_size = 16;
+    let num_blocks = tokens.len().div_ceil(block_size);
+    let mut cache = KvCache::new(
+        model.config.n_layer,
+        num_blocks,
+        block_size,
+        model.kv_slot_width(),
+    );
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
+    let (prompt_len, first) = if decode_last {
+        (tokens.len() - 1, tokens.len() - 1)
+    } else {
+        (tokens.len(), tokens.len())
+    };
+    let mut out = model
+        .forward(
+            &mut cache,
+            &[SeqInput {
+                tokens: &tokens[..first],
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+                prompt_len,
+            }],
+        )
+        .expect("prefill");
+    if decode_last {
+        out = model
+            .forward(
+                &mut cache,
+                &[SeqInput {
+                    tokens: &tokens[first..],
+                    start_pos: first,
+                    block_table: &table,
+                    want_logits: true,
+                    prompt_len,
+                }],
+            )
+            .expect("decode");
+    }
+    out.pop().flatten().expect("logits")
+}
+
+#[test]
+fn with_8_bit_prompt_rows_a_token_gives_the_same_bits_as_a_prompt_or_a_decode_row() {
+    let fx = fixture();
+    let mut model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load gguf");
+    for case in &fx.cases {
+        let tokens = &case.prompt_ids;
+        let as_prompt = last_logits(&model, tokens, false);
+        let as_decode = last_logits(&model, tokens, true);
+        assert!(
+            as_prompt
+                .iter()
+                .zip(&as_decode)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: the last token's logits depend on its role",
+            case.name
+        );
+    }
+    // With exact prefill the two roles run different kernels, and the check above sees it.
+    model.q8_prompt = false;
+    let tokens = &fx.cases[0].prompt_ids;
+    assert_ne!(
+        last_logits(&model, tokens, false),
+        last_logits(&model, tokens, true),
+        "f32 and 8-bit rows gave the same logits"
+    );
 }
