@@ -88,6 +88,9 @@ pub struct FleetArgs {
     /// Turn the engines' prefix cache off.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// The engines' step-time target in milliseconds (the engine flag; 0: off).
+    #[arg(long, default_value_t = strata_engine::scheduler::StepBudget::DEFAULT_TARGET_MS)]
+    pub step_time_budget_ms: u64,
     /// How often the router reads replica metrics (default: the routing config's
     /// `scrape_interval_ms`).
     #[arg(long, value_parser = parse_duration)]
@@ -233,6 +236,8 @@ impl FleetArgs {
                 max_num_batched_tokens: self.max_num_batched_tokens,
                 policy: self.scheduling_policy,
                 prefix_caching: !self.no_prefix_caching,
+                step_time_budget: (self.step_time_budget_ms > 0)
+                    .then(|| Duration::from_millis(self.step_time_budget_ms)),
             },
             step,
             replicas,

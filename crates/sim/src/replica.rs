@@ -12,7 +12,9 @@
 use strata_api::block_hash::BlockHash;
 use strata_engine::kv::block_pool::{HashKey, PoolEvent};
 use strata_engine::sampler::{Sampler, SamplingConfig};
-use strata_engine::scheduler::{BlockHashFn, Policy, SchedulerConfig, StepPlan, StepPlanner};
+use strata_engine::scheduler::{
+    BlockHashFn, Policy, SchedulerConfig, StepBudget, StepPlan, StepPlanner,
+};
 use strata_engine::sequence::{GenerationRequest, SeqEvent, Sequence};
 use tokio::sync::mpsc::UnboundedSender;
 use xxhash_rust::xxh3::Xxh3;
@@ -30,6 +32,10 @@ pub struct EngineShape {
     pub max_num_batched_tokens: usize,
     pub policy: Policy,
     pub prefix_caching: bool,
+    /// `--step-time-budget-ms`: a step with decodes is held near this many seconds of the
+    /// step-time model by the engine's own budget (fed each modelled step, as the engine
+    /// feeds it each measured one); `None` is off.
+    pub step_time_budget: Option<std::time::Duration>,
 }
 
 impl Default for EngineShape {
@@ -42,6 +48,7 @@ impl Default for EngineShape {
             max_num_batched_tokens: 2048,
             policy: Policy::Fcfs,
             prefix_caching: true,
+            step_time_budget: Some(StepBudget::DEFAULT_TARGET),
         }
     }
 }
@@ -113,8 +120,8 @@ pub struct StepResult {
 /// One engine replica.
 pub struct SimEngine {
     pub planner: StepPlanner,
-    /// The step in flight, if any.
-    plan: Option<StepPlan>,
+    /// The step in flight, if any, with its tokens and modelled seconds.
+    plan: Option<(StepPlan, usize, f64)>,
     context_len: usize,
     events_tx: UnboundedSender<SeqEvent>,
     pub steps: u64,
@@ -148,6 +155,7 @@ impl SimEngine {
         // KV events reach the router as hashes only: the tokens would be copied per block
         // for nothing.
         planner.pool.set_event_tokens(false);
+        planner.budget = StepBudget::new(shape.step_time_budget);
         SimEngine {
             planner,
             plan: None,
@@ -201,15 +209,18 @@ impl SimEngine {
             return None;
         }
         let mut shape = StepShape::default();
+        let mut tokens = 0;
         for w in &plan.work {
             let seq = &self.planner.running[w.index];
             let start = seq.num_computed;
             let logits = start + w.num_tokens == seq.tokens.len();
             shape.add(start as u64, w.num_tokens as u64, logits);
+            tokens += w.num_tokens;
         }
-        self.plan = Some(plan);
+        let secs = model.step_time(&shape);
+        self.plan = Some((plan, tokens, secs));
         self.steps += 1;
-        Some(model.step_time(&shape))
+        Some(secs)
     }
 
     /// Ends the step in flight: advances, samples, finishes, names the filled blocks and
@@ -217,9 +228,11 @@ impl SimEngine {
     pub fn finish_step(&mut self, out: &mut StepResult) {
         out.tokens.clear();
         out.finished.clear();
-        let Some(plan) = self.plan.take() else {
+        let Some((plan, tokens, secs)) = self.plan.take() else {
             return;
         };
+        // The step's cost feeds the planner's step-time budget, as in the engine.
+        self.planner.observe_step(tokens, secs);
         let mut done = std::mem::take(&mut self.done);
         done.clear();
         for w in &plan.work {
@@ -313,5 +326,68 @@ mod tests {
         e.submit(1, prompt.clone(), 1);
         e.start_step(&model);
         assert_eq!(e.planner.running[0].cached_tokens, 96);
+    }
+
+    /// Eight streams decoding when a long prompt arrives: the modelled seconds of each
+    /// step that carried decodes after it, and whether the prompt finished.
+    fn steps_beside_a_long_prompt(budget: Option<std::time::Duration>) -> (Vec<f64>, bool) {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let shape = EngineShape {
+            step_time_budget: budget,
+            ..EngineShape::default()
+        };
+        let mut e = SimEngine::new(&shape, 4096, 16384, tx);
+        let model = StepModel::new(
+            HardwareProfile::named("h100").unwrap(),
+            ModelProfile::named("llama-3.1-8b").unwrap(),
+            1,
+        )
+        .unwrap();
+        let mut out = StepResult::default();
+        for id in 0..8 {
+            e.submit(
+                id,
+                (0..64).map(|i| 1000 + id as u32 * 100 + i).collect(),
+                400,
+            );
+        }
+        for _ in 0..20 {
+            e.start_step(&model);
+            e.finish_step(&mut out);
+        }
+        e.submit(99, (0..8000).map(|i| 2000 + i).collect(), 1);
+        let (mut steps, mut done) = (Vec::new(), false);
+        while !done && steps.len() < 300 {
+            let Some(t) = e.start_step(&model) else { break };
+            steps.push(t);
+            e.finish_step(&mut out);
+            done = out.finished.iter().any(|s| s.arrival_seq == 99);
+        }
+        (steps, done)
+    }
+
+    #[test]
+    fn the_step_time_target_holds_steps_with_decodes_as_in_the_engine() {
+        let (off, done_off) = steps_beside_a_long_prompt(None);
+        let longest_off = off.iter().copied().fold(0f64, f64::max);
+        let target = longest_off / 3.0;
+        let (on, done_on) =
+            steps_beside_a_long_prompt(Some(std::time::Duration::from_secs_f64(target)));
+        assert!(
+            done_off && done_on,
+            "the long prompt must finish either way"
+        );
+        // Off, 2048-token chunks set the step; on, the prompt takes more, shorter steps.
+        assert!(on.len() > off.len(), "{} vs {} steps", on.len(), off.len());
+        // The first chunk is sized by a cost fit that has seen decode steps only; from the
+        // second on the fit knows prefill too. Its linear model trails attention's growth
+        // with context a little, hence the margin.
+        for (i, t) in on.iter().enumerate().skip(1) {
+            assert!(
+                *t <= target * 1.15,
+                "step {i}: {t} s against a {target} s target"
+            );
+        }
+        assert!(on[0] < longest_off / 2.0, "first step {} s", on[0]);
     }
 }
