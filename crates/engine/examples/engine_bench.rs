@@ -15,13 +15,8 @@ use strata_engine::kv::cache::{KvCache, KvDtype};
 use strata_engine::model::{Llama, SeqInput, WeightFormat};
 use strata_engine::model_cache::{ModelCache, DEFAULT_MODEL};
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::arg;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
