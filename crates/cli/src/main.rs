@@ -111,7 +111,7 @@ struct EngineCmd {
     #[arg(long)]
     exact_decode: bool,
     /// Keep prompt activations in f32 with 4-bit gguf weights: prefill exact to the stored
-    /// weights, about 2.5x slower; decode rows stay 8-bit.
+    /// weights, prefill about 1.7x slower; decode rows stay 8-bit.
     #[arg(long)]
     exact_prefill: bool,
     /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16 or f32.

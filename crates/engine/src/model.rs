@@ -94,8 +94,9 @@ pub struct SeqInput<'a> {
     /// Whether to compute logits for the last token.
     pub want_logits: bool,
     /// Positions from here on hold generated tokens: their rows are decode rows (see
-    /// [`Llama::q8_decode`]), the others prompt rows ([`Llama::q8_prompt`]). The role follows the position, so a sequence recomputed
-    /// after preemption gets the same keys and values as the first time.
+    /// [`Llama::q8_decode`]), the others prompt rows ([`Llama::q8_prompt`]). The role
+    /// follows the position, so a sequence recomputed after preemption gets the same keys
+    /// and values as the first time.
     pub prompt_len: usize,
 }
 
@@ -105,7 +106,7 @@ pub struct Llama {
     pub format: WeightFormat,
     /// Decode rows of 4-bit block weights (and of a Q8_0 `lm_head`) quantize their
     /// activations to 8 bits per block of 32 for integer dot products (as llama.cpp does
-    /// for every row): 2.5–3× the rate of expanding the weights to f32 with AVX-512 VNNI.
+    /// for every row): 2.3–3× the rate of expanding the weights to f32 with AVX-512 VNNI.
     /// A row's kernel depends on its role, not on the batch, so outputs stay identical
     /// alone and batched. On by default; off is exact to the stored weights.
     pub q8_decode: bool,
@@ -318,9 +319,9 @@ impl Llama {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut seq_of = Vec::new();
-        // Rows of each sequence's last `tails[s]` tokens (prompt rows come before decode
-        // rows within either group when their groups differ, and positions ascend within
-        // each group, so these stay in position order).
+        // Rows of each sequence's last `tails[s]` tokens (a sequence's prompt rows never
+        // come after its decode rows: they share a group or take the earlier one, see
+        // `quantizes`; positions ascend within each group, so these stay in position order).
         let mut tail_rows: Vec<Vec<usize>> = vec![Vec::new(); seqs.len()];
         for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
