@@ -20,6 +20,37 @@ fn get(addr: SocketAddr, path: &str) -> Value {
     serde_json::from_str(&body).expect("JSON")
 }
 
+/// A log directory of this test process's own under the temp dir.
+fn log_dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{name}-{}", std::process::id()))
+}
+
+/// Starts `strata <args> --port PORT --log-dir LOGS` and waits (at most `within`) for its
+/// banner; kills it and fails when it does not come up.
+fn start_up(
+    args: &[&str],
+    port: u16,
+    logs: &std::path::Path,
+    within: Duration,
+) -> (std::process::Child, Vec<String>) {
+    let mut child = strata()
+        .args(args)
+        .args(["--port", &port.to_string()])
+        .arg("--log-dir")
+        .arg(logs)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn strata up");
+    match read_until(&mut child, "OpenAI API", within) {
+        Ok(banner) => (child, banner),
+        Err(e) => {
+            let _ = child.kill();
+            panic!("strata up did not come up: {e}");
+        }
+    }
+}
+
 /// What the engine at `url` received for request id `rid`.
 fn received(url: &str, rid: &str) -> Vec<Value> {
     let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("addr");
@@ -34,28 +65,27 @@ fn received(url: &str, rid: &str) -> Vec<Value> {
 
 #[test]
 fn up_splits_long_prompts_between_prefill_and_decode_engines() {
-    let port = free_port();
-    let logs = std::env::temp_dir().join(format!("strata-up-pd-{}", std::process::id()));
-    let mut child = strata()
-        .args(["up", "--model", "mock-pd", "--engine-arg=--mock"])
-        .args(["--prefill-replicas", "1", "--decode-replicas", "2"])
-        .args(["--pd-threshold", "64", "--no-gateway"])
-        .args(["--kv-tier-bytes", "16777216"])
-        .args(["--port", &port.to_string()])
-        .arg("--log-dir")
-        .arg(&logs)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn strata up");
-    let banner = read_until(&mut child, "OpenAI API", Duration::from_secs(60));
-    let banner = match banner {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = child.kill();
-            panic!("strata up did not come up: {e}");
-        }
-    };
+    let (port, logs) = (free_port(), log_dir("strata-up-pd"));
+    let (mut child, banner) = start_up(
+        &[
+            "up",
+            "--model",
+            "mock-pd",
+            "--engine-arg=--mock",
+            "--prefill-replicas",
+            "1",
+            "--decode-replicas",
+            "2",
+            "--pd-threshold",
+            "64",
+            "--no-gateway",
+            "--kv-tier-bytes",
+            "16777216",
+        ],
+        port,
+        &logs,
+        Duration::from_secs(60),
+    );
     assert!(
         banner
             .iter()
@@ -240,23 +270,24 @@ fn counter(page: &str, name: &str, label: &str) -> f64 {
 
 #[test]
 fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engine() {
-    let port = free_port();
-    let logs = std::env::temp_dir().join(format!("strata-up-pd-real-{}", std::process::id()));
-    let mut child = strata()
-        .args(["up", "--prefill-replicas", "1", "--decode-replicas", "1"])
-        .args(["--pd-threshold", "0", "--no-gateway"])
-        .args(["--engine-arg=--num-blocks", "--engine-arg=256"])
-        .args(["--port", &port.to_string()])
-        .arg("--log-dir")
-        .arg(&logs)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn strata up");
-    if let Err(e) = read_until(&mut child, "OpenAI API", Duration::from_secs(240)) {
-        let _ = child.kill();
-        panic!("strata up did not come up: {e}");
-    }
+    let (port, logs) = (free_port(), log_dir("strata-up-pd-real"));
+    let (mut child, _) = start_up(
+        &[
+            "up",
+            "--prefill-replicas",
+            "1",
+            "--decode-replicas",
+            "1",
+            "--pd-threshold",
+            "0",
+            "--no-gateway",
+            "--engine-arg=--num-blocks",
+            "--engine-arg=256",
+        ],
+        port,
+        &logs,
+        Duration::from_secs(240),
+    );
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     // The banner can come before the router has seen both engines ready: wait (bounded)
     // until it routes to each role, or the first request may be served decode-only.

@@ -614,6 +614,39 @@ fn subscribe(port: u16) -> std::sync::mpsc::Receiver<KvEvent> {
     rx
 }
 
+/// Sends one-token completions of distinct filler prompts to an engine, to push other
+/// blocks out of its cache.
+struct Filler<'a> {
+    addr: SocketAddr,
+    events: &'a std::sync::mpsc::Receiver<KvEvent>,
+    block_size: usize,
+    /// Prompts sent so far (each filler is numbered, so none repeats).
+    sent: usize,
+}
+
+impl Filler<'_> {
+    /// Sends fillers worded with `word`, one each `pause`, reading the KV events after
+    /// each, until `done` holds; fails with `what` after 30 s.
+    fn until(
+        &mut self,
+        seen: &mut TierSeen,
+        (word, pause): (&str, Duration),
+        what: &str,
+        done: impl Fn(&TierSeen) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !done(seen) {
+            assert!(Instant::now() < deadline, "{what}");
+            self.sent += 1;
+            let filler = format!("{word} {}: ", self.sent).repeat(24);
+            let (status, v) = post(self.addr, "/v1/completions", &completion(&filler, 1), &[]);
+            assert_eq!(status, 200, "{v}");
+            std::thread::sleep(pause);
+            seen.drain(self.events, self.block_size);
+        }
+    }
+}
+
 /// What the subscriber has seen so far: wire hashes stored and removed on the CPU medium.
 #[derive(Default)]
 struct TierSeen {
@@ -728,20 +761,18 @@ fn blocks_evicted_to_the_tier_are_announced_fetched_and_removed_without_leaks() 
 
     // Other prompts push the first out of A's cache, onto the tier.
     let mut seen = TierSeen::default();
-    let mut other = 0;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !wire.iter().all(|h| seen.stored.contains(h)) {
-        assert!(
-            Instant::now() < deadline,
-            "the prompt's blocks never reached the tier"
-        );
-        other += 1;
-        let filler = format!("Note {other}: ").repeat(24);
-        let (status, v) = post(a.http, "/v1/completions", &completion(&filler, 1), &[]);
-        assert_eq!(status, 200, "{v}");
-        std::thread::sleep(Duration::from_millis(200));
-        seen.drain(&events, block_size);
-    }
+    let mut fill = Filler {
+        addr: a.http,
+        events: &events,
+        block_size,
+        sent: 0,
+    };
+    fill.until(
+        &mut seen,
+        ("Note", Duration::from_millis(200)),
+        "the prompt's blocks never reached the tier",
+        |seen| wire.iter().all(|h| seen.stored.contains(h)),
+    );
     assert!(seen.removed.is_empty(), "nothing left the tier yet");
 
     // (d) B has never seen the prompt: it fetches its blocks from the tier.
@@ -764,19 +795,12 @@ fn blocks_evicted_to_the_tier_are_announced_fetched_and_removed_without_leaks() 
     );
 
     // More evictions overflow the tier: it drops the oldest, and A announces their removal.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !wire.iter().any(|h| seen.removed.contains(h)) {
-        assert!(
-            Instant::now() < deadline,
-            "the tier never dropped the prompt's blocks"
-        );
-        other += 1;
-        let filler = format!("Entry {other}; ").repeat(24);
-        let (status, v) = post(a.http, "/v1/completions", &completion(&filler, 1), &[]);
-        assert_eq!(status, 200, "{v}");
-        std::thread::sleep(Duration::from_millis(300));
-        seen.drain(&events, block_size);
-    }
+    fill.until(
+        &mut seen,
+        ("Entry", Duration::from_millis(300)),
+        "the tier never dropped the prompt's blocks",
+        |seen| wire.iter().any(|h| seen.removed.contains(h)),
+    );
     // Nothing leaks: both pools are free once idle, the tier stays within its bound, and
     // what A counts on the tier is what it announced there and has not seen leave.
     settles_free(a.http, Duration::from_secs(10));

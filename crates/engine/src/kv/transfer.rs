@@ -1038,6 +1038,18 @@ mod tests {
         Some(read_body(s, len).await.unwrap())
     }
 
+    /// A hand-driven peer: accepts one connection on `listener`, reads the client's hello
+    /// and answers ready with `sp`, then returns the connection for the test to misbehave on.
+    async fn accept_and_greet(listener: TcpListener, sp: &BlockSpec) -> BufReader<TcpStream> {
+        let (s, _) = listener.accept().await.unwrap();
+        let mut s = BufReader::new(s);
+        let _ = raw_frame(&mut s).await;
+        let mut f = FrameBuf::new(K_READY, 64);
+        sp.encode(&mut f.0);
+        s.get_mut().write_all(&f.finish()).await.unwrap();
+        s
+    }
+
     #[tokio::test]
     async fn get_put_release_and_evictions_round_trip() {
         let sp = spec("m1");
@@ -1148,12 +1160,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let liar = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            let (s, _) = listener.accept().await.unwrap();
-            let mut s = BufReader::new(s);
-            let _ = raw_frame(&mut s).await;
-            let mut f = FrameBuf::new(K_READY, 64);
-            spec("model-z").encode(&mut f.0);
-            s.get_mut().write_all(&f.finish()).await.unwrap();
+            let _s = accept_and_greet(listener, &spec("model-z")).await;
             tokio::time::sleep(Duration::from_secs(2)).await;
         });
         match TransferClient::connect(liar, &ours, T).await {
@@ -1187,12 +1194,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let sp2 = sp.clone();
         tokio::spawn(async move {
-            let (s, _) = listener.accept().await.unwrap();
-            let mut s = BufReader::new(s);
-            let _ = raw_frame(&mut s).await;
-            let mut f = FrameBuf::new(K_READY, 64);
-            sp2.encode(&mut f.0);
-            s.get_mut().write_all(&f.finish()).await.unwrap();
+            let _s = accept_and_greet(listener, &sp2).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         });
         let mut c = TransferClient::connect(addr, &sp, Duration::from_millis(200))
@@ -1214,12 +1216,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let sp2 = sp.clone();
         tokio::spawn(async move {
-            let (s, _) = listener.accept().await.unwrap();
-            let mut s = BufReader::new(s);
-            let _ = raw_frame(&mut s).await;
-            let mut f = FrameBuf::new(K_READY, 64);
-            sp2.encode(&mut f.0);
-            s.get_mut().write_all(&f.finish()).await.unwrap();
+            let mut s = accept_and_greet(listener, &sp2).await;
             let _ = raw_frame(&mut s).await;
             // Announces 1,000 bytes, sends a few, hangs up.
             let mut part = 1000u32.to_le_bytes().to_vec();
