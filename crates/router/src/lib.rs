@@ -30,6 +30,7 @@ pub mod config;
 pub mod datalayer;
 pub mod endpoint;
 pub mod extproc;
+pub mod headers;
 pub mod k8s;
 pub mod prefix;
 pub mod proxy;

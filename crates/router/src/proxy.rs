@@ -47,21 +47,11 @@ use strata_api::{sse, ApiError, StreamWatch};
 use xxhash_rust::xxh64::xxh64;
 
 use crate::router::{RouteError, Router};
-use crate::scheduling::{PdChoice, SchedRequest, ScheduleError};
+use crate::scheduling::{PdChoice, SchedRequest};
 use crate::telemetry::{PD_PATH_DECODE_ONLY, PD_PATH_DISAGGREGATED, PD_PATH_FALLBACK};
 use tracing::Instrument;
 
-/// Request id header, propagated upstream and echoed back.
-pub const REQUEST_ID: &str = "x-request-id";
-/// GIE objective header: an objective name (mapped by `admission.objectives`) or an
-/// integer priority.
-pub const OBJECTIVE: &str = "x-gateway-inference-objective";
-/// Chooses a scheduling profile by name.
-pub const PROFILE: &str = "x-strata-scheduling-profile";
-/// Names the endpoint that served (as in GIE's `x-gateway-destination-endpoint-served`).
-pub const SERVED_BY: &str = "x-gateway-destination-endpoint-served";
-/// On a disaggregated answer: the prefill engine (`host:port`) that computed the prompt.
-pub const PREFILLED_BY: &str = "x-strata-prefilled-by";
+pub use crate::headers::{OBJECTIVE, PREFILLED_BY, PROFILE, REQUEST_ID, SERVED_BY};
 
 /// Largest non-streamed upstream body relayed.
 const MAX_UPSTREAM_BODY: usize = 256 << 20;
@@ -89,27 +79,6 @@ fn error_response(err: &ApiError, request_id: Option<&HeaderValue>) -> Response 
         resp.headers_mut().insert(REQUEST_ID, id.clone());
     }
     resp
-}
-
-fn route_error(e: &RouteError) -> ApiError {
-    match e {
-        RouteError::Shed => ApiError::rate_limited(
-            "The service is saturated; this request is sheddable. Retry later.",
-        ),
-        RouteError::QueueFull => {
-            ApiError::unavailable("Too many requests are waiting for capacity.")
-        }
-        RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
-        RouteError::Schedule(ScheduleError::UnknownProfile(p)) => {
-            ApiError::invalid(PROFILE, format!("Unknown scheduling profile `{p}`."))
-        }
-        RouteError::Schedule(ScheduleError::NoReadyEndpoint) => {
-            ApiError::unavailable("No replica is ready.")
-        }
-        RouteError::Schedule(ScheduleError::Filtered(_)) => {
-            ApiError::unavailable("No replica can take this request.")
-        }
-    }
 }
 
 fn request_id(headers: &HeaderMap) -> HeaderValue {
@@ -274,7 +243,7 @@ async fn generate(router: Router, req: Request, is_chat: bool) -> Response {
     };
     let priority = priority_of(&router, &parts.headers, parsed.priority);
     if let Err(e) = router.admit(priority).await {
-        return error_response(&route_error(&e), Some(&rid));
+        return error_response(&e.to_api_error(), Some(&rid));
     }
     let model = parsed.model.clone().unwrap_or_default();
     let mut sreq = SchedRequest {
@@ -375,6 +344,30 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// What every attempt of one request shares: where it goes upstream and what it carries
+/// besides the body.
+struct Upstream<'a> {
+    router: &'a Router,
+    parts: &'a axum::http::request::Parts,
+    /// Path and query, as the client sent them.
+    path: &'a str,
+    rid: HeaderValue,
+    /// The `traceparent` every attempt sends: the proxy span as parent.
+    traceparent: Option<HeaderValue>,
+}
+
+/// What one attempt on one endpoint came to.
+enum Attempt {
+    /// An answer to relay (a success or a client error), or the error ending the request.
+    Answered(Response),
+    /// A 5xx: the next endpoint is tried, and this one is relayed if none answers.
+    ServerError(StatusCode, HeaderMap, Bytes),
+    /// No usable answer (a connect error, a body that broke): the next endpoint is tried.
+    Failed,
+}
+
+/// Pick → phase 1 of a disaggregated request → attempts in ranked order → the last 5xx
+/// (or a 503) when none answered.
 async fn forward(
     router: &Router,
     parts: &axum::http::request::Parts,
@@ -383,31 +376,10 @@ async fn forward(
     rid: HeaderValue,
     traced: Traced,
 ) -> Response {
-    let pick_span = tracing::info_span!(
-        target: trace::SPAN_TARGET,
-        parent: &traced.span,
-        "router.pick",
-        model = %sreq.model,
-        profile = tracing::field::Empty,
-        endpoint = tracing::field::Empty,
-        candidates = tracing::field::Empty,
-        scores = tracing::field::Empty,
-        error = tracing::field::Empty,
-    );
-    let picked = pick_span.in_scope(|| router.pick(&mut sreq));
-    let picked = match picked {
-        Ok(p) => {
-            if !pick_span.is_disabled() {
-                record_pick(&pick_span, &p);
-            }
-            p
-        }
-        Err(e) => {
-            pick_span.record("error", tracing::field::display(&e));
-            return error_response(&route_error(&e), Some(&rid));
-        }
+    let picked = match pick(router, &mut sreq, &traced.span) {
+        Ok(p) => p,
+        Err(e) => return error_response(&e.to_api_error(), Some(&rid)),
     };
-    drop(pick_span);
     let proxy_span = tracing::info_span!(
         target: trace::SPAN_TARGET,
         parent: &traced.span,
@@ -420,152 +392,264 @@ async fn forward(
     // Every attempt names this span as its parent; what the caller sent is replaced.
     let traceparent = trace::outgoing(&proxy_span, traced.incoming.as_ref())
         .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    // Phase 1 of a disaggregated request; the body the decode pick gets.
-    let mut prefilled_by: Option<Arc<str>> = None;
-    let body = match (&picked.prefill, picked.pd) {
+    let up = Upstream {
+        router,
+        parts,
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/"),
+        rid,
+        traceparent,
+    };
+    let (body, prefilled_by) = disaggregate(&up, &picked, body, &proxy_span).await;
+    try_ranked(
+        &up,
+        &picked,
+        &body,
+        prefilled_by.as_deref(),
+        [traced.span, proxy_span],
+    )
+    .await
+}
+
+/// The scheduling decision, on its own span.
+fn pick(
+    router: &Router,
+    sreq: &mut SchedRequest,
+    parent: &tracing::Span,
+) -> Result<crate::router::Picked, RouteError> {
+    let pick_span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        parent: parent,
+        "router.pick",
+        model = %sreq.model,
+        profile = tracing::field::Empty,
+        endpoint = tracing::field::Empty,
+        candidates = tracing::field::Empty,
+        scores = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    let picked = pick_span.in_scope(|| router.pick(sreq));
+    match &picked {
+        Ok(p) if !pick_span.is_disabled() => record_pick(&pick_span, p),
+        Ok(_) => {}
+        Err(e) => {
+            pick_span.record("error", tracing::field::display(e));
+        }
+    }
+    picked
+}
+
+/// Phase 1 of a disaggregated request, when the pick named prefill engines; returns the
+/// body the decode pick gets and the prefill engine that computed the prompt. A failed
+/// phase 1 leaves the original body: the decode pick computes the prompt itself.
+async fn disaggregate(
+    up: &Upstream<'_>,
+    picked: &crate::router::Picked,
+    body: Bytes,
+    proxy_span: &tracing::Span,
+) -> (Bytes, Option<Arc<str>>) {
+    let metrics = up.router.metrics();
+    match (&picked.prefill, picked.pd) {
         (Some(prefill), _) => {
-            let phase1 = prefill_phase(
-                router,
-                parts,
-                path,
-                &body,
-                prefill,
-                &rid,
-                traceparent.as_ref(),
-            )
-            .instrument(tracing::info_span!(
-                target: trace::SPAN_TARGET,
-                parent: &proxy_span,
-                "router.prefill"
-            ))
-            .await;
+            let phase1 = prefill_phase(up, &body, prefill)
+                .instrument(tracing::info_span!(
+                    target: trace::SPAN_TARGET,
+                    parent: proxy_span,
+                    "router.prefill"
+                ))
+                .await;
             match phase1.and_then(|(params, url)| Ok((with_kv_params(&body, params)?, url))) {
                 Ok((b, url)) => {
-                    router.metrics().pd_path(PD_PATH_DISAGGREGATED);
-                    prefilled_by = Some(url);
-                    b
+                    metrics.pd_path(PD_PATH_DISAGGREGATED);
+                    (b, Some(url))
                 }
                 Err(e) => {
-                    tracing::warn!(request_id = ?rid, error = %e, "remote prefill failed; the decode pick computes the prompt");
-                    router.metrics().pd_path(PD_PATH_FALLBACK);
-                    body
+                    tracing::warn!(request_id = ?up.rid, error = %e, "remote prefill failed; the decode pick computes the prompt");
+                    metrics.pd_path(PD_PATH_FALLBACK);
+                    (body, None)
                 }
             }
         }
         (None, PdChoice::DecodeOnly | PdChoice::NoPrefill) => {
-            router.metrics().pd_path(PD_PATH_DECODE_ONLY);
-            body
+            metrics.pd_path(PD_PATH_DECODE_ONLY);
+            (body, None)
         }
-        (None, _) => body,
-    };
-    let max_attempts = router.config().max_retries + 1;
+        (None, _) => (body, None),
+    }
+}
+
+/// Attempts in ranked order, at most `max_retries + 1` of them, skipping endpoints whose
+/// circuit refuses. `spans` (the request's and the proxy's) end with the answer, or with
+/// its stream.
+async fn try_ranked(
+    up: &Upstream<'_>,
+    picked: &crate::router::Picked,
+    body: &Bytes,
+    prefilled_by: Option<&str>,
+    spans: [tracing::Span; 2],
+) -> Response {
+    let max_attempts = up.router.config().max_retries + 1;
     let mut last_5xx: Option<(StatusCode, HeaderMap, Bytes)> = None;
     let mut attempts = 0;
     for (id, url) in &picked.ranked {
         if attempts >= max_attempts {
             break;
         }
-        let Some(mut lease) = router.lease(*id, url) else {
+        let Some(lease) = up.router.lease(*id, url) else {
             continue;
         };
         if attempts > 0 {
-            router.metrics().retried.inc();
+            up.router.metrics().retried.inc();
         }
         attempts += 1;
-        let mut builder = hyper::Request::builder()
-            .method(parts.method.clone())
-            .uri(format!("{url}{path}"));
-        for (name, value) in &parts.headers {
-            if !is_hop_by_hop(name)
-                && name != REQUEST_ID
-                && name != trace::TRACEPARENT
-                && name != crate::extproc::PREFILLER
-            {
-                builder = builder.header(name, value);
+        spans[1].record("endpoint", &**url);
+        spans[1].record("attempts", attempts);
+        match attempt(up, url, lease, body, prefilled_by, &spans).await {
+            Attempt::Answered(resp) => return resp,
+            Attempt::ServerError(status, headers, bytes) => {
+                last_5xx = Some((status, headers, bytes));
             }
-        }
-        builder = builder.header(REQUEST_ID, rid.clone());
-        if let Some(tp) = &traceparent {
-            builder = builder.header(trace::TRACEPARENT, tp.clone());
-        }
-        proxy_span.record("endpoint", &**url);
-        proxy_span.record("attempts", attempts);
-        let upstream_req = match builder.body(Full::new(body.clone())) {
-            Ok(r) => r,
-            Err(e) => {
-                return error_response(
-                    &ApiError::internal(format!("building the upstream request: {e}")),
-                    Some(&rid),
-                )
-            }
-        };
-        let resp = match router.inner.client.request(upstream_req).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(endpoint = %url, request_id = ?rid, error = %e, "upstream failed before responding");
-                lease.failure();
-                continue;
-            }
-        };
-        let status = resp.status();
-        proxy_span.record("http.response.status_code", status.as_u16());
-        let (resp_parts, incoming) = resp.into_parts();
-        if status.is_server_error() {
-            lease.failure();
-            let bytes = collect_limited(incoming).await.unwrap_or_default();
-            last_5xx = Some((status, resp_parts.headers, bytes));
-            continue;
-        }
-        lease.success();
-        let is_sse = resp_parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let mut headers = HeaderMap::with_capacity(resp_parts.headers.len() + 2);
-        for (name, value) in &resp_parts.headers {
-            if !is_hop_by_hop(name) {
-                headers.append(name, value.clone());
-            }
-        }
-        headers.insert(REQUEST_ID, rid.clone());
-        if let Ok(v) = HeaderValue::from_str(url.trim_start_matches("http://")) {
-            headers.insert(SERVED_BY, v);
-        }
-        if let Some(p) = &prefilled_by {
-            if let Ok(v) = HeaderValue::from_str(p.trim_start_matches("http://")) {
-                headers.insert(PREFILLED_BY, v);
-            }
-        }
-        if is_sse {
-            // The spans end with the stream, not with its head.
-            let body = stream_through(incoming, lease, [traced.span, proxy_span]);
-            let mut out = Response::new(body);
-            *out.status_mut() = status;
-            *out.headers_mut() = headers;
-            return out;
-        }
-        match collect_limited(incoming).await {
-            Some(bytes) => {
-                drop(lease);
-                let mut out = Response::new(Body::from(bytes));
-                *out.status_mut() = status;
-                *out.headers_mut() = headers;
-                return out;
-            }
-            None => {
-                tracing::warn!(endpoint = %url, request_id = ?rid, "upstream body broke before anything was sent; retrying");
-                lease.failure();
-                continue;
-            }
+            Attempt::Failed => {}
         }
     }
-    router.metrics().fail("upstream");
+    up.router.metrics().fail("upstream");
+    none_answered(last_5xx, up.rid.clone())
+}
+
+/// One attempt on `url`, its outcome fed to the endpoint's circuit through `lease`. A
+/// stream is relayed as it arrives (the lease travels with it); any other answer is read
+/// whole first, so one that breaks off is retried elsewhere.
+async fn attempt(
+    up: &Upstream<'_>,
+    url: &str,
+    mut lease: crate::router::Lease,
+    body: &Bytes,
+    prefilled_by: Option<&str>,
+    spans: &[tracing::Span; 2],
+) -> Attempt {
+    let req = match upstream_request(up, url, body.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            return Attempt::Answered(error_response(
+                &ApiError::internal(format!("building the upstream request: {e}")),
+                Some(&up.rid),
+            ))
+        }
+    };
+    let resp = match up.router.inner.client.request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(endpoint = %url, request_id = ?up.rid, error = %e, "upstream failed before responding");
+            lease.failure();
+            return Attempt::Failed;
+        }
+    };
+    let status = resp.status();
+    spans[1].record("http.response.status_code", status.as_u16());
+    let (resp_parts, incoming) = resp.into_parts();
+    if status.is_server_error() {
+        lease.failure();
+        let bytes = collect_limited(incoming).await.unwrap_or_default();
+        return Attempt::ServerError(status, resp_parts.headers, bytes);
+    }
+    lease.success();
+    let headers = relayed_headers(&resp_parts.headers, &up.rid, url, prefilled_by);
+    if is_event_stream(&resp_parts.headers) {
+        // The spans end with the stream, not with its head.
+        let body = stream_through(incoming, lease, spans.clone());
+        return Attempt::Answered(respond(status, headers, body));
+    }
+    match collect_limited(incoming).await {
+        Some(bytes) => {
+            drop(lease);
+            Attempt::Answered(respond(status, headers, Body::from(bytes)))
+        }
+        None => {
+            tracing::warn!(endpoint = %url, request_id = ?up.rid, "upstream body broke before anything was sent; retrying");
+            lease.failure();
+            Attempt::Failed
+        }
+    }
+}
+
+/// The client's headers that go upstream: not hop-by-hop, not the ones the router sets
+/// itself (request id, `traceparent`), and never the prefill engine a client names.
+fn forwarded_headers(
+    parts: &axum::http::request::Parts,
+) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    parts.headers.iter().filter(|(name, _)| {
+        !is_hop_by_hop(name)
+            && *name != REQUEST_ID
+            && *name != trace::TRACEPARENT
+            && *name != crate::headers::PREFILLER
+    })
+}
+
+/// The request one attempt sends to `url`.
+fn upstream_request(
+    up: &Upstream<'_>,
+    url: &str,
+    body: Bytes,
+) -> Result<hyper::Request<Full<Bytes>>, axum::http::Error> {
+    let mut builder = hyper::Request::builder()
+        .method(up.parts.method.clone())
+        .uri(format!("{url}{}", up.path));
+    for (name, value) in forwarded_headers(up.parts) {
+        builder = builder.header(name, value);
+    }
+    builder = builder.header(REQUEST_ID, up.rid.clone());
+    if let Some(tp) = &up.traceparent {
+        builder = builder.header(trace::TRACEPARENT, tp.clone());
+    }
+    builder.body(Full::new(body))
+}
+
+/// The upstream's answer headers for the client: not hop-by-hop, plus the request id and
+/// who served (and prefilled) it.
+fn relayed_headers(
+    upstream: &HeaderMap,
+    rid: &HeaderValue,
+    url: &str,
+    prefilled_by: Option<&str>,
+) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(upstream.len() + 2);
+    for (name, value) in upstream {
+        if !is_hop_by_hop(name) {
+            headers.append(name, value.clone());
+        }
+    }
+    headers.insert(REQUEST_ID, rid.clone());
+    if let Ok(v) = HeaderValue::from_str(url.trim_start_matches("http://")) {
+        headers.insert(SERVED_BY, v);
+    }
+    if let Some(p) = prefilled_by {
+        if let Ok(v) = HeaderValue::from_str(p.trim_start_matches("http://")) {
+            headers.insert(PREFILLED_BY, v);
+        }
+    }
+    headers
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+fn respond(status: StatusCode, headers: HeaderMap, body: Body) -> Response {
+    let mut out = Response::new(body);
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    out
+}
+
+/// Every attempt failed: the last 5xx as the endpoint sent it (its content type, the
+/// request id), or a 503 when none answered at all.
+fn none_answered(last_5xx: Option<(StatusCode, HeaderMap, Bytes)>, rid: HeaderValue) -> Response {
     match last_5xx {
         Some((status, headers, bytes)) => {
             let mut out = Response::new(Body::from(bytes));
@@ -631,14 +715,11 @@ fn with_kv_params(body: &[u8], params: serde_json::Value) -> Result<Bytes, Strin
 /// phase only. Returns the answer's top-level `kv_transfer_params` and the engine's URL,
 /// or why there are none.
 async fn prefill_phase(
-    router: &Router,
-    parts: &axum::http::request::Parts,
-    path: &str,
+    up: &Upstream<'_>,
     body: &Bytes,
     prefill: &[(crate::endpoint::EndpointId, Arc<str>)],
-    rid: &HeaderValue,
-    traceparent: Option<&HeaderValue>,
 ) -> Result<(serde_json::Value, Arc<str>), String> {
+    let router = up.router;
     let phase1 = prefill_body(body)?;
     let Some((mut lease, url)) = prefill
         .iter()
@@ -648,21 +729,16 @@ async fn prefill_phase(
     };
     let mut builder = hyper::Request::builder()
         .method(hyper::Method::POST)
-        .uri(format!("{url}{path}"));
-    for (name, value) in &parts.headers {
-        if !is_hop_by_hop(name)
-            && name != REQUEST_ID
-            && name != trace::TRACEPARENT
-            && name != header::CONTENT_TYPE
-            && name != crate::extproc::PREFILLER
-        {
+        .uri(format!("{url}{}", up.path));
+    for (name, value) in forwarded_headers(up.parts) {
+        if name != header::CONTENT_TYPE {
             builder = builder.header(name, value);
         }
     }
     builder = builder
-        .header(REQUEST_ID, rid.clone())
+        .header(REQUEST_ID, up.rid.clone())
         .header(header::CONTENT_TYPE, "application/json");
-    if let Some(tp) = traceparent {
+    if let Some(tp) = &up.traceparent {
         builder = builder.header(trace::TRACEPARENT, tp.clone());
     }
     let req = builder

@@ -5,8 +5,8 @@
 //!
 //! The gateway embeds it (in-process routing over engine URLs); the controller drives it
 //! at run time ([`Router::add_endpoint`], [`Router::remove_endpoint`],
-//! [`Router::set_draining`], [`Router::set_split`]); the proxy ([`crate::proxy`]) serves
-//! it over HTTP.
+//! [`Router::set_draining`], [`Router::set_split`]); the HTTP front (`proxy`) and the
+//! ext_proc picker (`extproc`) serve it.
 //!
 //! Locking: one mutex over the pool (candidates, runtime state, approximate index, split,
 //! RNG) held only for a decision or an update, never across an `.await`; the precise
@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use crate::circuit::Circuit;
 use crate::client::{http_client, HttpClient};
 use crate::config::{RouterConfig, RouterConfigError};
-use crate::datalayer::{kv_events, scrape};
+use crate::datalayer::{kv_events, scrape, PoolFeed};
 use crate::endpoint::{EndpointId, EndpointSpec};
 use crate::prefix::approx::ApproxIndex;
 use crate::prefix::hashing::BlockHasher;
@@ -38,6 +38,7 @@ use crate::scheduling::{
 };
 use crate::telemetry::RouterMetrics;
 use strata_api::model_server::LoadSample;
+use strata_api::ApiError;
 
 /// Why a request could not be placed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -48,6 +49,31 @@ pub enum RouteError {
     Shed,
     #[error("too many requests are waiting for capacity")]
     QueueFull,
+}
+
+impl RouteError {
+    /// The OpenAI error both transports answer a routing failure with.
+    pub fn to_api_error(&self) -> ApiError {
+        match self {
+            RouteError::Shed => ApiError::rate_limited(
+                "The service is saturated; this request is sheddable. Retry later.",
+            ),
+            RouteError::QueueFull => {
+                ApiError::unavailable("Too many requests are waiting for capacity.")
+            }
+            RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
+            RouteError::Schedule(ScheduleError::UnknownProfile(p)) => ApiError::invalid(
+                crate::headers::PROFILE,
+                format!("Unknown scheduling profile `{p}`."),
+            ),
+            RouteError::Schedule(ScheduleError::NoReadyEndpoint) => {
+                ApiError::unavailable("No replica is ready.")
+            }
+            RouteError::Schedule(ScheduleError::Filtered(_)) => {
+                ApiError::unavailable("No replica can take this request.")
+            }
+        }
+    }
 }
 
 /// Errors from run-time pool changes.
@@ -815,8 +841,40 @@ impl Inner {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The configured block size for endpoints that have not said their own.
+    pub(crate) fn default_block_size(&self) -> u32 {
+        u32::try_from(self.config.precise.block_size).unwrap_or(u32::MAX)
+    }
+}
+
+impl PoolFeed for Inner {
+    fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    fn client(&self) -> &HttpClient {
+        &self.client
+    }
+
+    fn metrics(&self) -> &RouterMetrics {
+        &self.metrics
+    }
+
+    fn now(&self) -> Duration {
+        Inner::now(self)
+    }
+
+    fn precise(&self) -> &RwLock<PreciseIndex> {
+        &self.precise
+    }
+
+    /// Whether slot `id` still belongs to `url`.
+    fn has(&self, id: EndpointId, url: &str) -> bool {
+        self.lock_pool().index_of_id(id, url).is_some()
+    }
+
     /// Stores a scrape result for slot `id` (if it is still `url`).
-    pub(crate) fn update_metrics(
+    fn update_metrics(
         &self,
         id: EndpointId,
         url: &str,
@@ -857,15 +915,31 @@ impl Inner {
         self.capacity.notify_waiters();
     }
 
-    /// The configured block size for endpoints that have not said their own.
-    pub(crate) fn default_block_size(&self) -> u32 {
-        u32::try_from(self.config.precise.block_size).unwrap_or(u32::MAX)
+    /// Stores a readiness result.
+    fn update_health(&self, id: EndpointId, url: &str, ok: bool, error: Option<String>) {
+        let mut pool = self.lock_pool();
+        let Some(i) = pool.index_of_id(id, url) else {
+            return;
+        };
+        if pool.runtime[i].health_ok != ok {
+            tracing::info!(endpoint = %url, ready = ok, "readiness changed");
+        }
+        pool.runtime[i].health_ok = ok;
+        if let Some(e) = error {
+            pool.runtime[i].last_error = Some(e);
+        }
+        drop(pool);
+        self.metrics
+            .ep_ready
+            .get_or_create(&RouterMetrics::endpoint(url))
+            .set(i64::from(ok));
+        self.capacity.notify_waiters();
     }
 
     /// Records the block size an endpoint's KV events carry (the size its block hashes
     /// were computed with); says once in the log when it differs from what its metrics
     /// say or, without those, from `precise.block_size`.
-    pub(crate) fn note_kv_block_size(&self, id: EndpointId, url: &str, block_size: u32) {
+    fn note_kv_block_size(&self, id: EndpointId, url: &str, block_size: u32) {
         if block_size == 0 {
             return;
         }
@@ -894,35 +968,4 @@ impl Inner {
             );
         }
     }
-
-    /// Stores a readiness result.
-    pub(crate) fn update_health(&self, id: EndpointId, url: &str, ok: bool, error: Option<String>) {
-        let mut pool = self.lock_pool();
-        let Some(i) = pool.index_of_id(id, url) else {
-            return;
-        };
-        if pool.runtime[i].health_ok != ok {
-            tracing::info!(endpoint = %url, ready = ok, "readiness changed");
-        }
-        pool.runtime[i].health_ok = ok;
-        if let Some(e) = error {
-            pool.runtime[i].last_error = Some(e);
-        }
-        drop(pool);
-        self.metrics
-            .ep_ready
-            .get_or_create(&RouterMetrics::endpoint(url))
-            .set(i64::from(ok));
-        self.capacity.notify_waiters();
-    }
-
-    /// Whether slot `id` still belongs to `url`.
-    pub(crate) fn has(&self, id: EndpointId, url: &str) -> bool {
-        self.lock_pool().index_of_id(id, url).is_some()
-    }
-}
-
-/// Upgrades a task's weak handle; `None` once the router is gone.
-pub(crate) fn upgrade(weak: &Weak<Inner>) -> Option<Arc<Inner>> {
-    weak.upgrade()
 }

@@ -33,8 +33,8 @@ use strata_api::kv_events::{
 };
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
+use crate::datalayer::PoolFeed;
 use crate::endpoint::EndpointId;
-use crate::router::{upgrade, Inner};
 use crate::telemetry::RouterMetrics;
 
 /// Most batches one replay may return (a publisher's buffer is far smaller).
@@ -205,8 +205,8 @@ async fn replay_inner(
 }
 
 /// One endpoint's subscriber: runs until the router drops the endpoint.
-pub(crate) async fn run(
-    weak: Weak<Inner>,
+pub(crate) async fn run<F: PoolFeed>(
+    weak: Weak<F>,
     id: EndpointId,
     url: String,
     addr: String,
@@ -218,7 +218,7 @@ pub(crate) async fn run(
         let Some(inner) = live(&weak, id, &url) else {
             return;
         };
-        let replay_timeout = inner.config.kv_replay_timeout();
+        let replay_timeout = inner.config().kv_replay_timeout();
         drop(inner);
         let mut sub = SubSocket::new();
         let connected = async {
@@ -254,7 +254,7 @@ pub(crate) async fn run(
             };
             let Some((seq, batch)) = decoded else {
                 tracing::warn!(endpoint = %url, "KV events: undecodable message; resetting mirror");
-                clear(&inner, id);
+                clear(&*inner, id);
                 seqs.reset();
                 continue;
             };
@@ -265,7 +265,7 @@ pub(crate) async fn run(
                 Live::Fresh => Some(None),
                 Live::Restart => {
                     tracing::warn!(endpoint = %url, seq, "KV events: sequence went back; resetting mirror");
-                    clear(&inner, id);
+                    clear(&*inner, id);
                     seqs.reset();
                     Some(None)
                 }
@@ -277,7 +277,7 @@ pub(crate) async fn run(
                     (_, 0) if from.is_none() => Some(Vec::new()),
                     (Some(raddr), _) => {
                         inner
-                            .metrics
+                            .metrics()
                             .kv_replays
                             .get_or_create(&RouterMetrics::endpoint(&url))
                             .inc();
@@ -297,11 +297,11 @@ pub(crate) async fn run(
                     None => {
                         tracing::warn!(endpoint = %url, seq, "KV events: gap replay could not fill; resetting mirror");
                         inner
-                            .metrics
+                            .metrics()
                             .kv_replay_failures
                             .get_or_create(&RouterMetrics::endpoint(&url))
                             .inc();
-                        clear(&inner, id);
+                        clear(&*inner, id);
                         seqs.reset();
                     }
                 }
@@ -320,7 +320,7 @@ pub(crate) async fn run(
             if let Some(bs) = event_block_size {
                 inner.note_kv_block_size(id, &url, u32::try_from(bs).unwrap_or(0));
             }
-            let mut index = inner.precise.write().unwrap_or_else(|e| e.into_inner());
+            let mut index = inner.precise().write().unwrap_or_else(|e| e.into_inner());
             let mut events = 0;
             for (s, b) in before.iter().chain(std::iter::once(&(seq, batch))) {
                 for ev in &b.events {
@@ -332,12 +332,12 @@ pub(crate) async fn run(
             let len = index.len();
             drop(index);
             inner
-                .metrics
+                .metrics()
                 .kv_events
                 .get_or_create(&RouterMetrics::endpoint(&url))
                 .inc_by(events as u64);
             inner
-                .metrics
+                .metrics()
                 .index_blocks
                 .get_or_create(&RouterMetrics::index("precise"))
                 .set(len as i64);
@@ -346,8 +346,8 @@ pub(crate) async fn run(
         // connection finds the gap and the replay fills it. Without one, what was missed
         // is unknowable.
         if replay_addr.is_none() {
-            if let Some(inner) = upgrade(&weak) {
-                clear(&inner, id);
+            if let Some(inner) = weak.upgrade() {
+                clear(&*inner, id);
                 seqs.reset();
             }
         }
@@ -356,13 +356,13 @@ pub(crate) async fn run(
 }
 
 /// The router, while it still has this endpoint.
-fn live(weak: &Weak<Inner>, id: EndpointId, url: &str) -> Option<Arc<Inner>> {
-    upgrade(weak).filter(|inner| inner.has(id, url))
+fn live<F: PoolFeed>(weak: &Weak<F>, id: EndpointId, url: &str) -> Option<Arc<F>> {
+    weak.upgrade().filter(|inner| inner.has(id, url))
 }
 
-fn clear(inner: &Inner, id: EndpointId) {
+fn clear(inner: &(impl PoolFeed + ?Sized), id: EndpointId) {
     inner
-        .precise
+        .precise()
         .write()
         .unwrap_or_else(|e| e.into_inner())
         .remove_endpoint(id);

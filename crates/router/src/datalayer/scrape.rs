@@ -20,18 +20,18 @@ use hyper::{Method, StatusCode};
 
 use crate::client::{fetch, FetchError};
 use crate::datalayer::metrics::parse_metrics;
+use crate::datalayer::PoolFeed;
 use crate::endpoint::{EndpointId, EndpointSpec};
-use crate::router::{upgrade, Inner};
 
 /// Largest `/metrics` body read.
 const MAX_METRICS_BYTES: usize = 4 << 20;
 
-pub(crate) async fn run(weak: Weak<Inner>, id: EndpointId, spec: EndpointSpec) {
-    let (interval, timeout, health_every) = match upgrade(&weak) {
+pub(crate) async fn run<F: PoolFeed>(weak: Weak<F>, id: EndpointId, spec: EndpointSpec) {
+    let (interval, timeout, health_every) = match weak.upgrade() {
         Some(inner) => (
-            Duration::from_millis(inner.config.scrape_interval_ms),
-            Duration::from_millis(inner.config.scrape_timeout_ms),
-            Duration::from_millis(inner.config.health_interval_ms),
+            Duration::from_millis(inner.config().scrape_interval_ms),
+            Duration::from_millis(inner.config().scrape_timeout_ms),
+            Duration::from_millis(inner.config().health_interval_ms),
         ),
         None => return,
     };
@@ -42,16 +42,16 @@ pub(crate) async fn run(weak: Weak<Inner>, id: EndpointId, spec: EndpointSpec) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let Some(inner) = upgrade(&weak) else { return };
+        let Some(inner) = weak.upgrade() else { return };
         if !inner.has(id, &spec.url) {
             return;
         }
-        let client = inner.client.clone();
+        let client = inner.client().clone();
         drop(inner);
         if tokio::time::Instant::now() >= next_health {
             next_health = tokio::time::Instant::now() + health_every;
             let r = fetch(&client, Method::GET, &health_url, None, timeout, 64 << 10).await;
-            let Some(inner) = upgrade(&weak) else { return };
+            let Some(inner) = weak.upgrade() else { return };
             match r {
                 Ok((StatusCode::OK, _)) => inner.update_health(id, &spec.url, true, None),
                 Ok((status, _)) => inner.update_health(
@@ -74,7 +74,7 @@ pub(crate) async fn run(weak: Weak<Inner>, id: EndpointId, spec: EndpointSpec) {
             MAX_METRICS_BYTES,
         )
         .await;
-        let Some(inner) = upgrade(&weak) else { return };
+        let Some(inner) = weak.upgrade() else { return };
         match r {
             Ok((status, body)) if status.is_success() => {
                 let parsed = parse_metrics(spec.kind, &body, inner.now())

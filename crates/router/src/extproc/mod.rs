@@ -56,16 +56,15 @@ use strata_api::ApiError;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::endpoint::EndpointId;
-use crate::router::{Lease, RouteError, Router};
-use crate::scheduling::{SchedRequest, ScheduleError};
+use crate::router::{Lease, Router};
+use crate::scheduling::SchedRequest;
 use messages::{DESTINATION, LB_NAMESPACE, SERVED, SUBSET_KEY, SUBSET_NAMESPACE};
 use request::{address_allowed, address_of, header, ApiKind, TEST_SELECTION};
 
 /// The gRPC service name, also a health-check service name.
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
-/// The prefill engine of a disaggregated request, for the decode side (llm-d's header).
-pub const PREFILLER: &str = "x-prefiller-host-port";
+pub use crate::headers::PREFILLER;
 
 /// Most fallbacks one answer may name after the pick.
 pub const MAX_FALLBACKS: usize = 7;
@@ -532,7 +531,7 @@ impl StreamState {
         }
         let priority = request::priority(&self.router, &self.headers, parsed.priority);
         if let Err(e) = self.router.admit(priority).await {
-            return self.fail(route_error(&e));
+            return self.fail(e.to_api_error());
         }
         let sreq = request::sched_request(&self.router, &self.headers, &parsed, priority).await;
         self.answer(sreq, Some(parsed.body), end_of_stream).await
@@ -572,7 +571,7 @@ impl StreamState {
         };
         let picked = match picked {
             Ok(p) => p,
-            Err(e) => return self.fail(route_error(&e)),
+            Err(e) => return self.fail(e.to_api_error()),
         };
         // The lease goes to the first endpoint whose circuit lets it through; the rest of
         // the ranking, in order, are the fallbacks Envoy may try.
@@ -739,29 +738,6 @@ fn kind_of(r: &processing_request::Request) -> &'static str {
         R::ResponseBody(_) => "response_body",
         R::RequestTrailers(_) => "request_trailers",
         R::ResponseTrailers(_) => "response_trailers",
-    }
-}
-
-/// The OpenAI error for a routing failure (as the HTTP front maps them).
-pub fn route_error(e: &RouteError) -> ApiError {
-    match e {
-        RouteError::Shed => ApiError::rate_limited(
-            "The service is saturated; this request is sheddable. Retry later.",
-        ),
-        RouteError::QueueFull => {
-            ApiError::unavailable("Too many requests are waiting for capacity.")
-        }
-        RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
-        RouteError::Schedule(ScheduleError::UnknownProfile(p)) => ApiError::invalid(
-            crate::proxy::PROFILE,
-            format!("Unknown scheduling profile `{p}`."),
-        ),
-        RouteError::Schedule(ScheduleError::NoReadyEndpoint) => {
-            ApiError::unavailable("No replica is ready.")
-        }
-        RouteError::Schedule(ScheduleError::Filtered(_)) => {
-            ApiError::unavailable("No replica can take this request.")
-        }
     }
 }
 

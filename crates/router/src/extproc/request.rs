@@ -13,12 +13,7 @@ use xxhash_rust::xxh64::xxh64;
 use crate::router::Router;
 use crate::scheduling::SchedRequest;
 
-/// GIE header naming a model to send instead of the body's `model`.
-pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
-/// GIE fairness key (flow control); logged with the request.
-pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
-/// Conformance header restricting the pick to `ip[,ip]` (or `ip:port`).
-pub const TEST_SELECTION: &str = "test-epp-endpoint-selection";
+pub use crate::headers::{FAIRNESS_ID, MODEL_REWRITE, TEST_SELECTION};
 
 /// The OpenAI API a path asks for, from its suffix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,7 +208,7 @@ pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a st
 /// The priority: the objective header (a configured objective name or an integer), else
 /// the body's `priority`.
 pub fn priority(router: &Router, headers: &[(String, Vec<u8>)], body_priority: i32) -> i32 {
-    match header(headers, crate::proxy::OBJECTIVE) {
+    match header(headers, crate::headers::OBJECTIVE) {
         Some(name) => router
             .config()
             .admission
@@ -240,7 +235,7 @@ pub async fn sched_request(
         model,
         priority,
         session: header(headers, router.config().session_header.as_str()).map(str::to_string),
-        profile: header(headers, crate::proxy::PROFILE).map(str::to_string),
+        profile: header(headers, crate::headers::PROFILE).map(str::to_string),
         prompt_tokens: parsed.prompt_tokens,
         ..Default::default()
     };

@@ -1,0 +1,23 @@
+//! The HTTP header names the router reads and writes, in one place: both transports (the
+//! HTTP front and the ext_proc picker) and the crates that embed the router name them from
+//! here.
+
+/// Request id header, propagated upstream and echoed back.
+pub const REQUEST_ID: &str = "x-request-id";
+/// GIE objective header: an objective name (mapped by `admission.objectives`) or an
+/// integer priority.
+pub const OBJECTIVE: &str = "x-gateway-inference-objective";
+/// Chooses a scheduling profile by name.
+pub const PROFILE: &str = "x-strata-scheduling-profile";
+/// Names the endpoint that served (as in GIE's `x-gateway-destination-endpoint-served`).
+pub const SERVED_BY: &str = "x-gateway-destination-endpoint-served";
+/// On a disaggregated answer: the prefill engine (`host:port`) that computed the prompt.
+pub const PREFILLED_BY: &str = "x-strata-prefilled-by";
+/// The prefill engine of a disaggregated request, for the decode side (llm-d's header).
+pub const PREFILLER: &str = "x-prefiller-host-port";
+/// GIE header naming a model to send instead of the body's `model`.
+pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
+/// GIE fairness key (flow control); logged with the request.
+pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
+/// Conformance header restricting the pick to `ip[,ip]` (or `ip:port`).
+pub const TEST_SELECTION: &str = "test-epp-endpoint-selection";
