@@ -6,55 +6,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, HeaderName};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
+use super::account::Settle;
+use super::headers::{hv, REQUEST_ID_HEADER};
 use super::refusal::Refusal;
-use super::settle::Settle;
+use super::route::Route;
 use super::shape::{check_shape, prompt_chars};
-use super::{hv, Route, DEFAULT_OUTPUT_ESTIMATE, REQUEST_ID_HEADER};
-use crate::config::{FailureMode, ModelConfig, Resolved};
+use super::values::Admitted;
+use crate::config::{FailureMode, Resolved};
 use crate::keys;
 use crate::ratelimit::{LimitCheck, LimitDecision, LimitKind};
 use crate::state::{unix_now, Gateway, KeyEntry};
 use crate::store::{BudgetHold, HoldOutcome, StoreError};
 
-/// A request that passed admission.
-pub(crate) struct Admitted {
-    pub key: Arc<KeyEntry>,
-    /// The config this request started with (a reload mid-request does not change it).
-    pub resolved: Arc<Resolved>,
-    pub route: Route,
-    /// The client's request headers.
-    pub headers: HeaderMap,
-    /// The body as received, forwarded as is when nothing in it must change.
-    pub bytes: Bytes,
-    /// The body parsed once; `model` names the canonical public model from here on.
-    pub body: Value,
-    /// Whether `body` differs from `bytes` beyond its `model` (then it is re-serialized).
-    pub rewritten: bool,
-    /// The `model` the client sent (a public name or an alias).
-    pub requested: String,
-    /// Index of the model in `resolved.config.models`.
-    model_index: usize,
-    pub stream: bool,
-    /// Characters of prompt text.
-    pub prompt_chars: usize,
-    /// Estimated prompt + output tokens (charged to token limits until settled).
-    pub estimate: u64,
-    /// Headers every answer carries from here on (request id, rate-limit state, cache).
-    pub extra: HeaderMap,
-    pub request_id: axum::http::HeaderValue,
-}
-
-impl Admitted {
-    /// The public model the request names.
-    pub fn model(&self) -> &ModelConfig {
-        &self.resolved.config.models[self.model_index]
-    }
-}
+/// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
 /// The authenticated key of a request.
 pub(crate) fn authenticate_key(
@@ -86,70 +56,18 @@ pub(crate) async fn admit(
     let (parts, body) = req.into_parts();
     let key = authenticate_key(gw, &parts.headers)?;
     let resolved = gw.config.get();
-    let server = &resolved.config.server;
-
-    // Body: refuse by Content-Length before reading when possible.
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let too_large = Refusal::BodyTooLarge {
-        limit: server.max_body_bytes,
-    };
-    if declared.is_some_and(|n| n > server.max_body_bytes as u64) {
-        return Err(too_large);
-    }
-    let Ok(bytes) = axum::body::to_bytes(body, server.max_body_bytes).await else {
-        return Err(too_large);
-    };
-
-    // Shape: the body is parsed once; the typed check runs over that parse and names the
-    // faulty field. The forwarded body stays as sent unless the gateway must change it.
-    let mut body = check_shape(route, &bytes).map_err(Refusal::BadShape)?;
-    let Some(requested) = body
-        .get("model")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    else {
-        return Err(Refusal::MissingModel);
-    };
-    let max_tokens = body
-        .get("max_completion_tokens")
-        .or_else(|| body.get("max_tokens"))
-        .filter(|v| !v.is_null());
-    let max_tokens = match max_tokens.map(Value::as_i64) {
-        None => None,
-        Some(Some(n)) if n >= 1 => Some(n as u64),
-        Some(_) => return Err(Refusal::BadMaxTokens),
-    };
-    let n_choices = body
-        .get("n")
-        .and_then(Value::as_u64)
-        .unwrap_or(1)
-        .clamp(1, 128);
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-
-    // Model and permission.
-    let Some(&model_index) = resolved.model_index.get(&requested) else {
-        return Err(Refusal::UnknownModel(requested));
-    };
+    let bytes = read_body(&parts.headers, body, resolved.config.server.max_body_bytes).await?;
+    let Ask {
+        mut body,
+        requested,
+        max_tokens,
+        n_choices,
+        stream,
+    } = read_ask(route, &bytes)?;
+    let model_index = permitted_model(&resolved, &key, &requested)?;
     let model = &resolved.config.models[model_index];
-    if !may_use(&resolved, &key, &requested, &model.name) {
-        return Err(Refusal::ModelForbidden(requested));
-    }
-
-    // Guardrails before the model.
     let chars = prompt_chars(&body);
-    if let Some(max) = resolved.guardrails.max_prompt_chars {
-        if chars > max {
-            return Err(Refusal::PromptTooLarge { chars, max });
-        }
-    }
-    let rewritten = resolved
-        .guardrails
-        .apply_request(&mut body)
-        .map_err(Refusal::GuardrailBlocked)?;
+    let rewritten = input_guardrails(&resolved, &mut body, chars)?;
 
     // Budget: this replica's view first (no I/O); a shared store then holds the
     // estimated cost so that other replicas see it at once.
@@ -172,46 +90,17 @@ pub(crate) async fn admit(
     )
     .await?;
 
-    // Rate limits on the estimate.
-    let (request_checks, token_checks) = gw.limit_checks(&key, estimate);
-    let all_checks: Vec<LimitCheck> = request_checks
-        .iter()
-        .chain(&token_checks)
-        .cloned()
-        .collect();
-    let decision = match gw.limiter.check(&all_checks).await {
-        Ok(d) => d,
-        Err(e) => {
+    let Limited {
+        token_checks,
+        extra,
+        request_id,
+    } = match rate_limit(gw, &key, estimate, &parts.headers).await {
+        Ok(limited) => limited,
+        Err(refused) => {
             release_hold(gw, held, &ledger_id);
-            gw.metrics.backend_error("ratelimit");
-            return Err(Refusal::BackendUnavailable {
-                what: "Rate limiting",
-                error: e.to_string(),
-            });
+            return Err(refused);
         }
     };
-    if decision.degraded {
-        gw.metrics.backend_error("ratelimit");
-    }
-    let mut extra = HeaderMap::new();
-    let request_id = parts
-        .headers
-        .get(REQUEST_ID_HEADER)
-        .cloned()
-        .unwrap_or_else(|| hv(gw.next_request_id()));
-    extra.insert(REQUEST_ID_HEADER, request_id.clone());
-    ratelimit_headers(&mut extra, &all_checks, &decision);
-    if !decision.allowed {
-        release_hold(gw, held, &ledger_id);
-        return Err(Refusal::RateLimited {
-            key_id: key.record.id.clone(),
-            retry_after: decision.retry_after,
-            too_large: decision
-                .too_large
-                .map(|i| (all_checks[i].cost, all_checks[i].limit)),
-            headers: Box::new(extra),
-        });
-    }
 
     let settle = Settle::new(
         gw.clone(),
@@ -244,6 +133,153 @@ pub(crate) async fn admit(
         },
         settle,
     ))
+}
+
+/// The body, refused by its `Content-Length` before reading when possible.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, Refusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = Refusal::BodyTooLarge { limit };
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large);
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large)
+}
+
+/// What the body asks for, read from its one parse.
+struct Ask {
+    body: Value,
+    /// The `model` as sent.
+    requested: String,
+    max_tokens: Option<u64>,
+    /// Choices asked for (`n`, 1 to 128).
+    n_choices: u64,
+    stream: bool,
+}
+
+/// The body's shape: parsed once, the typed check running over that parse and naming
+/// the faulty field. The forwarded body stays as sent unless the gateway must change it.
+fn read_ask(route: Route, bytes: &Bytes) -> Result<Ask, Refusal> {
+    let body = check_shape(route, bytes).map_err(Refusal::BadShape)?;
+    let Some(requested) = body
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return Err(Refusal::MissingModel);
+    };
+    let max_tokens = body
+        .get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .filter(|v| !v.is_null());
+    let max_tokens = match max_tokens.map(Value::as_i64) {
+        None => None,
+        Some(Some(n)) if n >= 1 => Some(n as u64),
+        Some(_) => return Err(Refusal::BadMaxTokens),
+    };
+    let n_choices = body
+        .get("n")
+        .and_then(Value::as_u64)
+        .unwrap_or(1)
+        .clamp(1, 128);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    Ok(Ask {
+        body,
+        requested,
+        max_tokens,
+        n_choices,
+        stream,
+    })
+}
+
+/// The index of the model `requested` names, when it exists and the key may use it.
+fn permitted_model(resolved: &Resolved, key: &KeyEntry, requested: &str) -> Result<usize, Refusal> {
+    let Some(&model_index) = resolved.model_index.get(requested) else {
+        return Err(Refusal::UnknownModel(requested.to_string()));
+    };
+    let model = &resolved.config.models[model_index];
+    if !may_use(resolved, key, requested, &model.name) {
+        return Err(Refusal::ModelForbidden(requested.to_string()));
+    }
+    Ok(model_index)
+}
+
+/// The guardrails before the model, over a prompt of `chars` characters: true when they
+/// rewrote the body.
+fn input_guardrails(resolved: &Resolved, body: &mut Value, chars: usize) -> Result<bool, Refusal> {
+    if let Some(max) = resolved.guardrails.max_prompt_chars {
+        if chars > max {
+            return Err(Refusal::PromptTooLarge { chars, max });
+        }
+    }
+    resolved
+        .guardrails
+        .apply_request(body)
+        .map_err(Refusal::GuardrailBlocked)
+}
+
+/// A request within its rate limits.
+struct Limited {
+    /// The token limits charged with the estimate (reconciled when settled).
+    token_checks: Vec<LimitCheck>,
+    /// The headers every answer carries: the request id and the `x-ratelimit-*` state.
+    extra: HeaderMap,
+    request_id: HeaderValue,
+}
+
+/// Rate limits on the estimate: every request and token limit of the key and its tenant
+/// at once. A limiter that fails refuses only when its failure mode is closed.
+async fn rate_limit(
+    gw: &Gateway,
+    key: &KeyEntry,
+    estimate: u64,
+    headers: &HeaderMap,
+) -> Result<Limited, Refusal> {
+    let (request_checks, token_checks) = gw.limit_checks(key, estimate);
+    let all_checks: Vec<LimitCheck> = request_checks
+        .iter()
+        .chain(&token_checks)
+        .cloned()
+        .collect();
+    let decision = match gw.limiter.check(&all_checks).await {
+        Ok(d) => d,
+        Err(e) => {
+            gw.metrics.backend_error("ratelimit");
+            return Err(Refusal::BackendUnavailable {
+                what: "Rate limiting",
+                error: e.to_string(),
+            });
+        }
+    };
+    if decision.degraded {
+        gw.metrics.backend_error("ratelimit");
+    }
+    let mut extra = HeaderMap::new();
+    let request_id = headers
+        .get(REQUEST_ID_HEADER)
+        .cloned()
+        .unwrap_or_else(|| hv(gw.next_request_id()));
+    extra.insert(REQUEST_ID_HEADER, request_id.clone());
+    ratelimit_headers(&mut extra, &all_checks, &decision);
+    if !decision.allowed {
+        return Err(Refusal::RateLimited {
+            key_id: key.record.id.clone(),
+            retry_after: decision.retry_after,
+            too_large: decision
+                .too_large
+                .map(|i| (all_checks[i].cost, all_checks[i].limit)),
+            headers: Box::new(extra),
+        });
+    }
+    Ok(Limited {
+        token_checks,
+        extra,
+        request_id,
+    })
 }
 
 /// Holds `amount` of the key's and tenant's budgets in a shared store (several gateway

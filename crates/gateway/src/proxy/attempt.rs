@@ -11,41 +11,35 @@ use serde_json::Value;
 use strata_api::trace::{self, TraceParent};
 use tracing::Instrument;
 
-use super::admit::Admitted;
-use super::send::{read_limited, send_direct, send_via_router, Replica, RouterAsk, UpstreamReply};
+use super::send::{
+    read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, ERROR_BODY_LIMIT,
+};
 use super::shape::prompt_prefix_text;
-use super::ERROR_BODY_LIMIT;
+use super::values::{Admitted, Served, Tried};
+use crate::config::ResolvedUpstream;
 use crate::routing::{self, Attempt, Failure, Next};
 use crate::state::Gateway;
-use crate::upstream::UpstreamBody;
 
-/// Which try answered.
-#[derive(Debug, Clone)]
-pub(crate) struct Served {
-    pub attempt: Attempt,
-    /// Tries made, this one included.
-    pub tries: u32,
-    /// The replica (`host:port`) when an embedded router chose it.
-    pub replica: Option<String>,
+/// What the tries of one request carry from one to the next.
+struct Tries {
+    /// Tries made so far.
+    made: u32,
+    last: Option<Failure>,
+    /// Prompt text for the embedded routers' prefix index, built on first use.
+    prefix_text: Option<String>,
+    /// The client's trace context: every try's span is its child.
+    incoming: Option<TraceParent>,
 }
 
-/// What the tries came to.
-pub(crate) enum Tried {
-    /// A 2xx answer, read whole (the replica's lease is already released).
-    Whole {
-        status: u16,
-        content_type: Option<HeaderValue>,
-        bytes: Bytes,
-        served: Served,
-    },
-    /// A 2xx streamed answer: its head, the body still to come, the replica's lease.
-    Stream {
-        resp: axum::http::Response<UpstreamBody>,
-        lease: Option<Replica>,
-        served: Served,
-    },
-    /// Nothing answered 2xx: the last failure (`None` when the deadline left no try).
-    Failed(Option<Failure>),
+/// One try: what it sends where, and until when.
+struct OneTry<'a> {
+    att: &'a Attempt,
+    up: &'a ResolvedUpstream,
+    payload: &'a Bytes,
+    /// Its number among the request's tries (1 for the first).
+    number: u32,
+    per_try: Duration,
+    deadline: Instant,
 }
 
 /// Runs `plan` for `req` (which arrived at `started`) until `deadline`.
@@ -57,182 +51,57 @@ pub(crate) async fn try_plan(
     deadline: Instant,
 ) -> Tried {
     let resolved = req.resolved.clone();
-    let max_response_bytes = resolved.config.server.max_response_bytes;
-    let mut last: Option<Failure> = None;
-    let mut tries = 0u32;
-    // Prompt text for the embedded routers' prefix index, built on first use.
-    let mut prefix_text: Option<String> = None;
-    let incoming =
-        TraceParent::from_header(req.headers.get(trace::TRACEPARENT).map(|v| v.as_bytes()));
+    let mut tries = Tries {
+        made: 0,
+        last: None,
+        prefix_text: None,
+        incoming: TraceParent::from_header(
+            req.headers.get(trace::TRACEPARENT).map(|v| v.as_bytes()),
+        ),
+    };
     'targets: for att in plan {
         let Some(up) = resolved.upstreams.get(&att.upstream) else {
             continue;
         };
-        // The body as received when only its `model` could differ and does not.
-        let payload = if !req.rewritten && att.upstream_model == req.requested {
-            req.bytes.clone()
-        } else {
-            req.body["model"] = Value::String(att.upstream_model.clone());
-            match serde_json::to_vec(&req.body) {
-                Ok(p) => Bytes::from(p),
-                Err(_) => continue,
-            }
+        let Some(payload) = payload(req, att) else {
+            continue;
         };
         for n in 0..=att.retries {
-            if n > 0 {
-                let wait = {
-                    let mut rng = gw.rng.lock();
-                    routing::backoff(att.backoff_ms, n - 1, &mut *rng)
-                };
-                if Instant::now() + wait >= deadline {
-                    break 'targets;
-                }
-                tokio::time::sleep(wait).await;
+            if n > 0 && !back_off(gw, att, n, deadline).await {
+                break 'targets;
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break 'targets;
             }
             let per_try = att.try_timeout.min(remaining);
-            let try_deadline = Instant::now() + per_try;
-            tries += 1;
-            // One span per attempt; the upstream sees it as its parent.
-            let try_span = tracing::info_span!(
-                target: trace::SPAN_TARGET,
-                "gateway.try",
-                otel.kind = "client",
-                upstream = %att.upstream,
-                model = %att.upstream_model,
-                try_number = tries,
-                http.response.status_code = tracing::field::Empty,
-                failure = tracing::field::Empty,
-            );
-            let traceparent = trace::outgoing(&try_span, incoming.as_ref())
-                .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
-            let traceparent = traceparent.as_ref();
-            let sent = async {
-                match &up.router {
-                    None => {
-                        send_direct(
-                            gw,
-                            up,
-                            req.route,
-                            &payload,
-                            &req.request_id,
-                            per_try,
-                            traceparent,
-                        )
-                        .await
-                    }
-                    Some(emb) => {
-                        let prefix =
-                            prefix_text.get_or_insert_with(|| prompt_prefix_text(&req.body));
-                        let ask = RouterAsk {
-                            model: &att.upstream_model,
-                            prefix,
-                            headers: &req.headers,
-                            priority: req
-                                .body
-                                .get("priority")
-                                .and_then(Value::as_i64)
-                                .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
-                            traceparent,
-                        };
-                        send_via_router(
-                            gw,
-                            &emb.router,
-                            req.route,
-                            &payload,
-                            &req.request_id,
-                            &ask,
-                            try_deadline,
-                        )
-                        .await
-                    }
-                }
-            }
-            .instrument(try_span.clone())
+            tries.made += 1;
+            let one = OneTry {
+                att,
+                up,
+                payload: &payload,
+                number: tries.made,
+                per_try,
+                deadline: Instant::now() + per_try,
+            };
+            let sent = send(
+                gw,
+                req,
+                &one,
+                &mut tries.prefix_text,
+                tries.incoming.as_ref(),
+            )
             .await;
-            match &sent {
-                Ok(r) => {
-                    try_span.record("http.response.status_code", r.resp.status().as_u16());
-                }
-                Err(f) => {
-                    try_span.record("failure", tracing::field::debug(f));
-                }
-            }
             let failure = match sent {
                 Err(f) => f,
-                Ok(UpstreamReply { resp, mut lease }) if resp.status().is_success() => {
-                    tracing::debug!(
-                        request_id = req.request_id.to_str().unwrap_or(""),
-                        key = %req.key.record.id,
-                        model = %att.model,
-                        upstream = %att.upstream,
-                        tries,
-                        stream = req.stream,
-                        "upstream answered"
-                    );
-                    gw.metrics.duration.observe(started.elapsed().as_secs_f64());
-                    let served = Served {
-                        attempt: att.clone(),
-                        tries,
-                        replica: lease
-                            .as_ref()
-                            .map(|l| l.url().trim_start_matches("http://").to_string()),
-                    };
-                    if req.stream {
-                        return Tried::Stream {
-                            resp,
-                            lease,
-                            served,
-                        };
-                    }
-                    match read_limited(resp, max_response_bytes, try_deadline).await {
-                        Ok((status, content_type, bytes)) => {
-                            drop(lease);
-                            return Tried::Whole {
-                                status,
-                                content_type,
-                                bytes,
-                                served,
-                            };
-                        }
-                        Err(f) => {
-                            if let Some(l) = &mut lease {
-                                l.fail();
-                            }
-                            f
-                        }
-                    }
-                }
-                Ok(UpstreamReply { resp, lease }) => {
-                    let status = resp.status().as_u16();
-                    let text = match read_limited(resp, ERROR_BODY_LIMIT, try_deadline).await {
-                        Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
-                        Err(_) => String::new(),
-                    };
-                    drop(lease);
-                    Failure::Status(status, text)
-                }
+                Ok(reply) => match answer(gw, req, &one, reply, started).await {
+                    Ok(tried) => return tried,
+                    Err(f) => f,
+                },
             };
-            let kind = match &failure {
-                Failure::Connect => "connect".to_string(),
-                Failure::Timeout => "timeout".to_string(),
-                Failure::Status(s, _) => s.to_string(),
-            };
-            gw.metrics
-                .upstream_failures
-                .get_or_create(&vec![("upstream", att.upstream.clone()), ("kind", kind)])
-                .inc();
-            tracing::debug!(
-                request_id = req.request_id.to_str().unwrap_or(""),
-                upstream = %att.upstream,
-                ?failure,
-                "upstream try failed"
-            );
+            count_failure(gw, req, att, &failure);
             let next = routing::classify(&failure);
-            last = Some(failure);
+            tries.last = Some(failure);
             match next {
                 Next::Retry => continue,
                 Next::NextTarget => continue 'targets,
@@ -240,7 +109,191 @@ pub(crate) async fn try_plan(
             }
         }
     }
-    Tried::Failed(last)
+    Tried::Failed(tries.last)
+}
+
+/// The body sent for `att`: as received when only its `model` could differ and does not;
+/// `None` when it cannot be serialized (the target is skipped).
+fn payload(req: &mut Admitted, att: &Attempt) -> Option<Bytes> {
+    if !req.rewritten && att.upstream_model == req.requested {
+        return Some(req.bytes.clone());
+    }
+    req.body["model"] = Value::String(att.upstream_model.clone());
+    serde_json::to_vec(&req.body).ok().map(Bytes::from)
+}
+
+/// Waits before retry `n` (from 1) of `att`; false, without waiting, when the wait would
+/// reach the deadline (no try is left).
+async fn back_off(gw: &Gateway, att: &Attempt, n: u32, deadline: Instant) -> bool {
+    let wait = {
+        let mut rng = gw.rng.lock();
+        routing::backoff(att.backoff_ms, n - 1, &mut *rng)
+    };
+    if Instant::now() + wait >= deadline {
+        return false;
+    }
+    tokio::time::sleep(wait).await;
+    true
+}
+
+/// Sends one try, in its own span (the upstream sees it as its parent): to the upstream's
+/// base URL, or through its embedded router. Any status comes back as an answer.
+async fn send(
+    gw: &Gateway,
+    req: &Admitted,
+    one: &OneTry<'_>,
+    prefix_text: &mut Option<String>,
+    incoming: Option<&TraceParent>,
+) -> Result<UpstreamReply, Failure> {
+    let att = one.att;
+    let try_span = tracing::info_span!(
+        target: trace::SPAN_TARGET,
+        "gateway.try",
+        otel.kind = "client",
+        upstream = %att.upstream,
+        model = %att.upstream_model,
+        try_number = one.number,
+        http.response.status_code = tracing::field::Empty,
+        failure = tracing::field::Empty,
+    );
+    let traceparent = trace::outgoing(&try_span, incoming)
+        .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
+    let traceparent = traceparent.as_ref();
+    let sent = async {
+        match &one.up.router {
+            None => {
+                send_direct(
+                    gw,
+                    one.up,
+                    req.route,
+                    one.payload,
+                    &req.request_id,
+                    one.per_try,
+                    traceparent,
+                )
+                .await
+            }
+            Some(emb) => {
+                let prefix = prefix_text.get_or_insert_with(|| prompt_prefix_text(&req.body));
+                let ask = RouterAsk {
+                    model: &att.upstream_model,
+                    prefix,
+                    headers: &req.headers,
+                    priority: req
+                        .body
+                        .get("priority")
+                        .and_then(Value::as_i64)
+                        .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
+                    traceparent,
+                };
+                send_via_router(
+                    gw,
+                    &emb.router,
+                    req.route,
+                    one.payload,
+                    &req.request_id,
+                    &ask,
+                    one.deadline,
+                )
+                .await
+            }
+        }
+    }
+    .instrument(try_span.clone())
+    .await;
+    match &sent {
+        Ok(r) => {
+            try_span.record("http.response.status_code", r.resp.status().as_u16());
+        }
+        Err(f) => {
+            try_span.record("failure", tracing::field::debug(f));
+        }
+    }
+    sent
+}
+
+/// What one try's answer comes to: a 2xx is the request's answer (a stream's head, or a
+/// body read whole within the try's deadline); anything else is a failure, its error
+/// body kept for classification and relay.
+async fn answer(
+    gw: &Gateway,
+    req: &Admitted,
+    one: &OneTry<'_>,
+    reply: UpstreamReply,
+    started: Instant,
+) -> Result<Tried, Failure> {
+    let UpstreamReply { resp, mut lease } = reply;
+    let att = one.att;
+    if !resp.status().is_success() {
+        let status = resp.status().as_u16();
+        let text = match read_limited(resp, ERROR_BODY_LIMIT, one.deadline).await {
+            Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
+            Err(_) => String::new(),
+        };
+        drop(lease);
+        return Err(Failure::Status(status, text));
+    }
+    tracing::debug!(
+        request_id = req.request_id.to_str().unwrap_or(""),
+        key = %req.key.record.id,
+        model = %att.model,
+        upstream = %att.upstream,
+        tries = one.number,
+        stream = req.stream,
+        "upstream answered"
+    );
+    gw.metrics.duration.observe(started.elapsed().as_secs_f64());
+    let served = Served {
+        attempt: att.clone(),
+        tries: one.number,
+        replica: lease
+            .as_ref()
+            .map(|l| l.url().trim_start_matches("http://").to_string()),
+    };
+    if req.stream {
+        return Ok(Tried::Stream {
+            resp,
+            lease,
+            served,
+        });
+    }
+    let max_response_bytes = req.resolved.config.server.max_response_bytes;
+    match read_limited(resp, max_response_bytes, one.deadline).await {
+        Ok((status, content_type, bytes)) => {
+            drop(lease);
+            Ok(Tried::Whole {
+                status,
+                content_type,
+                bytes,
+                served,
+            })
+        }
+        Err(f) => {
+            if let Some(l) = &mut lease {
+                l.fail();
+            }
+            Err(f)
+        }
+    }
+}
+
+/// Counts a failed try (`strata_gateway_upstream_failures_total`) and logs it.
+fn count_failure(gw: &Gateway, req: &Admitted, att: &Attempt, failure: &Failure) {
+    let kind = match failure {
+        Failure::Connect => "connect".to_string(),
+        Failure::Timeout => "timeout".to_string(),
+        Failure::Status(s, _) => s.to_string(),
+    };
+    gw.metrics
+        .upstream_failures
+        .get_or_create(&vec![("upstream", att.upstream.clone()), ("kind", kind)])
+        .inc();
+    tracing::debug!(
+        request_id = req.request_id.to_str().unwrap_or(""),
+        upstream = %att.upstream,
+        ?failure,
+        "upstream try failed"
+    );
 }
 
 /// The deadline of all tries of a request that started at `started` for a model with

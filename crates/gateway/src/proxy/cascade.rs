@@ -11,12 +11,12 @@ use std::time::Instant;
 use axum::body::Bytes;
 use serde_json::Value;
 
-use super::admit::Admitted;
-use super::attempt::{try_plan, Tried};
+use super::account::Settle;
+use super::attempt::try_plan;
+use super::headers::{hv, CASCADE_HEADER};
 use super::refusal::Refusal;
-use super::settle::Settle;
 use super::shape::usage_from_json;
-use super::{hv, CASCADE_HEADER};
+use super::values::{Admitted, Tried};
 use crate::cascade::{
     answer_facts, last_user_text, CascadePolicy, CascadeReason, RequestFacts, Verdict,
 };

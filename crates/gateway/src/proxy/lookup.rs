@@ -11,6 +11,10 @@
 //! ([`crate::sse_answer::to_sse`]), and a fresh streamed answer is stored only once it
 //! completed ([`super::stream`]). Each request's outcome (`x-strata-cache`) is counted by
 //! tenant in `strata_gateway_cache_outcomes_total`.
+//!
+//! The caches' other half is here too: [`store_answer`] puts a fresh answer where the
+//! lookup said it goes (called by *respond* for a whole answer, by the stream watcher for
+//! a streamed one).
 
 use std::time::{Duration, Instant};
 
@@ -18,9 +22,10 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderValue};
 use serde_json::json;
 
-use super::admit::Admitted;
+use super::headers::CACHE_HEADER;
+use super::route::Route;
 use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply};
-use super::{Route, CACHE_HEADER};
+use super::values::{Admitted, Lookup, Store};
 use crate::cache;
 use crate::config::Resolved;
 use crate::routing;
@@ -29,32 +34,6 @@ use crate::state::Gateway;
 
 /// Largest embedding answer read.
 const EMBEDDING_ANSWER_LIMIT: usize = 1 << 20;
-
-/// What the caches said. A hit's body is ready to send (SSE for a streamed request).
-pub(crate) enum Lookup {
-    /// A stored answer for exactly this request.
-    Hit(Bytes),
-    /// A stored answer for a similar request.
-    Semantic(Bytes),
-    /// No answer; where a fresh one is stored.
-    Miss(Store),
-}
-
-/// Where a fresh answer goes.
-#[derive(Default)]
-pub(crate) struct Store {
-    /// The exact cache's key (`None`: not cacheable).
-    pub cache_key: Option<[u8; 32]>,
-    /// The semantic cache's bucket and the request's vector.
-    pub semantic: Option<([u8; 32], Vec<f32>)>,
-}
-
-impl Store {
-    /// True when a fresh answer goes anywhere.
-    pub fn is_some(&self) -> bool {
-        self.cache_key.is_some() || self.semantic.is_some()
-    }
-}
 
 /// A stored answer as this request wants it: as stored, or as SSE events for a streamed
 /// request (`None`: it cannot be streamed, so it is not a hit).
@@ -152,6 +131,26 @@ async fn find(gw: &Gateway, req: &mut Admitted) -> Lookup {
         }
     }
     Lookup::Miss(store)
+}
+
+/// Stores a fresh 200 answer (a whole body, or a stream assembled into one) in the exact
+/// cache and the semantic cache, where the lookup said it goes.
+pub(crate) async fn store_answer(gw: &Gateway, store: Store, bytes: Bytes) {
+    if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
+        if let Err(e) = c.put(k, bytes.clone()).await {
+            gw.metrics.backend_error("cache");
+            tracing::warn!(error = %e, "cache: storing an answer failed");
+        }
+    }
+    if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
+        if let Some(share) = &gw.semantic_share {
+            if let Err(e) = share.publish(&bucket, &vector, &bytes).await {
+                gw.metrics.backend_error("semantic_cache");
+                tracing::warn!(error = %e, "semantic cache: sharing an entry failed");
+            }
+        }
+        index.put(bucket, vector, bytes, Instant::now());
+    }
 }
 
 fn count(gw: &Gateway, result: &str) {

@@ -2,8 +2,8 @@
 //! as stages that each return a value, one file each:
 //!
 //! 1. [`admit`]: key → body size → JSON shape → model → permission → guardrails →
-//!    budget → rate limits (on an estimate). Gives an [`admit::Admitted`] request and its
-//!    [`settle::Settle`], or a [`refusal::Refusal`].
+//!    budget → rate limits (on an estimate). Gives a [`values::Admitted`] request and
+//!    its [`account::Settle`], or a [`refusal::Refusal`].
 //! 2. [`lookup`]: caches; a hit skips to *respond*.
 //! 3. [`plan`]: the ordered tries (targets, fallbacks, context-length skips); for a
 //!    cascade model, [`cascade`] plans and tries each of its models in turn.
@@ -14,92 +14,53 @@
 //! 6. [`settle`]: usage, cost, token-limit reconcile and the ledger row, exactly once,
 //!    also when the client goes away mid-try or mid-stream.
 //!
+//! What one stage hands the next ([`values::Admitted`], [`values::Lookup`],
+//! [`values::Tried`], [`values::Reply`]) lives in [`values`], and the accounting handle
+//! that travels with them ([`account::Settle`]) in [`account`]. A stage imports those and
+//! the stages before it, never a later one; this file alone calls every stage.
+//!
 //! Refusals are one enum ([`refusal::Refusal`]) mapped once to an OpenAI-shaped error and
 //! a metric label. Streamed answers are passed through chunk by chunk ([`stream`]); an SSE
 //! decoder watches them for the `usage` chunk (requested with
 //! `stream_options.include_usage`). One upstream call lives in [`send`], the bodies as
-//! the gateway reads them in [`shape`].
+//! the gateway reads them in [`shape`], the header names in [`headers`] and the routes in
+//! [`route`].
 
+pub mod account;
 pub(crate) mod admit;
 pub(crate) mod attempt;
 pub(crate) mod cascade;
+pub(crate) mod headers;
 pub(crate) mod lookup;
 pub(crate) mod plan;
 pub mod refusal;
 pub(crate) mod respond;
+pub(crate) mod route;
 pub(crate) mod send;
-pub mod settle;
+pub(crate) mod settle;
 pub(crate) mod shape;
 pub(crate) mod stream;
+pub(crate) mod values;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use strata_api::{trace, ApiError};
 use tracing::Instrument;
 
+pub use admit::DEFAULT_OUTPUT_ESTIMATE;
+pub use headers::{
+    CACHE_HEADER, CASCADE_HEADER, MODEL_HEADER, REQUEST_ID_HEADER, SERVED_BY_HEADER,
+    UPSTREAM_HEADER,
+};
+pub use refusal::error_response;
+pub use route::Route;
+
 use crate::state::{Gateway, KeyEntry};
-use lookup::Lookup;
-
-/// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
-pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
-/// Bytes of an upstream error body kept for classification and relay.
-const ERROR_BODY_LIMIT: usize = 64 * 1024;
-
-pub const CACHE_HEADER: &str = "x-strata-cache";
-/// On a cascade's answer: `<model that answered>;<reason>` ([`crate::cascade`]).
-pub const CASCADE_HEADER: &str = "x-strata-cascade";
-pub const UPSTREAM_HEADER: &str = "x-strata-upstream";
-pub const MODEL_HEADER: &str = "x-strata-model";
-/// Taken from the client when present, generated otherwise; sent upstream and back.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// The replica (`host:port`) that served, when an embedded router chose it.
-pub const SERVED_BY_HEADER: &str = strata_router::proxy::SERVED_BY;
-
-/// The OpenAI routes the gateway forwards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    Chat,
-    Completions,
-    Embeddings,
-}
-
-impl Route {
-    /// Index into [`crate::config::ROUTE_PATHS`] and [`ResolvedUpstream::route_urls`].
-    fn index(self) -> usize {
-        match self {
-            Route::Chat => 0,
-            Route::Completions => 1,
-            Route::Embeddings => 2,
-        }
-    }
-
-    pub fn path(self) -> &'static str {
-        crate::config::ROUTE_PATHS[self.index()]
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Route::Chat => "chat",
-            Route::Completions => "completions",
-            Route::Embeddings => "embeddings",
-        }
-    }
-}
-
-/// An OpenAI-shaped error response.
-pub fn error_response(err: &ApiError) -> Response {
-    // The one mapping every Strata front shares: status, OpenAI's body, and `Retry-After`
-    // on 429 and 503 (a refusal that knows a better wait overwrites it).
-    strata_api::http::error_response(err, None)
-}
-
-fn hv(v: impl ToString) -> HeaderValue {
-    HeaderValue::from_str(&v.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
+use values::Lookup;
 
 /// The authenticated key of a request, or the 401 to send (counted as a rejection).
 pub fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<KeyEntry>, ApiError> {

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use super::admit::Admitted;
 use super::refusal::Refusal;
+use super::values::Admitted;
 use crate::routing::{self, Attempt};
 use crate::state::Gateway;
 

@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use strata_api::{ApiError, ErrorKind};
 
-use super::{error_response, hv};
+use super::headers::hv;
 use crate::state::Gateway;
 
 /// Why a request is refused by the gateway itself.
@@ -168,6 +168,13 @@ impl Refusal {
         }
         resp
     }
+}
+
+/// An OpenAI-shaped error response.
+pub fn error_response(err: &ApiError) -> Response {
+    // The one mapping every Strata front shares: status, OpenAI's body, and `Retry-After`
+    // on 429 and 503 (a refusal that knows a better wait overwrites it).
+    strata_api::http::error_response(err, None)
 }
 
 #[cfg(test)]

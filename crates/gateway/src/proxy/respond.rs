@@ -4,46 +4,20 @@
 //! try failed. It says what to settle; it settles nothing itself.
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde_json::Value;
 use strata_api::ApiError;
 
-use super::admit::Admitted;
-use super::attempt::{Served, Tried};
-use super::lookup::Store;
-use super::send::Replica;
-use super::settle::Settle;
+use super::account::Settle;
+use super::headers::{hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
+use super::lookup::store_answer;
+use super::refusal::error_response;
 use super::shape::usage_from_json;
-use super::stream::Capture;
-use super::{error_response, hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
+use super::values::{Admitted, Reply, Served, Store, StreamReply, Tried};
 use crate::routing::{self, Failure, Next};
 use crate::state::Gateway;
 use crate::stream_guard::StreamGuard;
-use crate::upstream::UpstreamBody;
-
-/// The client's answer and what its accounting needs.
-pub(crate) enum Reply {
-    /// A complete response; settle with this usage and status now.
-    Whole {
-        response: Response,
-        usage: Option<(u64, u64)>,
-        status: u16,
-        cached: bool,
-    },
-    /// A stream still to be relayed; settled when it ends.
-    Stream(Box<StreamReply>),
-}
-
-/// A streamed answer's head, body to come, replica lease and output guardrails.
-pub(crate) struct StreamReply {
-    pub resp: axum::http::Response<UpstreamBody>,
-    pub lease: Option<Replica>,
-    pub guard: Option<StreamGuard>,
-    pub extra: HeaderMap,
-    /// Assembles the answer for the caches when the request is cacheable.
-    pub capture: Option<Capture>,
-}
 
 pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
     gw.metrics
@@ -53,26 +27,6 @@ pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
             ("status", status.to_string()),
         ])
         .inc();
-}
-
-/// Stores a fresh 200 answer (a whole body, or a stream assembled into one) in the exact
-/// cache and the semantic cache, where the lookup said it goes.
-pub(crate) async fn store_answer(gw: &Gateway, store: Store, bytes: Bytes) {
-    if let (Some(c), Some(k)) = (&gw.cache, store.cache_key) {
-        if let Err(e) = c.put(k, bytes.clone()).await {
-            gw.metrics.backend_error("cache");
-            tracing::warn!(error = %e, "cache: storing an answer failed");
-        }
-    }
-    if let (Some(index), Some((bucket, vector))) = (&gw.semantic, store.semantic) {
-        if let Some(share) = &gw.semantic_share {
-            if let Err(e) = share.publish(&bucket, &vector, &bytes).await {
-                gw.metrics.backend_error("semantic_cache");
-                tracing::warn!(error = %e, "semantic cache: sharing an entry failed");
-            }
-        }
-        index.put(bucket, vector, bytes, std::time::Instant::now());
-    }
 }
 
 /// A cache hit (`which`: `hit` for the exact cache, `semantic`), answered as the lookup
@@ -146,15 +100,13 @@ pub(crate) async fn respond(
             count_request(gw, &public_model, 200);
             let guard = (!req.resolved.guardrails.is_empty())
                 .then(|| StreamGuard::new(req.resolved.clone()));
-            let capture = store
-                .is_some()
-                .then(|| Capture::new(store, req.resolved.config.cache.max_entry_bytes));
             Reply::Stream(Box::new(StreamReply {
                 resp,
                 lease,
                 guard,
                 extra: req.extra,
-                capture,
+                store,
+                max_entry_bytes: req.resolved.config.cache.max_entry_bytes,
             }))
         }
         Tried::Whole {

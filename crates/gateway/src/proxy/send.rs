@@ -10,11 +10,15 @@ use http_body_util::BodyExt;
 use strata_router::scheduling::SchedRequest;
 use strata_router::{Lease, Router};
 
-use super::{Route, ERROR_BODY_LIMIT, REQUEST_ID_HEADER};
+use super::headers::REQUEST_ID_HEADER;
+use super::route::Route;
 use crate::config::ResolvedUpstream;
 use crate::routing::Failure;
 use crate::state::Gateway;
 use crate::upstream::{SendError, UpstreamBody};
+
+/// Bytes of an upstream error body kept for classification and relay.
+pub(super) const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// A try that got response headers; `lease` holds the replica chosen by an embedded
 /// router (in flight until dropped).

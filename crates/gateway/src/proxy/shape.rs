@@ -8,7 +8,7 @@ use serde_json::Value;
 use strata_api::types::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest};
 use strata_api::{parse_json, ApiError};
 
-use super::Route;
+use super::route::Route;
 
 /// Total characters of prompt text (messages' contents, `prompt`, `input`).
 pub(crate) fn prompt_chars(body: &Value) -> usize {

@@ -10,20 +10,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use strata_api::SseDecoder;
 
-use super::lookup::Store;
+use super::account::Settle;
+use super::lookup::store_answer;
 use super::send::Replica;
-use super::settle::Settle;
 use super::shape::usage_from_json;
+use super::values::{Store, StreamReply};
 use crate::sse_answer::Assembler;
 use crate::state::Gateway;
 use crate::stream_guard::StreamGuard;
-use crate::upstream::{BodyError, UpstreamBody};
+use crate::upstream::BodyError;
 
 /// Wraps an upstream byte stream: passes every chunk through untouched and watches the
 /// SSE events for `usage`; settles when finished or dropped.
@@ -49,7 +50,7 @@ struct UsageWatch {
 }
 
 /// What the client was sent, decoded and assembled, and where the answer goes.
-pub(crate) struct Capture {
+struct Capture {
     decoder: SseDecoder,
     assembler: Assembler,
     store: Store,
@@ -57,7 +58,7 @@ pub(crate) struct Capture {
 
 impl Capture {
     /// `limit`: the largest answer the caches keep.
-    pub(crate) fn new(store: Store, limit: usize) -> Capture {
+    fn new(store: Store, limit: usize) -> Capture {
         Capture {
             decoder: SseDecoder::new(),
             assembler: Assembler::new(limit),
@@ -106,7 +107,7 @@ impl UsageWatch {
         let gw = self.gw.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                super::respond::store_answer(&gw, c.store, Bytes::from(bytes)).await;
+                store_answer(&gw, c.store, Bytes::from(bytes)).await;
             });
         }
     }
@@ -204,16 +205,20 @@ impl Drop for UsageWatch {
         }
     }
 }
+
 /// The client's response for a streamed answer; `settle` finishes when it is over.
-pub(crate) fn watch_stream(
-    gw: Arc<Gateway>,
-    resp: axum::http::Response<UpstreamBody>,
-    settle: Settle,
-    extra: HeaderMap,
-    lease: Option<Replica>,
-    guard: Option<StreamGuard>,
-    capture: Option<Capture>,
-) -> Response {
+pub(crate) fn watch_stream(gw: Arc<Gateway>, reply: StreamReply, settle: Settle) -> Response {
+    let StreamReply {
+        resp,
+        lease,
+        guard,
+        extra,
+        store,
+        max_entry_bytes,
+    } = reply;
+    let capture = store
+        .is_some()
+        .then(|| Capture::new(store, max_entry_bytes));
     let status = resp.status();
     let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let watch = UsageWatch {
