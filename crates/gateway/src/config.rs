@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
+use crate::guardrails::GuardrailsConfig;
+
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -396,47 +398,6 @@ fn default_cache_entry_bytes() -> usize {
     1 << 20
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GuardAction {
-    #[default]
-    Redact,
-    Block,
-}
-
-/// One built-in detector and what to do when it fires.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PatternRule {
-    /// `api_key`, `private_key`, `card_number`, `email`, or `custom` with `regex`.
-    pub kind: String,
-    #[serde(default)]
-    pub action: GuardAction,
-    /// Required for `custom`.
-    #[serde(default)]
-    pub regex: Option<String>,
-    /// Apply to prompts (default true).
-    #[serde(default = "yes")]
-    pub input: bool,
-    /// Apply to responses, streamed or not (default true).
-    #[serde(default = "yes")]
-    pub output: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GuardrailsConfig {
-    /// Largest prompt accepted, in characters (all message contents together).
-    #[serde(default)]
-    pub max_prompt_chars: Option<usize>,
-    #[serde(default)]
-    pub patterns: Vec<PatternRule>,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
@@ -492,8 +453,30 @@ impl Config {
         Config::from_yaml(&text)
     }
 
-    /// Checks every cross-reference and range.
+    /// Checks every cross-reference and range; the first fault found is the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let upstreams = self.validate_upstreams()?;
+        let names = self.validate_model_names()?;
+        for m in &self.models {
+            match &m.cascade {
+                Some(c) => self.validate_cascade(m, c)?,
+                None => validate_model(m, &upstreams, &names)?,
+            }
+        }
+        self.validate_tenants(&names)?;
+        self.validate_backends()?;
+        self.validate_caches(&names)?;
+        for p in &self.guardrails.patterns {
+            crate::guardrails::validate_rule(p).map_err(invalid)?;
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// Upstream names are unique and each upstream is well formed: the names.
+    fn validate_upstreams(&self) -> Result<HashSet<&str>, ConfigError> {
         let mut upstreams = HashSet::new();
         for u in &self.upstreams {
             if u.name.is_empty() {
@@ -526,6 +509,11 @@ impl Config {
                 )));
             }
         }
+        Ok(upstreams)
+    }
+
+    /// Model names and aliases are unique and not empty: all of them.
+    fn validate_model_names(&self) -> Result<HashSet<&str>, ConfigError> {
         let mut names = HashSet::new();
         for m in &self.models {
             for name in std::iter::once(&m.name).chain(&m.aliases) {
@@ -537,78 +525,49 @@ impl Config {
                 }
             }
         }
-        for m in &self.models {
-            if let Some(c) = &m.cascade {
-                if !m.targets.is_empty() || !m.fallbacks.is_empty() {
+        Ok(names)
+    }
+
+    /// A cascade model: no targets of its own, a valid policy, and members that are
+    /// declared models and not cascades themselves.
+    fn validate_cascade(
+        &self,
+        m: &ModelConfig,
+        c: &crate::cascade::CascadeConfig,
+    ) -> Result<(), ConfigError> {
+        if !m.targets.is_empty() || !m.fallbacks.is_empty() {
+            return Err(invalid(format!(
+                "model `{}`: a cascade has no targets or fallbacks of its own",
+                m.name
+            )));
+        }
+        crate::cascade::CascadePolicy::new(c)
+            .map_err(|e| invalid(format!("model `{}`: {e}", m.name)))?;
+        for member in &c.models {
+            let found = self
+                .models
+                .iter()
+                .find(|o| &o.name == member || o.aliases.contains(member));
+            match found {
+                None => {
                     return Err(invalid(format!(
-                        "model `{}`: a cascade has no targets or fallbacks of its own",
+                        "model `{}`: unknown cascade model `{member}`",
                         m.name
-                    )));
+                    )))
                 }
-                crate::cascade::CascadePolicy::new(c)
-                    .map_err(|e| invalid(format!("model `{}`: {e}", m.name)))?;
-                for member in &c.models {
-                    let found = self
-                        .models
-                        .iter()
-                        .find(|o| &o.name == member || o.aliases.contains(member));
-                    match found {
-                        None => {
-                            return Err(invalid(format!(
-                                "model `{}`: unknown cascade model `{member}`",
-                                m.name
-                            )))
-                        }
-                        Some(o) if o.cascade.is_some() => {
-                            return Err(invalid(format!(
-                                "model `{}`: cascade model `{member}` is itself a cascade",
-                                m.name
-                            )))
-                        }
-                        Some(_) => {}
-                    }
-                }
-                continue;
-            }
-            if m.targets.is_empty() {
-                return Err(invalid(format!("model `{}` has no targets", m.name)));
-            }
-            if m.targets.iter().all(|t| t.weight == 0) {
-                return Err(invalid(format!(
-                    "model `{}`: at least one target needs a weight above 0",
-                    m.name
-                )));
-            }
-            for t in &m.targets {
-                if !upstreams.contains(t.upstream.as_str()) {
+                Some(o) if o.cascade.is_some() => {
                     return Err(invalid(format!(
-                        "model `{}`: unknown upstream `{}`",
-                        m.name, t.upstream
-                    )));
-                }
-            }
-            for f in &m.fallbacks {
-                if !names.contains(f.as_str()) {
-                    return Err(invalid(format!(
-                        "model `{}`: unknown fallback `{f}`",
+                        "model `{}`: cascade model `{member}` is itself a cascade",
                         m.name
-                    )));
+                    )))
                 }
-            }
-            if m.try_timeout_ms == 0 || m.timeout_ms == 0 {
-                return Err(invalid(format!("model `{}`: timeouts must be > 0", m.name)));
-            }
-            let price_ok = |p: f64| p.is_finite() && p >= 0.0;
-            if !(price_ok(m.price.input_per_1m) && price_ok(m.price.output_per_1m)) {
-                return Err(invalid(format!(
-                    "model `{}`: prices must be finite and >= 0",
-                    m.name
-                )));
-            }
-            if m.retries > 10 {
-                return Err(invalid(format!("model `{}`: retries above 10", m.name)));
+                Some(_) => {}
             }
         }
+        Ok(())
+    }
+
+    fn validate_tenants(&self, names: &HashSet<&str>) -> Result<(), ConfigError> {
         let mut tenants = HashSet::new();
         for t in &self.tenants {
             if t.name.is_empty() || !tenants.insert(t.name.as_str()) {
@@ -628,6 +587,11 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A shared backend that is chosen has its address.
+    fn validate_backends(&self) -> Result<(), ConfigError> {
         if self.limits.backend == Backend::Redis && self.limits.redis_url.is_none() {
             return Err(invalid(
                 "limits.backend is redis but limits.redis_url is unset",
@@ -646,6 +610,10 @@ impl Config {
         if self.store.timeout_ms == 0 {
             return Err(invalid("store.timeout_ms must be > 0"));
         }
+        Ok(())
+    }
+
+    fn validate_caches(&self, names: &HashSet<&str>) -> Result<(), ConfigError> {
         let sem = &self.cache.semantic;
         if sem.enabled {
             if !names.contains(sem.embedding_model.as_str()) {
@@ -671,14 +639,56 @@ impl Config {
         if self.cache.enabled && self.cache.max_entries == 0 {
             return Err(invalid("cache.max_entries must be > 0"));
         }
-        for p in &self.guardrails.patterns {
-            crate::guardrails::validate_rule(p).map_err(invalid)?;
-        }
-        if self.server.max_body_bytes == 0 {
-            return Err(invalid("server.max_body_bytes must be > 0"));
-        }
         Ok(())
     }
+}
+
+/// A model with targets: they name declared upstreams with some weight, its fallbacks
+/// declared models, and its timeouts, prices and retries are in range.
+fn validate_model(
+    m: &ModelConfig,
+    upstreams: &HashSet<&str>,
+    names: &HashSet<&str>,
+) -> Result<(), ConfigError> {
+    if m.targets.is_empty() {
+        return Err(invalid(format!("model `{}` has no targets", m.name)));
+    }
+    if m.targets.iter().all(|t| t.weight == 0) {
+        return Err(invalid(format!(
+            "model `{}`: at least one target needs a weight above 0",
+            m.name
+        )));
+    }
+    for t in &m.targets {
+        if !upstreams.contains(t.upstream.as_str()) {
+            return Err(invalid(format!(
+                "model `{}`: unknown upstream `{}`",
+                m.name, t.upstream
+            )));
+        }
+    }
+    for f in &m.fallbacks {
+        if !names.contains(f.as_str()) {
+            return Err(invalid(format!(
+                "model `{}`: unknown fallback `{f}`",
+                m.name
+            )));
+        }
+    }
+    if m.try_timeout_ms == 0 || m.timeout_ms == 0 {
+        return Err(invalid(format!("model `{}`: timeouts must be > 0", m.name)));
+    }
+    let price_ok = |p: f64| p.is_finite() && p >= 0.0;
+    if !(price_ok(m.price.input_per_1m) && price_ok(m.price.output_per_1m)) {
+        return Err(invalid(format!(
+            "model `{}`: prices must be finite and >= 0",
+            m.name
+        )));
+    }
+    if m.retries > 10 {
+        return Err(invalid(format!("model `{}`: retries above 10", m.name)));
+    }
+    Ok(())
 }
 
 /// Checks a `kind: router` upstream without reading files or starting anything.

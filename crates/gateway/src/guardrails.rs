@@ -9,8 +9,50 @@
 use std::borrow::Cow;
 
 use regex::Regex;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{GuardAction, GuardrailsConfig, PatternRule};
+/// What a pattern guardrail does to a match: rewrite it, or refuse the request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardAction {
+    #[default]
+    Redact,
+    Block,
+}
+
+/// One built-in detector and what to do when it fires.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternRule {
+    /// `api_key`, `private_key`, `card_number`, `email`, or `custom` with `regex`.
+    pub kind: String,
+    #[serde(default)]
+    pub action: GuardAction,
+    /// Required for `custom`.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Apply to prompts (default true).
+    #[serde(default = "yes")]
+    pub input: bool,
+    /// Apply to responses, streamed or not (default true).
+    #[serde(default = "yes")]
+    pub output: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `gateway.yaml`'s `guardrails` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardrailsConfig {
+    /// Largest prompt accepted, in characters (all message contents together).
+    #[serde(default)]
+    pub max_prompt_chars: Option<usize>,
+    #[serde(default)]
+    pub patterns: Vec<PatternRule>,
+}
 
 /// Where in the request's life a text is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
