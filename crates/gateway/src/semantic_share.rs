@@ -20,14 +20,14 @@
 //! else: each replica keeps its own index and answers on; entries stored meanwhile are
 //! not shared (a cache, not a store of record). The follower retries after a pause.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use redis::Value as RedisValue;
 
+use crate::metrics::Metrics;
 use crate::redis_conn::{RedisConn, RedisError};
-use crate::state::Gateway;
+use crate::semantic::SemanticIndex;
 
 /// Version tag at the start of every entry.
 const MAGIC: &[u8; 4] = b"SSC1";
@@ -243,11 +243,9 @@ fn parse_xread(v: RedisValue) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Follows the shared stream for as long as the gateway serves, putting other replicas'
-/// entries into this replica's index (see the module doc).
-pub async fn follow(gw: Arc<Gateway>) {
-    let (Some(share), Some(index)) = (&gw.semantic_share, &gw.semantic) else {
-        return;
-    };
+/// entries into this replica's `index` (see the module doc); read failures are counted
+/// in `metrics`.
+pub async fn follow(share: &SemanticShare, index: &SemanticIndex, metrics: &Metrics) {
     // From the beginning: the stream is bounded, and a new replica starts warm.
     let mut last = "0-0".to_string();
     loop {
@@ -269,7 +267,7 @@ pub async fn follow(gw: Arc<Gateway>) {
                 }
             }
             Err(e) => {
-                gw.metrics.backend_error("semantic_cache");
+                metrics.backend_error("semantic_cache");
                 tracing::warn!(error = %e, "semantic cache: reading shared entries failed");
                 tokio::time::sleep(RETRY_PAUSE).await;
             }

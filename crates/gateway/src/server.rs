@@ -484,10 +484,14 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
     let hangup = hangup_signal();
     let watcher = tokio::spawn(watch_config(gw.clone(), hangup));
     // Other replicas' semantic-cache entries, while serving (when shared through Redis).
-    let follower = gw
-        .semantic_share
-        .is_some()
-        .then(|| tokio::spawn(crate::semantic_share::follow(gw.clone())));
+    let follower = gw.semantic_share.is_some().then(|| {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            if let (Some(share), Some(index)) = (&gw.semantic_share, &gw.semantic) {
+                crate::semantic_share::follow(share, index, &gw.metrics).await;
+            }
+        })
+    });
     // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
     // segment, e.g. between the chunks of a stream).
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
