@@ -8,13 +8,14 @@
 //! * In-memory spend is never lower than the stored spend: a refresh from the store takes
 //!   the larger of the two, because ledger rows may still be queued.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
+use prometheus_client::metrics::counter::Counter;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -530,14 +531,9 @@ const LEDGER_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// (at most [`LEDGER_RETRY_MAX`]) while new rows keep joining the queue, so the request
 /// path never waits on a store that is down and no row is lost while it comes back
 /// (bounded by [`LEDGER_RETRY_ROWS`]; flushes are answered once the rows are written).
-fn usage_writer(
-    store: Arc<dyn Store>,
-    rx: std_mpsc::Receiver<WriterMsg>,
-    dropped: prometheus_client::metrics::counter::Counter,
-) {
+fn usage_writer(store: Arc<dyn Store>, rx: std_mpsc::Receiver<WriterMsg>, dropped: Counter) {
     lower_thread_priority();
-    let mut pending: std::collections::VecDeque<UsageEvent> =
-        std::collections::VecDeque::with_capacity(LEDGER_BATCH);
+    let mut pending: VecDeque<UsageEvent> = VecDeque::with_capacity(LEDGER_BATCH);
     let mut flushes = Vec::new();
     let mut retry: Option<Duration> = None;
     let mut closing_since: Option<std::time::Instant> = None;
@@ -567,39 +563,11 @@ fn usage_writer(
             Err(std_mpsc::RecvTimeoutError::Timeout) => {}
             Err(std_mpsc::RecvTimeoutError::Disconnected) => open = false,
         }
-        while open {
-            match rx.try_recv() {
-                Ok(WriterMsg::Usage(ev)) => pending.push_back(ev),
-                Ok(WriterMsg::Flush(done)) => flushes.push(done),
-                Err(std_mpsc::TryRecvError::Empty) => break,
-                Err(std_mpsc::TryRecvError::Disconnected) => open = false,
-            }
+        if open {
+            open = take_queued(&rx, &mut pending, &mut flushes);
         }
-        if pending.len() > LEDGER_RETRY_ROWS {
-            let over = pending.len() - LEDGER_RETRY_ROWS;
-            pending.drain(..over);
-            dropped.inc_by(over as u64);
-            tracing::error!(
-                rows = over,
-                "usage ledger backlog full; oldest rows dropped"
-            );
-        }
-        // Write from the front, a transaction per batch; stop at the first refusal.
-        let mut failed = false;
-        while !pending.is_empty() {
-            let n = pending.len().min(LEDGER_BATCH);
-            let batch = pending.make_contiguous();
-            match store.record_usage(&batch[..n]) {
-                Ok(()) => {
-                    pending.drain(..n);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, rows = pending.len(), "usage ledger write failed; will retry");
-                    failed = true;
-                    break;
-                }
-            }
-        }
+        trim_backlog(&mut pending, &dropped);
+        let failed = !write_pending(store.as_ref(), &mut pending);
         retry = if failed {
             Some(retry.map_or(Duration::from_millis(50), |d| (d * 2).min(LEDGER_RETRY_MAX)))
         } else {
@@ -628,6 +596,50 @@ fn usage_writer(
     for f in flushes.drain(..) {
         let _ = f.send(());
     }
+}
+
+/// Takes every message already queued, without waiting: false once every sender is gone.
+fn take_queued(
+    rx: &std_mpsc::Receiver<WriterMsg>,
+    pending: &mut VecDeque<UsageEvent>,
+    flushes: &mut Vec<std_mpsc::Sender<()>>,
+) -> bool {
+    loop {
+        match rx.try_recv() {
+            Ok(WriterMsg::Usage(ev)) => pending.push_back(ev),
+            Ok(WriterMsg::Flush(done)) => flushes.push(done),
+            Err(std_mpsc::TryRecvError::Empty) => return true,
+            Err(std_mpsc::TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+/// Drops the oldest rows beyond [`LEDGER_RETRY_ROWS`] (counted and logged).
+fn trim_backlog(pending: &mut VecDeque<UsageEvent>, dropped: &Counter) {
+    if pending.len() > LEDGER_RETRY_ROWS {
+        let over = pending.len() - LEDGER_RETRY_ROWS;
+        pending.drain(..over);
+        dropped.inc_by(over as u64);
+        tracing::error!(
+            rows = over,
+            "usage ledger backlog full; oldest rows dropped"
+        );
+    }
+}
+
+/// Writes `pending` from the front, a transaction per batch of at most [`LEDGER_BATCH`],
+/// stopping at the first refusal: false when the store refused (those rows stay queued).
+fn write_pending(store: &dyn Store, pending: &mut VecDeque<UsageEvent>) -> bool {
+    while !pending.is_empty() {
+        let n = pending.len().min(LEDGER_BATCH);
+        let batch = pending.make_contiguous();
+        if let Err(e) = store.record_usage(&batch[..n]) {
+            tracing::error!(error = %e, rows = pending.len(), "usage ledger write failed; will retry");
+            return false;
+        }
+        pending.drain(..n);
+    }
+    true
 }
 
 /// Background work yields to the request path: the writer runs at a lower scheduling
