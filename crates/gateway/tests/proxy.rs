@@ -11,21 +11,17 @@ use strata_mock::Fault;
 
 #[tokio::test]
 async fn chat_completion_passes_through_and_records_usage() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model(
         "    price: {input_per_1m: 1000000, output_per_1m: 2000000}",
         "",
-    ))
-    .await;
-    let k = key(&gw, "team-a");
-    let (status, headers, body) = post(
-        &format!("{}/v1/chat/completions", gw.url()),
-        Some(&k),
-        &chat_body("m"),
     )
     .await;
+    let k = key(&gw, "team-a");
+    let (status, headers, body) = post(&url, Some(&k), &chat_body("m")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["prompt_tokens"], 2);
     assert_eq!(body["usage"]["completion_tokens"], 8);
@@ -33,7 +29,7 @@ async fn chat_completion_passes_through_and_records_usage() {
     assert!(headers["x-request-id"].to_str().unwrap().starts_with("gw-"));
     assert_eq!(m.requests(), 1);
     let resp = client()
-        .post(format!("{}/v1/chat/completions", gw.url()))
+        .post(&url)
         .bearer_auth(&k)
         .header("x-request-id", "mine-1")
         .json(&chat_body("m"))
@@ -70,8 +66,7 @@ async fn chat_completion_passes_through_and_records_usage() {
 
 #[tokio::test]
 async fn no_valid_key_never_reaches_an_upstream_on_any_route() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(&m.url(), "m", "", "")).await;
+    let OneModel { mock: m, gw, .. } = one_model("", "").await;
     let good = key(&gw, "t");
     let url = gw.url();
     let bodies = [
@@ -115,8 +110,11 @@ async fn no_valid_key_never_reaches_an_upstream_on_any_route() {
 
 #[tokio::test]
 async fn revoked_key_stops_at_once() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(&m.url(), "m", "", "")).await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", "").await;
     let (k, rec) = gw
         .gateway
         .create_key(CreateKey {
@@ -124,7 +122,6 @@ async fn revoked_key_stops_at_once() {
             ..Default::default()
         })
         .unwrap();
-    let url = format!("{}/v1/chat/completions", gw.url());
     assert_eq!(post(&url, Some(&k), &chat_body("m")).await.0, 200);
     let resp = client()
         .delete(format!("{}/admin/keys/{}", gw.url(), rec.id))
@@ -141,16 +138,12 @@ async fn revoked_key_stops_at_once() {
 
 #[tokio::test]
 async fn bad_requests_get_openai_errors_without_reaching_upstream() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "",
-        "server: {max_body_bytes: 2048}",
-    ))
-    .await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", "server: {max_body_bytes: 2048}").await;
     let k = key(&gw, "t");
-    let url = format!("{}/v1/chat/completions", gw.url());
     let send_raw = |body: Vec<u8>| {
         let k = k.clone();
         let url = url.clone();
@@ -230,13 +223,14 @@ async fn bad_requests_get_openai_errors_without_reaching_upstream() {
 
 #[tokio::test]
 async fn per_key_model_allow_list_is_enforced() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model(
         "  - name: other\n    targets: [{upstream: up, model: m}]",
         "",
-    ))
+    )
     .await;
     let k = key_with(
         &gw,
@@ -246,7 +240,6 @@ async fn per_key_model_allow_list_is_enforced() {
             ..Default::default()
         },
     );
-    let url = format!("{}/v1/chat/completions", gw.url());
     let (status, _, body) = post(&url, Some(&k), &chat_body("m")).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(assert_openai_error(&body)["code"], "model_not_allowed");
@@ -413,19 +406,16 @@ async fn weighted_split_sends_traffic_to_both_targets() {
 
 #[tokio::test]
 async fn streaming_passes_chunks_and_accounts_usage() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "    price: {input_per_1m: 0, output_per_1m: 1000000}",
-        "",
-    ))
-    .await;
+    let OneModel {
+        mock: _m,
+        gw,
+        chat: url,
+    } = one_model("    price: {input_per_1m: 0, output_per_1m: 1000000}", "").await;
     let k = key(&gw, "t");
     let mut body = chat_body("m");
     body["stream"] = json!(true);
     let resp = client()
-        .post(format!("{}/v1/chat/completions", gw.url()))
+        .post(&url)
         .bearer_auth(&k)
         .json(&body)
         .send()
@@ -455,16 +445,12 @@ async fn streaming_passes_chunks_and_accounts_usage() {
 
 #[tokio::test]
 async fn request_rate_limit_gives_429_with_headers() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "",
-        "limits: {default_key: {rpm: 3}}",
-    ))
-    .await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", "limits: {default_key: {rpm: 3}}").await;
     let k = key(&gw, "t");
-    let url = format!("{}/v1/chat/completions", gw.url());
     for i in 0..3 {
         let (status, headers, _) = post(&url, Some(&k), &chat_body("m")).await;
         assert_eq!(status, 200);
@@ -489,18 +475,14 @@ async fn request_rate_limit_gives_429_with_headers() {
 
 #[tokio::test]
 async fn token_limit_reconciles_estimate_with_real_usage() {
-    let m = mock("m").await;
     // Estimate per request: 3 prompt tokens (11 chars / 4) + 100 max_tokens = 103.
     // Real usage: 2 + 8 = 10, so after reconcile many more requests fit.
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "",
-        "tenants:\n  - {name: t, limits: {tpm: 250}}",
-    ))
-    .await;
+    let OneModel {
+        mock: _m,
+        gw,
+        chat: url,
+    } = one_model("", "tenants:\n  - {name: t, limits: {tpm: 250}}").await;
     let k = key(&gw, "t");
-    let url = format!("{}/v1/chat/completions", gw.url());
     let mut body = chat_body("m");
     body["max_tokens"] = json!(100);
     for i in 0..10 {
@@ -521,13 +503,14 @@ async fn token_limit_reconciles_estimate_with_real_usage() {
 
 #[tokio::test]
 async fn spent_budget_gets_429_with_a_clear_message() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model(
         "    price: {input_per_1m: 100000, output_per_1m: 100000}",
         "",
-    ))
+    )
     .await;
     // Each request costs (2 + 8) tokens x $0.1 = $1; budget $1.5.
     let k = key_with(
@@ -538,7 +521,6 @@ async fn spent_budget_gets_429_with_a_clear_message() {
             ..Default::default()
         },
     );
-    let url = format!("{}/v1/chat/completions", gw.url());
     assert_eq!(post(&url, Some(&k), &chat_body("m")).await.0, 200);
     assert_eq!(post(&url, Some(&k), &chat_body("m")).await.0, 200);
     let (status, _, body) = post(&url, Some(&k), &chat_body("m")).await;
@@ -569,18 +551,14 @@ async fn spent_budget_gets_429_with_a_clear_message() {
 
 #[tokio::test]
 async fn cache_hits_are_per_tenant_and_respect_no_cache() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "",
-        "cache: {enabled: true, ttl_secs: 60}",
-    ))
-    .await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", "cache: {enabled: true, ttl_secs: 60}").await;
     let a = key(&gw, "tenant-a");
     let a2 = key(&gw, "tenant-a");
     let b = key(&gw, "tenant-b");
-    let url = format!("{}/v1/chat/completions", gw.url());
     let mut body = chat_body("m");
     body["temperature"] = json!(0);
     let (s, h, first) = post(&url, Some(&a), &body).await;
@@ -617,7 +595,6 @@ async fn cache_hits_are_per_tenant_and_respect_no_cache() {
 
 #[tokio::test]
 async fn guardrails_block_input_and_redact_output() {
-    let m = mock("m").await;
     let extra = r#"
 guardrails:
   max_prompt_chars: 200
@@ -626,9 +603,12 @@ guardrails:
     - {kind: email, action: redact}
     - {kind: custom, regex: "tok", action: redact, input: false}
 "#;
-    let gw = gateway(&yaml_one(&m.url(), "m", "", extra)).await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", extra).await;
     let k = key(&gw, "t");
-    let url = format!("{}/v1/chat/completions", gw.url());
     let mut body = chat_body("m");
     body["messages"][0]["content"] =
         json!("here: -----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----");
@@ -652,8 +632,7 @@ guardrails:
 
 #[tokio::test]
 async fn admin_api_requires_the_admin_key_and_audits() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(&m.url(), "m", "", "")).await;
+    let OneModel { mock: _m, gw, .. } = one_model("", "").await;
     let url = gw.url();
     let k = key(&gw, "t");
     for bad in [None, Some("wrong"), Some(k.as_str())] {
@@ -704,8 +683,11 @@ async fn admin_api_requires_the_admin_key_and_audits() {
 #[tokio::test]
 async fn keys_cli_talks_to_the_admin_api() {
     use strata_gateway::{KeysArgs, KeysCommand};
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(&m.url(), "m", "", "")).await;
+    let OneModel {
+        mock: _m,
+        gw,
+        chat: url,
+    } = one_model("", "").await;
     let args = |command| KeysArgs {
         url: gw.url(),
         admin_key: Some(ADMIN.into()),
@@ -723,7 +705,6 @@ async fn keys_cli_talks_to_the_admin_api() {
     .unwrap();
     let key = created["key"].as_str().unwrap().to_string();
     let id = created["id"].as_str().unwrap().to_string();
-    let url = format!("{}/v1/chat/completions", gw.url());
     assert_eq!(post(&url, Some(&key), &chat_body("m")).await.0, 200);
     let list = strata_gateway::cli::keys_request(&args(KeysCommand::List))
         .await
@@ -787,19 +768,15 @@ async fn upstream_client_errors_are_relayed_without_fallback() {
 
 #[tokio::test]
 async fn upstream_cut_mid_stream_ends_the_client_stream_and_the_gateway_survives() {
-    let m = mock("m").await;
-    let gw = gateway(&yaml_one(
-        &m.url(),
-        "m",
-        "",
-        "tenants:\n  - {name: t, limits: {tpm: 100000}}",
-    ))
-    .await;
+    let OneModel {
+        mock: m,
+        gw,
+        chat: url,
+    } = one_model("", "tenants:\n  - {name: t, limits: {tpm: 100000}}").await;
     let k = key(&gw, "t");
     m.set_fault(Fault::CloseMidStream { after_chunks: 2 });
     let mut body = chat_body("m");
     body["stream"] = json!(true);
-    let url = format!("{}/v1/chat/completions", gw.url());
     let resp = client()
         .post(&url)
         .bearer_auth(&k)

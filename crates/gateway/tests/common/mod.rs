@@ -130,6 +130,23 @@ models:
     )
 }
 
+/// The usual end-to-end setup: one mock engine serving `m` behind a gateway configured by
+/// [`yaml_one`] (with `extra_model` and `extra`), and the gateway's chat URL. Bind `mock`
+/// to a name even when unused: the engine lives as long as that binding.
+pub struct OneModel {
+    pub mock: MockEngine,
+    pub gw: RunningGateway,
+    /// The gateway's `/v1/chat/completions`.
+    pub chat: String,
+}
+
+pub async fn one_model(extra_model: &str, extra: &str) -> OneModel {
+    let mock = mock("m").await;
+    let gw = gateway(&yaml_one(&mock.url(), "m", extra_model, extra)).await;
+    let chat = format!("{}/v1/chat/completions", gw.url());
+    OneModel { mock, gw, chat }
+}
+
 /// Real all-MiniLM-L6-v2 vectors by sentence (`tests/fixtures/minilm/reference.json`).
 pub fn minilm_fixture() -> HashMap<String, Vec<f32>> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
