@@ -157,7 +157,25 @@ pub async fn run_load_with(
         tracing::error!("load dispatcher failed: {e}");
     }
     let duration = run_start.elapsed();
-    Ok(Report::build(config, &records, duration, started_at))
+    Ok(config.report(&records, duration, started_at))
+}
+
+impl LoadConfig {
+    /// The report of a finished run of this configuration (stored in it as run). Here
+    /// rather than in [`crate::report`], so the report knows records and objectives and
+    /// never the driver's configuration: the dependency points one way.
+    pub fn report(
+        &self,
+        records: &[RequestRecord],
+        duration: Duration,
+        started_at_unix_s: f64,
+    ) -> Report {
+        let config_json = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        let mut report =
+            Report::from_records(&self.label, config_json, records, duration, &self.slo);
+        report.started_at_unix_s = started_at_unix_s;
+        report
+    }
 }
 
 /// State shared by the dispatcher and session tasks.

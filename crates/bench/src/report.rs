@@ -16,7 +16,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
-use crate::load::LoadConfig;
 use crate::record::{ms, RequestLine, RequestRecord};
 use crate::stats::{quantiles, Summary};
 
@@ -209,20 +208,6 @@ pub struct Report {
 }
 
 impl Report {
-    /// Computes the report of a finished run.
-    pub fn build(
-        config: &LoadConfig,
-        records: &[RequestRecord],
-        duration: Duration,
-        started_at_unix_s: f64,
-    ) -> Report {
-        let config_json = serde_json::to_value(config).unwrap_or(serde_json::Value::Null);
-        let mut report =
-            Report::from_records(&config.label, config_json, records, duration, &config.slo);
-        report.started_at_unix_s = started_at_unix_s;
-        report
-    }
-
     /// Computes a report from records alone (the configuration is stored as given).
     pub fn from_records(
         label: &str,
