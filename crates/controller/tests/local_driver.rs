@@ -1,13 +1,15 @@
 //! The local driver against real child processes: this test binary re-runs itself as a
-//! tiny fake engine (the ignored `fake_engine` test), so no model is loaded.
+//! fake engine (the ignored `fake_engine` test), so no model is loaded. The engine is
+//! `strata-mock` (the one fake engine); what is a process's own (its port, exiting, the
+//! answer to SIGTERM) is set up here.
 //!
-//! The fake engine listens on `FAKE_PORT`, answers `/health` (503 while `FAKE_NEVER_READY`
-//! is set or for `FAKE_READY_AFTER_MS`), serves vLLM gauges at `/metrics` read from the
-//! JSON file `FAKE_STATE` on every request, exits with status 3 after `FAKE_EXIT_AFTER_MS`,
-//! and on SIGTERM writes `<FAKE_MARK_DIR>/<port>.term` and exits 0.
+//! The fake engine listens on `FAKE_PORT`, answers `/health` with 503 while
+//! `FAKE_NEVER_READY` is set or for `FAKE_READY_AFTER_MS`, serves vLLM gauges at `/metrics`
+//! read from the JSON file `FAKE_STATE` on every request, exits with status 3 after
+//! `FAKE_EXIT_AFTER_MS`, and on SIGTERM writes `<FAKE_MARK_DIR>/<port>.term` and exits 0.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,7 @@ use strata_controller::driver::{
 };
 use strata_controller::metrics::ControllerMetrics;
 use strata_controller::signals::{EngineKind, MetricsScraper};
+use strata_mock::{Fault, MockConfig, MockEngine};
 
 #[test]
 #[ignore = "helper process for the local-driver tests, started by them"]
@@ -37,52 +40,40 @@ fn fake_engine() {
     let exit_after: Option<u64> = std::env::var("FAKE_EXIT_AFTER_MS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let state_file = std::env::var("FAKE_STATE").ok().map(PathBuf::from);
+    let config = MockConfig {
+        gauges_file: std::env::var("FAKE_STATE").ok().map(PathBuf::from),
+        ..MockConfig::default()
+    };
     let mark_dir = std::env::var("FAKE_MARK_DIR").ok().map(PathBuf::from);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
-        let start = Instant::now();
-        let app = axum::Router::new()
-            .route(
-                "/health",
-                axum::routing::get(move || async move {
-                    if never_ready || start.elapsed() < ready_after {
-                        axum::http::StatusCode::SERVICE_UNAVAILABLE
-                    } else {
-                        axum::http::StatusCode::OK
-                    }
-                }),
-            )
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let state_file = state_file.clone();
-                    async move {
-                        let (w, r, kv) = read_state(state_file.as_deref());
-                        format!(
-                            "vllm:num_requests_waiting{{model_name=\"m\"}} {w}\n\
-                             vllm:num_requests_running{{model_name=\"m\"}} {r}\n\
-                             vllm:kv_cache_usage_perc{{model_name=\"m\"}} {kv}\n"
-                        )
-                    }
-                }),
-            );
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .unwrap();
-        if let Some(ms) = exit_after {
+        let engine = Arc::new(MockEngine::serve(config, listener).unwrap());
+        if never_ready || !ready_after.is_zero() {
+            engine.set_fault(Fault::NotReady);
+        }
+        if !never_ready && !ready_after.is_zero() {
+            let engine = engine.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                std::process::exit(3);
+                tokio::time::sleep(ready_after).await;
+                engine.set_fault(Fault::None);
             });
         }
+        let exit = async {
+            match exit_after {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                None => std::future::pending().await,
+            }
+        };
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         tokio::select! {
-            _ = axum::serve(listener, app) => {}
+            _ = exit => std::process::exit(3),
             _ = term.recv() => {
                 if let Some(d) = mark_dir {
                     std::fs::write(d.join(format!("{port}.term")), b"").unwrap();
@@ -90,18 +81,6 @@ fn fake_engine() {
             }
         }
     });
-}
-
-fn read_state(path: Option<&Path>) -> (f64, f64, f64) {
-    let Some(p) = path else {
-        return (0.0, 0.0, 0.0);
-    };
-    let Ok(text) = std::fs::read_to_string(p) else {
-        return (0.0, 0.0, 0.0);
-    };
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
-    (f("waiting"), f("running"), f("kv"))
 }
 
 /// Records what the driver told the router.
@@ -144,7 +123,8 @@ impl Env {
         let tmp = self.dir.path().join("state.tmp");
         std::fs::write(
             &tmp,
-            serde_json::json!({"waiting": waiting, "running": running, "kv": 0.1}).to_string(),
+            serde_json::json!({"waiting": waiting, "running": running, "kv_usage": 0.1})
+                .to_string(),
         )
         .unwrap();
         std::fs::rename(tmp, self.state()).unwrap();

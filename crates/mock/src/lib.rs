@@ -24,6 +24,10 @@
 //! request is recorded ([`MockEngine::received`], `GET /mock/received`) with what a proxy
 //! sent: its `kv_transfer_params`, token limits, `stream` and `x-request-id`.
 //!
+//! A mock running in a child process (a test that needs real processes, such as the
+//! controller's local driver) takes its load from a file instead
+//! ([`MockConfig::gauges_file`]), so the test can change it from outside.
+//!
 //! [`MockEngine::shutdown`] is abrupt like a killed process: the listener closes and every
 //! open connection, streams included, is cut.
 
@@ -31,6 +35,7 @@
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -103,6 +108,12 @@ pub struct MockConfig {
     /// with `kv_transfer_params`, as a prefill engine does; off: answer it as any request
     /// (an engine that does not speak the protocol).
     pub kv_transfer: bool,
+    /// `/metrics` reads its gauges from this JSON file on every request (`{"waiting": 2,
+    /// "running": 1, "kv_usage": 0.1}`; a missing key, or an unreadable file, is 0)
+    /// instead of taking [`MockEngine::set_gauges`]: the file is how a test sets the load
+    /// of a mock in another process. Read per request, so a change is seen by the next
+    /// scrape, never a poll interval later.
+    pub gauges_file: Option<PathBuf>,
 }
 
 /// Most requests [`MockEngine::received`] keeps (the oldest go first).
@@ -139,6 +150,7 @@ impl Default for MockConfig {
             token_text: " tok".to_string(),
             split_stream_bytes: false,
             kv_transfer: true,
+            gauges_file: None,
         }
     }
 }
@@ -148,6 +160,23 @@ struct Gauges {
     waiting: u64,
     running: u64,
     kv_usage: f64,
+}
+
+impl Gauges {
+    /// The gauges in a [`MockConfig::gauges_file`]; zeros where it cannot be read.
+    async fn read(path: &Path) -> Gauges {
+        let Ok(text) = tokio::fs::read_to_string(path).await else {
+            return Gauges::default();
+        };
+        let v: Value = serde_json::from_str(&text).unwrap_or_default();
+        let number = |key: &str| v[key].as_f64().filter(|x| x.is_finite() && *x >= 0.0);
+        Gauges {
+            // Counts written as `2.0` are still counts.
+            waiting: number("waiting").map_or(0, |x| x as u64),
+            running: number("running").map_or(0, |x| x as u64),
+            kv_usage: number("kv_usage").unwrap_or(0.0),
+        }
+    }
 }
 
 struct Shared {
@@ -396,7 +425,10 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         Fault::NoMetrics => return StatusCode::NOT_FOUND.into_response(),
         _ => {}
     }
-    let g = s.gauges();
+    let g = match &s.config.gauges_file {
+        Some(path) => Gauges::read(path).await,
+        None => s.gauges(),
+    };
     let running = g.running + s.in_flight.load(Ordering::SeqCst);
     let text = render_metrics(&s.config, g.waiting, running, g.kv_usage);
     (

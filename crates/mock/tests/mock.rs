@@ -221,6 +221,48 @@ async fn metrics_use_the_kind_names_and_count_in_flight_as_running() {
 }
 
 #[tokio::test]
+async fn a_gauges_file_sets_the_load_seen_by_the_next_scrape() {
+    let dir = std::env::temp_dir().join(format!("strata-mock-gauges-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gauges.json");
+    let mock = MockEngine::spawn(MockConfig {
+        gauges_file: Some(file.clone()),
+        ..config(EngineKind::Vllm)
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let scrape = || async {
+        let text = client
+            .get(format!("{}/metrics", mock.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        (
+            value("vllm:num_requests_waiting"),
+            value("vllm:num_requests_running"),
+            value("vllm:kv_cache_usage_perc"),
+        )
+    };
+    // No file yet: an idle engine.
+    assert_eq!(scrape().await, (0.0, 0.0, 0.0));
+    std::fs::write(&file, r#"{"waiting": 4, "running": 2.0, "kv_usage": 0.5}"#).unwrap();
+    assert_eq!(scrape().await, (4.0, 2.0, 0.5));
+    // The file wins over set_gauges; garbage reads as idle.
+    mock.set_gauges(9, 9, 0.9);
+    std::fs::write(&file, "not json").unwrap();
+    assert_eq!(scrape().await, (0.0, 0.0, 0.0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
 async fn shutdown_cuts_open_streams_and_refuses_new_connections() {
     let mut cfg = config(EngineKind::Vllm);
     cfg.output_tokens = 1000;
