@@ -12,7 +12,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -31,7 +31,8 @@ use super::tokenizer::EmbedTokenizer;
 use super::worker::{self, EmbedFailure, EmbedHandle, WorkerConfig};
 use super::{EmbedError, EncoderConfig};
 use crate::metrics::EngineMetrics;
-use crate::server::{EngineOptions, ServerConfig, ServerError};
+use crate::options::{EngineOptions, ServerConfig};
+use crate::serve::{serve_with_drain, ServerError};
 
 /// What the handlers share.
 pub struct EmbedState {
@@ -148,7 +149,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let local = listener.local_addr().map_err(ServerError::Serve)?;
     tracing::info!(addr = %local, model = %config.model_name, "serving embeddings");
     let state = loaded.state.clone();
-    crate::server::serve_with_drain(
+    serve_with_drain(
         listener,
         router(loaded.state.clone()),
         config.options.shutdown_grace,
@@ -168,18 +169,7 @@ fn unix_now() -> u64 {
 }
 
 fn error_response(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        e.to_json_string(),
-    )
-        .into_response();
-    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    resp
+    strata_api::http::error_response(&e, None)
 }
 
 fn json_response<T: serde::Serialize>(value: &T) -> Response {

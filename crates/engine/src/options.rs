@@ -1,0 +1,172 @@
+//! What `strata engine` is started with: the model, the address, and the engine's tuning.
+//!
+//! Both HTTP fronts read these (the generation [`server`](crate::server) and the encoder's
+//! [`embed::server`](crate::embed::server)); the engine's `cli` module fills them from
+//! flags, and tests and embedders fill them in code.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::kv::cache::KvDtype;
+use crate::lora::LoraOptions;
+use crate::model::WeightFormat;
+use crate::scheduler::Policy;
+use crate::spec_decode::SpecConfig;
+
+/// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
+/// a default Strata engine and a default vLLM engine in `sha256_cbor` mode name the same
+/// blocks.
+pub use crate::kv::hashing::DEFAULT_HASH_SEED;
+
+/// Everything `strata engine` needs to serve.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model_path: PathBuf,
+    /// The name clients send as `model`.
+    pub model_name: String,
+    pub addr: SocketAddr,
+    pub options: EngineOptions,
+}
+
+/// Engine tuning, with defaults that serve on one machine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub weights: WeightFormat,
+    /// Keep decode rows' activations in f32 (exact to the stored 4-bit weights, slower);
+    /// see [`Llama::q8_decode`]. Prompt rows then stay in f32 too.
+    pub exact_decode: bool,
+    /// Keep prompt rows' activations in f32; see [`Llama::q8_prompt`].
+    pub exact_prefill: bool,
+    /// KV-cache entries: f16 or f32; `None` (auto) takes the model's default (f32 with f32
+    /// weights, f16 otherwise).
+    pub kv_cache_dtype: Option<KvDtype>,
+    pub block_size: usize,
+    /// Blocks in the KV cache; derived from `kv_cache_memory` when `None`.
+    pub num_blocks: Option<usize>,
+    pub kv_cache_memory: u64,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
+    pub policy: Policy,
+    /// Cap on prompt + output tokens; the model's context length when `None`.
+    pub max_model_len: Option<usize>,
+    pub seed: u64,
+    pub max_body_bytes: usize,
+    /// How long Ctrl-C waits for in-flight requests.
+    pub shutdown_grace: Duration,
+    /// Share KV blocks between requests with a common prefix.
+    pub prefix_caching: bool,
+    /// Seed of the prefix-cache block hashes (PROTOCOLS §3).
+    pub prefix_caching_hash_seed: String,
+    /// ZMQ endpoint to publish KV-cache events on (PROTOCOLS §4); off when `None`.
+    pub kv_events_endpoint: Option<String>,
+    /// Replay (ROUTER) endpoint for missed events.
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Topic; default `kv@<host:port>@<model>`.
+    pub kv_events_topic: Option<String>,
+    /// Prompt-lookup speculative decoding (`--speculative-config`); off when `None`.
+    pub speculative: Option<SpecConfig>,
+    /// Default sampling parameters (`--generation-config`): `auto` (the model's own),
+    /// `vllm` (none), or a folder / JSON file.
+    pub generation_config: String,
+    /// Multi-LoRA (`--enable-lora` and its limits); off when `None`.
+    pub lora: Option<LoraOptions>,
+    /// Stall-free scheduling (`--step-time-budget-ms`): a step that carries decodes is
+    /// kept near this time by sizing the prefill chunks beside them from the measured step
+    /// cost (at least 256 prefill tokens a step, so prompts always progress). Zero turns it
+    /// off: only `max_num_batched_tokens` bounds a step.
+    pub step_time_budget_ms: u64,
+    /// Disaggregated serving role (`--kv-role`, PROTOCOLS §11).
+    pub kv_role: KvRole,
+    /// Port of the KV block-transfer endpoint (`--kv-transfer-port`); 0 is off.
+    pub kv_transfer_port: u16,
+    /// Host advertised as `remote_host` (`--kv-transfer-host`); `None`: the bind host, or
+    /// 127.0.0.1 for a wildcard bind.
+    pub kv_transfer_host: Option<String>,
+    /// How long a prefill engine keeps a finished request's blocks pinned for its decoder.
+    pub kv_pin_timeout: Duration,
+    /// How long a decode engine waits for a remote prefill's blocks before recomputing.
+    pub kv_transfer_timeout: Duration,
+    /// The machine's shared KV tier (`--kv-tier`); off when `None`.
+    pub kv_tier: Option<SocketAddr>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            weights: WeightFormat::Gguf,
+            exact_decode: false,
+            exact_prefill: false,
+            kv_cache_dtype: None,
+            block_size: 16,
+            num_blocks: None,
+            kv_cache_memory: 1 << 30,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_waiting: 1024,
+            policy: Policy::Fcfs,
+            max_model_len: None,
+            seed: 0,
+            max_body_bytes: 8 << 20,
+            shutdown_grace: Duration::from_secs(30),
+            prefix_caching: true,
+            prefix_caching_hash_seed: DEFAULT_HASH_SEED.to_string(),
+            kv_events_endpoint: None,
+            kv_events_replay_endpoint: None,
+            kv_events_topic: None,
+            speculative: None,
+            generation_config: "auto".to_string(),
+            lora: None,
+            step_time_budget_ms: crate::scheduler::StepBudget::DEFAULT_TARGET_MS,
+            kv_role: KvRole::Both,
+            kv_transfer_port: 0,
+            kv_transfer_host: None,
+            kv_pin_timeout: Duration::from_secs(60),
+            kv_transfer_timeout: Duration::from_millis(5000),
+            kv_tier: None,
+        }
+    }
+}
+
+/// What part of a disaggregated deployment an engine plays (`--kv-role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvRole {
+    /// Computes prompts and keeps their KV for a decode engine to pull.
+    Prefill,
+    /// Pulls a prompt's KV from the prefill engine a request names.
+    Decode,
+    /// Either, and colocated serving.
+    #[default]
+    Both,
+}
+
+impl KvRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+            Self::Both => "both",
+        }
+    }
+}
+
+impl std::fmt::Display for KvRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "prefill" => Ok(Self::Prefill),
+            "decode" => Ok(Self::Decode),
+            "both" => Ok(Self::Both),
+            other => Err(format!(
+                "unknown KV role `{other}`; expected prefill, decode or both"
+            )),
+        }
+    }
+}

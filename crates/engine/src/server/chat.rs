@@ -1,0 +1,226 @@
+//! `POST /v1/chat/completions`: the messages rendered through the model's chat template
+//! and tokenized, then the generation core; answers as `chat.completion` or
+//! `chat.completion.chunk` objects.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use strata_api::sse;
+use strata_api::types::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, KvTransferParams,
+    ResponseMessage, Role, TopLogprob, Usage,
+};
+use strata_api::validate::{check_context, parse_json, validate_chat};
+use strata_api::ApiError;
+
+use super::generate::{
+    api_finish, generate, stop_reason, token_text, AnswerHead, AnswerShape, Collected, Generation,
+    Received,
+};
+use super::http::{json_response, read_body, ApiResult};
+use super::spans::trace_span;
+use super::state::AppState;
+use super::submit::check_sampling_ids;
+use super::tokenize::render_chat;
+use crate::sequence::{FinishReason, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+const ROUTE: &str = "/v1/chat/completions";
+
+pub(super) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+) -> ApiResult {
+    let span = trace_span(req.headers(), ROUTE);
+    let (headers, body) = read_body(&state, req).await?;
+    let mut parsed: ChatCompletionRequest = parse_json(&body)?;
+    state.generation_defaults.apply_chat(&mut parsed);
+    let kv_params = parsed.kv_transfer_params.take();
+    let chat = validate_chat(parsed)?;
+    let lora = state.resolve_model(chat.model.as_deref())?;
+    check_sampling_ids(&state, &chat.sampling)?;
+    let prompt_text = render_chat(&state, &chat.messages, chat.add_generation_prompt)?;
+    let prompt = state
+        .tokenizer
+        .encode(&prompt_text, chat.add_special_tokens, true)
+        .map_err(|e| ApiError::invalid("messages", format!("Cannot tokenize: {e}")))?;
+    let max_tokens = check_context(
+        prompt.len(),
+        chat.sampling.max_tokens,
+        state.max_model_len,
+        "messages",
+    )?;
+    // With `echo`, a trailing assistant message is the start of the answer.
+    let echo_prefix = match (chat.echo, chat.messages.last()) {
+        (true, Some(m)) if m.role == Role::Assistant => m.content.clone(),
+        _ => String::new(),
+    };
+    let generation = Generation {
+        route: ROUTE,
+        id_prefix: "chatcmpl",
+        prompt,
+        max_tokens: max_tokens as usize,
+        sampling: chat.sampling,
+        lora,
+        stream: chat.stream,
+        include_usage: chat.include_usage,
+        kv_params,
+    };
+    let received = Received {
+        span,
+        headers,
+        body,
+    };
+    generate(&state, received, generation, ChatShape { echo_prefix }).await
+}
+
+/// Chat's answer shapes: the assistant message (after the echoed prefix), and chunks of
+/// deltas that open with the assistant role.
+struct ChatShape {
+    echo_prefix: String,
+}
+
+impl ChatShape {
+    fn chunk(head: &AnswerHead, choice: ChatChunkChoice) -> String {
+        sse::encode_json(&ChatCompletionChunk::new(
+            head.id.clone(),
+            head.created,
+            head.model.clone(),
+            vec![choice],
+        ))
+        .unwrap_or_default()
+    }
+}
+
+impl AnswerShape for ChatShape {
+    fn answer(
+        &self,
+        head: &AnswerHead,
+        collected: &[Collected],
+        usage: Usage,
+        kv: Option<KvTransferParams>,
+    ) -> Response {
+        let choices = collected
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ChatChoice {
+                index: i as u32,
+                message: ResponseMessage::assistant(format!("{}{}", self.echo_prefix, c.text)),
+                logprobs: head
+                    .logprobs
+                    .then(|| chat_logprobs(&head.tokenizer, &c.tokens, &c.logprobs)),
+                finish_reason: c.finish.as_ref().map(api_finish),
+                stop_reason: stop_reason(&c.stop),
+            })
+            .collect();
+        let mut resp = ChatCompletionResponse::new(
+            head.id.clone(),
+            head.created,
+            head.model.clone(),
+            choices,
+            usage,
+        );
+        resp.kv_transfer_params = kv;
+        json_response(&resp)
+    }
+
+    fn opening(&mut self, head: &AnswerHead, choice: usize) -> Option<String> {
+        Some(Self::chunk(
+            head,
+            ChatChunkChoice {
+                index: choice as u32,
+                delta: ChatDelta {
+                    role: Some(Role::Assistant),
+                    content: Some(self.echo_prefix.clone()),
+                    ..Default::default()
+                },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            },
+        ))
+    }
+
+    fn token(
+        &mut self,
+        head: &AnswerHead,
+        choice: usize,
+        token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> String {
+        Self::chunk(
+            head,
+            ChatChunkChoice {
+                index: choice as u32,
+                delta: ChatDelta {
+                    content: Some(text),
+                    ..Default::default()
+                },
+                logprobs: logprob.map(|lp| chat_logprobs(&head.tokenizer, &[token], &[lp])),
+                finish_reason: None,
+                stop_reason: None,
+            },
+        )
+    }
+
+    fn finish(
+        &mut self,
+        head: &AnswerHead,
+        choice: usize,
+        text: String,
+        reason: &FinishReason,
+        stop: Option<String>,
+    ) -> String {
+        Self::chunk(
+            head,
+            ChatChunkChoice {
+                index: choice as u32,
+                delta: ChatDelta {
+                    content: (!text.is_empty()).then_some(text),
+                    ..Default::default()
+                },
+                logprobs: None,
+                finish_reason: Some(api_finish(reason)),
+                stop_reason: stop_reason(&stop),
+            },
+        )
+    }
+
+    fn usage(&self, head: &AnswerHead, usage: Usage) -> String {
+        sse::encode_json(&ChatCompletionChunk::usage_only(
+            head.id.clone(),
+            head.created,
+            head.model.clone(),
+            usage,
+        ))
+        .unwrap_or_default()
+    }
+}
+
+/// Chat's logprobs: one entry per token, with its bytes and top alternatives.
+fn chat_logprobs(tok: &Tokenizer, tokens: &[u32], lps: &[TokenLogprob]) -> ChatLogprobs {
+    let content = tokens
+        .iter()
+        .zip(lps)
+        .map(|(&id, lp)| ChatTokenLogprob {
+            token: token_text(tok, id),
+            logprob: strata_api::types::finite_logprob(lp.logprob),
+            bytes: tok.token_bytes(id).ok(),
+            top_logprobs: lp
+                .top
+                .iter()
+                .map(|&(t, l)| TopLogprob {
+                    token: token_text(tok, t),
+                    logprob: strata_api::types::finite_logprob(l),
+                    bytes: tok.token_bytes(t).ok(),
+                })
+                .collect(),
+        })
+        .collect();
+    ChatLogprobs {
+        content: Some(content),
+    }
+}

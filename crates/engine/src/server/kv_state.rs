@@ -1,0 +1,63 @@
+//! What the server knows about disaggregation and the tier (PROTOCOLS §11): this engine's
+//! role and id, where its transfer endpoint is advertised once it listens, and the loop's
+//! evicted-block copies until the offloader takes them.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::mpsc::Receiver;
+
+use crate::kv::transfer::BlockData;
+use crate::options::{EngineOptions, KvRole};
+
+/// Blocks the engine loop may queue for the offloader before it drops copies.
+pub(super) const EVICTED_QUEUE: usize = 256;
+
+/// What the server knows about disaggregation and the tier.
+pub struct KvState {
+    pub role: KvRole,
+    /// This engine's id in `remote_engine_id`.
+    pub engine_id: String,
+    pub transfer_timeout: Duration,
+    pub tier: Option<SocketAddr>,
+    pub prefix_caching: bool,
+    /// `remote_host` and `remote_port`, once the transfer endpoint listens.
+    advertised: OnceLock<(String, u16)>,
+    /// The loop's evicted-block copies, until the offloader takes them.
+    evicted: Mutex<Option<Receiver<BlockData>>>,
+}
+
+impl KvState {
+    pub(super) fn new(opts: &EngineOptions, evicted: Option<Receiver<BlockData>>) -> Self {
+        let n: u64 = rand::random();
+        Self {
+            role: opts.kv_role,
+            engine_id: format!("strata-{n:016x}"),
+            transfer_timeout: opts.kv_transfer_timeout,
+            tier: opts.kv_tier.filter(|_| opts.prefix_caching),
+            prefix_caching: opts.prefix_caching,
+            advertised: OnceLock::new(),
+            evicted: Mutex::new(evicted),
+        }
+    }
+
+    /// Where decoders pull this engine's blocks from; `None` without an endpoint.
+    pub fn advertised(&self) -> Option<(String, u16)> {
+        self.advertised.get().cloned()
+    }
+
+    /// Records where the transfer endpoint listens; `false` when one already does (an
+    /// engine has one endpoint, so its answers name one place).
+    pub(super) fn advertise(&self, host: &str, port: u16) -> bool {
+        self.advertised.set((host.to_string(), port)).is_ok()
+    }
+
+    /// The evicted-block copies, for the one offloader that takes them.
+    pub(super) fn take_evicted(&self) -> Option<Receiver<BlockData>> {
+        self.evicted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}

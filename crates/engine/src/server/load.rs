@@ -1,0 +1,267 @@
+//! Model loading: the GGUF's weights, tokenizer, chat template and sampling defaults, the
+//! KV cache sized from the options, the start-up LoRA adapters, and the engine thread
+//! started over them.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{Receiver, Sender};
+
+use super::events::kv_event_sink;
+use super::http::unix_now;
+use super::kv_state::{KvState, EVICTED_QUEUE};
+use super::state::AppState;
+use crate::chat_template::ChatTemplate;
+use crate::engine::{self, EngineConfig};
+use crate::generation_config::GenerationDefaults;
+use crate::gguf::{GgufFile, ModelError};
+use crate::kv::cache::{KvCache, KvDtype};
+use crate::kv::transfer::BlockData;
+use crate::lora::{LoadLoraRequest, LoraOptions, LoraRegistry};
+use crate::metrics::{EngineMetrics, MetricLimits};
+use crate::model::Llama;
+use crate::options::EngineOptions;
+use crate::serve::ServerError;
+use crate::structured::GrammarCompiler;
+use crate::tokenizer::Tokenizer;
+
+/// A loaded model and a running engine thread, ready to serve.
+pub struct Loaded {
+    pub state: Arc<AppState>,
+    pub engine_thread: std::thread::JoinHandle<()>,
+}
+
+/// Loads the model, tokenizer and template from the GGUF and starts the engine thread.
+pub fn load(
+    model_path: &Path,
+    model_name: &str,
+    opts: &EngineOptions,
+) -> Result<Loaded, ServerError> {
+    if opts.block_size == 0 || opts.max_num_seqs == 0 || opts.max_num_batched_tokens == 0 {
+        return Err(ServerError::Option(
+            "block size, max-num-seqs and max-num-batched-tokens must be positive".into(),
+        ));
+    }
+    let read = read_model(model_path, opts)?;
+    let lora = match &opts.lora {
+        None => None,
+        Some(l) => Some(load_lora_modules(l, &read.model, model_name)?),
+    };
+    let cache = size_cache(&read.model, opts)?;
+    log_loaded(model_path, opts, &read.model, &cache);
+    let metrics = Arc::new(EngineMetrics::with_limits(
+        model_name,
+        MetricLimits {
+            block_size: opts.block_size,
+            num_blocks: cache.num_blocks,
+            max_model_len: cache.max_model_len,
+            max_num_batched_tokens: opts.max_num_batched_tokens,
+        },
+    ));
+    let kv_events = kv_event_sink(opts, model_name)?;
+    let tokenizer = Arc::new(read.tokenizer);
+    let grammar = match GrammarCompiler::new(tokenizer.clone()) {
+        Ok(g) => Some(Arc::new(g)),
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs disabled");
+            None
+        }
+    };
+    let (evicted_tx, evicted_rx) = evicted_channel(opts);
+    let vocab_size = read.model.config.vocab_size;
+    let (handle, engine_thread) = engine::start(
+        Arc::new(read.model),
+        tokenizer.clone(),
+        engine_config(model_path, opts, &cache),
+        metrics.clone(),
+        kv_events,
+        evicted_tx,
+    );
+    let state = Arc::new(AppState {
+        model_name: model_name.to_string(),
+        tokenizer,
+        template: read.template,
+        engine: handle,
+        metrics,
+        vocab_size,
+        max_model_len: cache.max_model_len,
+        max_body_bytes: opts.max_body_bytes,
+        created: unix_now(),
+        grammar,
+        generation_defaults: read.generation_defaults,
+        lora: lora.map(Mutex::new),
+        kv: KvState::new(opts, evicted_rx),
+    });
+    Ok(Loaded {
+        state,
+        engine_thread,
+    })
+}
+
+/// What the GGUF file gives: the model (with the exact-activation options applied), its
+/// tokenizer and chat template, and the sampling defaults `--generation-config` names.
+struct ReadModel {
+    model: Llama,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    generation_defaults: GenerationDefaults,
+}
+
+fn read_model(model_path: &Path, opts: &EngineOptions) -> Result<ReadModel, ServerError> {
+    let mut file = GgufFile::open(model_path)?;
+    let tokenizer =
+        Tokenizer::from_gguf(&file.content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    let template = ChatTemplate::from_gguf(&file.content)
+        .map_err(|e| ModelError::Tokenizer(format!("chat template: {e}")))?;
+    let generation_defaults =
+        GenerationDefaults::resolve(&opts.generation_config, model_path, &file.content.metadata)
+            .map_err(|e| ServerError::Option(e.to_string()))?;
+    if !generation_defaults.is_empty() {
+        tracing::info!(defaults = ?generation_defaults, "default sampling parameters");
+    }
+    let mut model = Llama::from_gguf(&mut file, opts.weights)?;
+    model.q8_decode &= !opts.exact_decode;
+    model.q8_prompt &= !opts.exact_prefill;
+    Ok(ReadModel {
+        model,
+        tokenizer,
+        template,
+        generation_defaults,
+    })
+}
+
+/// The KV cache's shape, and the longest sequence it and the model allow.
+struct CacheSize {
+    kv_dtype: KvDtype,
+    bytes_per_block: usize,
+    num_blocks: usize,
+    max_model_len: usize,
+}
+
+/// `--num-blocks`, or as many blocks as `--kv-cache-memory` holds; none is an error that
+/// says which option to raise.
+fn size_cache(model: &Llama, opts: &EngineOptions) -> Result<CacheSize, ServerError> {
+    let cfg = &model.config;
+    let kv_dtype = opts
+        .kv_cache_dtype
+        .unwrap_or_else(|| model.default_kv_dtype());
+    let bytes_per_block = KvCache::bytes_per_block(
+        cfg.n_layer,
+        opts.block_size,
+        model.kv_slot_width(),
+        kv_dtype,
+    );
+    let num_blocks = opts
+        .num_blocks
+        .unwrap_or((opts.kv_cache_memory / bytes_per_block as u64) as usize);
+    if num_blocks == 0 {
+        return Err(ServerError::Option(format!(
+            "the KV cache holds no block ({bytes_per_block} bytes each); raise --kv-cache-memory"
+        )));
+    }
+    let max_model_len = opts
+        .max_model_len
+        .unwrap_or(cfg.context_len)
+        .min(cfg.context_len)
+        .min(num_blocks * opts.block_size);
+    Ok(CacheSize {
+        kv_dtype,
+        bytes_per_block,
+        num_blocks,
+        max_model_len,
+    })
+}
+
+fn log_loaded(model_path: &Path, opts: &EngineOptions, model: &Llama, cache: &CacheSize) {
+    let cfg = &model.config;
+    tracing::info!(
+        model = %model_path.display(),
+        weights = %opts.weights,
+        q8_decode = model.q8_decode,
+        q8_prompt = model.q8_prompt && model.q8_decode,
+        layers = cfg.n_layer,
+        vocab = cfg.vocab_size,
+        num_blocks = cache.num_blocks,
+        block_size = opts.block_size,
+        kv_cache_bytes = cache.num_blocks * cache.bytes_per_block,
+        kv_cache_dtype = %cache.kv_dtype,
+        max_model_len = cache.max_model_len,
+        "model loaded"
+    );
+}
+
+/// The tier gets copies of evicted blocks; the offloader that sends them starts with the
+/// async services (`start_kv_services`).
+fn evicted_channel(
+    opts: &EngineOptions,
+) -> (Option<Sender<BlockData>>, Option<Receiver<BlockData>>) {
+    match opts.kv_tier {
+        Some(_) if opts.prefix_caching => {
+            let (tx, rx) = tokio::sync::mpsc::channel(EVICTED_QUEUE);
+            (Some(tx), Some(rx))
+        }
+        Some(tier) => {
+            tracing::warn!(%tier, "--kv-tier is ignored without prefix caching");
+            (None, None)
+        }
+        None => (None, None),
+    }
+}
+
+fn engine_config(model_path: &Path, opts: &EngineOptions, cache: &CacheSize) -> EngineConfig {
+    EngineConfig {
+        block_size: opts.block_size,
+        num_blocks: cache.num_blocks,
+        kv_dtype: cache.kv_dtype,
+        max_num_seqs: opts.max_num_seqs,
+        max_num_batched_tokens: opts.max_num_batched_tokens,
+        max_waiting: opts.max_waiting,
+        policy: opts.policy,
+        seed: opts.seed,
+        prefix_caching: opts.prefix_caching,
+        hash_seed: opts.prefix_caching_hash_seed.clone(),
+        speculative: opts.speculative,
+        max_loras: opts.lora.as_ref().map(|l| l.max_loras),
+        step_time_budget: (opts.step_time_budget_ms > 0)
+            .then(|| Duration::from_millis(opts.step_time_budget_ms)),
+        pin_timeout: opts.kv_pin_timeout,
+        weights_path: Some(model_path.to_path_buf()),
+    }
+}
+
+/// The registry with the `--lora-modules` adapters loaded; an adapter that cannot be used
+/// stops the start-up with what is wrong with it.
+fn load_lora_modules(
+    l: &LoraOptions,
+    model: &Llama,
+    model_name: &str,
+) -> Result<LoraRegistry, ServerError> {
+    l.validate().map_err(ServerError::Option)?;
+    let mut registry = LoraRegistry::new(
+        model.config.clone(),
+        model_name,
+        l.max_lora_rank,
+        l.cpu_loras(),
+    );
+    for m in &l.modules {
+        let started = Instant::now();
+        let adapter = registry
+            .load(LoadLoraRequest {
+                lora_name: Some(m.name.clone()),
+                lora_path: Some(m.path.clone()),
+            })
+            .map_err(|e| {
+                ServerError::Option(format!("--lora-modules {}: {}", m.name, e.message))
+            })?;
+        tracing::info!(
+            adapter = %adapter.name,
+            path = %m.path,
+            rank = adapter.rank,
+            targets = adapter.targets().count(),
+            load_ms = started.elapsed().as_secs_f64() * 1e3,
+            "LoRA adapter loaded"
+        );
+    }
+    Ok(registry)
+}
