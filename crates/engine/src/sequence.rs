@@ -6,7 +6,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::sampler::Sampler;
-use crate::spec_decode::SpecState;
+use crate::spec_decode::DraftState;
 use crate::stop::StopMatcher;
 use crate::structured::GrammarState;
 use crate::tokenizer::IncrementalDecoder;
@@ -150,7 +150,7 @@ pub struct Sequence {
     /// Proposed tokens at the end of `tokens`, not yet verified (0 outside a step).
     pub num_draft: usize,
     /// How this sequence's proposals have fared (the adaptive policy's input).
-    pub spec: SpecState,
+    pub draft_state: DraftState,
     /// The LoRA adapter this sequence runs with (`None`: the base model).
     pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
     /// Imported blocks not yet installed (taken at the first admission).
@@ -193,7 +193,7 @@ impl Sequence {
             grammar: req.grammar,
             speculative: req.speculative,
             num_draft: 0,
-            spec: SpecState::default(),
+            draft_state: DraftState::default(),
             lora: req.lora,
             imported: req.imported,
             installed: Vec::new(),

@@ -17,6 +17,10 @@
 //!
 //! Everything here is pure: the proposer and the adaptive policy that stops proposing for
 //! a sequence whose proposals keep failing.
+//!
+//! Names here say `Speculative…` or `Draft…`: a bare "spec" in the engine is a KV block's
+//! [`BlockSpec`](crate::kv::transfer::BlockSpec). The module keeps vLLM's `spec_decode`,
+//! the prefix of the metrics it defines.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -28,7 +32,7 @@ pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 
 /// `--speculative-config` (vLLM's JSON).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SpecConfig {
+pub struct SpeculativeConfig {
     /// Proposals per step at most (`num_speculative_tokens`).
     pub num_speculative_tokens: usize,
     /// Longest suffix looked up (`prompt_lookup_max`).
@@ -44,7 +48,10 @@ pub struct SpecConfig {
     pub row_cost: Option<f32>,
 }
 
-impl Default for SpecConfig {
+/// The former name, while call sites outside the engine's core move to the new one.
+pub type SpecConfig = SpeculativeConfig;
+
+impl Default for SpeculativeConfig {
     fn default() -> Self {
         Self {
             num_speculative_tokens: 4,
@@ -57,7 +64,7 @@ impl Default for SpecConfig {
 
 /// A `--speculative-config` that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SpecConfigError {
+pub enum SpeculativeConfigError {
     #[error("--speculative-config is not valid JSON: {0}")]
     Json(String),
     #[error("--speculative-config method `{0}` is not supported (only \"ngram\")")]
@@ -68,7 +75,7 @@ pub enum SpecConfigError {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSpecConfig {
+struct RawSpeculativeConfig {
     method: Option<String>,
     num_speculative_tokens: Option<usize>,
     prompt_lookup_max: Option<usize>,
@@ -77,16 +84,16 @@ struct RawSpecConfig {
     row_cost: Option<f32>,
 }
 
-impl SpecConfig {
+impl SpeculativeConfig {
     /// Parses vLLM's JSON, e.g. `{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_max": 4, "prompt_lookup_min": 2}`. vLLM's defaults fill what is
     /// missing (`prompt_lookup_min` defaults to `prompt_lookup_max` when only that is set).
-    pub fn parse(json: &str) -> Result<Self, SpecConfigError> {
-        let raw: RawSpecConfig =
-            serde_json::from_str(json).map_err(|e| SpecConfigError::Json(e.to_string()))?;
+    pub fn parse(json: &str) -> Result<Self, SpeculativeConfigError> {
+        let raw: RawSpeculativeConfig =
+            serde_json::from_str(json).map_err(|e| SpeculativeConfigError::Json(e.to_string()))?;
         match raw.method.as_deref() {
             Some("ngram") | Some("[ngram]") | None => {}
-            Some(m) => return Err(SpecConfigError::Method(m.to_string())),
+            Some(m) => return Err(SpeculativeConfigError::Method(m.to_string())),
         }
         let d = Self::default();
         let k = raw
@@ -101,18 +108,18 @@ impl SpecConfig {
                 d.prompt_lookup_min
             });
         if k == 0 || k > MAX_SPECULATIVE_TOKENS {
-            return Err(SpecConfigError::Invalid(format!(
+            return Err(SpeculativeConfigError::Invalid(format!(
                 "num_speculative_tokens must be 1..={MAX_SPECULATIVE_TOKENS}, got {k}"
             )));
         }
         if min == 0 || min > max || max > 64 {
-            return Err(SpecConfigError::Invalid(format!(
+            return Err(SpeculativeConfigError::Invalid(format!(
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max <= 64, got {min} and {max}"
             )));
         }
         let row_cost = raw.row_cost;
         if let Some(c) = row_cost.filter(|c| !(0.0..=1.0).contains(c)) {
-            return Err(SpecConfigError::Invalid(format!(
+            return Err(SpeculativeConfigError::Invalid(format!(
                 "row_cost must be in 0..=1, got {c}"
             )));
         }
@@ -128,7 +135,7 @@ impl SpecConfig {
 /// Proposes up to `max` tokens to follow `tokens`: for the longest suffix of length
 /// `prompt_lookup_max` down to `prompt_lookup_min` that occurred before, the tokens after
 /// its most recent earlier occurrence. Empty when nothing matches.
-pub fn propose(tokens: &[u32], config: &SpecConfig, max: usize) -> Vec<u32> {
+pub fn propose(tokens: &[u32], config: &SpeculativeConfig, max: usize) -> Vec<u32> {
     let max = max.min(config.num_speculative_tokens);
     if max == 0 {
         return Vec::new();
@@ -156,7 +163,7 @@ pub fn propose(tokens: &[u32], config: &SpecConfig, max: usize) -> Vec<u32> {
 /// (accepted proposals over proposals checked, where checking stops at the first
 /// rejection), as moving sums.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SpecState {
+pub struct DraftState {
     accepted: f32,
     checked: f32,
     /// Decode steps left before proposing again.
@@ -176,7 +183,7 @@ const DECAY: f32 = 0.7;
 const PRIOR_ACCEPTED: f32 = 2.0;
 const PRIOR_CHECKED: f32 = 2.5;
 
-impl Default for SpecState {
+impl Default for DraftState {
     fn default() -> Self {
         Self {
             accepted: PRIOR_ACCEPTED,
@@ -243,7 +250,7 @@ pub fn batch_row_cost(row_cost: f32, batch: usize) -> f32 {
     }
 }
 
-impl SpecState {
+impl DraftState {
     /// The per-token acceptance estimate.
     pub fn acceptance(&self) -> f32 {
         if self.checked > 0.0 {
@@ -257,7 +264,7 @@ impl SpecState {
     /// it and the step with `k` more rows costs `prices[k]` of the step without (see
     /// [`StepCosts::prices`]); counts down a pause, and starts one when proposing does
     /// not pay.
-    pub fn budget(&mut self, config: &SpecConfig, batch: usize, prices: &[f32]) -> usize {
+    pub fn budget(&mut self, config: &SpeculativeConfig, batch: usize, prices: &[f32]) -> usize {
         if self.pause > 0 {
             self.pause -= 1;
             if self.pause == 0 {
@@ -407,7 +414,7 @@ impl StepCosts {
     }
 
     /// Prices of `0..=max` extra rows in a step of `batch` one-row decodes, relative to
-    /// that step (`prices[0]` = 1), for [`SpecState::budget`]. Measured where possible;
+    /// that step (`prices[0]` = 1), for [`DraftState::budget`]. Measured where possible;
     /// otherwise linear in `fallback` (the configured or the line's row cost). Never
     /// decreasing in `k`: noise must not make more rows look cheaper than fewer.
     pub fn prices(&self, batch: usize, max: usize, fallback: f32) -> Vec<f32> {
@@ -497,7 +504,7 @@ mod tests {
 
     #[test]
     fn parses_vllm_config_and_refuses_bad_ones() {
-        let c = SpecConfig::parse(
+        let c = SpeculativeConfig::parse(
             r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#,
         )
         .unwrap();
@@ -509,33 +516,33 @@ mod tests {
             ),
             (5, 3, 1)
         );
-        let c = SpecConfig::parse(r#"{"method": "ngram", "prompt_lookup_max": 3}"#).unwrap();
+        let c = SpeculativeConfig::parse(r#"{"method": "ngram", "prompt_lookup_max": 3}"#).unwrap();
         assert_eq!((c.prompt_lookup_max, c.prompt_lookup_min), (3, 3));
         assert!(matches!(
-            SpecConfig::parse(r#"{"method": "eagle"}"#),
-            Err(SpecConfigError::Method(_))
+            SpeculativeConfig::parse(r#"{"method": "eagle"}"#),
+            Err(SpeculativeConfigError::Method(_))
         ));
         assert!(matches!(
-            SpecConfig::parse(r#"{"num_speculative_tokens": 0}"#),
-            Err(SpecConfigError::Invalid(_))
+            SpeculativeConfig::parse(r#"{"num_speculative_tokens": 0}"#),
+            Err(SpeculativeConfigError::Invalid(_))
         ));
         assert!(matches!(
-            SpecConfig::parse(r#"{"prompt_lookup_min": 5, "prompt_lookup_max": 2}"#),
-            Err(SpecConfigError::Invalid(_))
+            SpeculativeConfig::parse(r#"{"prompt_lookup_min": 5, "prompt_lookup_max": 2}"#),
+            Err(SpeculativeConfigError::Invalid(_))
         ));
         assert!(matches!(
-            SpecConfig::parse(r#"{"draft_model": "x"}"#),
-            Err(SpecConfigError::Json(_))
+            SpeculativeConfig::parse(r#"{"draft_model": "x"}"#),
+            Err(SpeculativeConfigError::Json(_))
         ));
         assert!(matches!(
-            SpecConfig::parse("not json"),
-            Err(SpecConfigError::Json(_))
+            SpeculativeConfig::parse("not json"),
+            Err(SpeculativeConfigError::Json(_))
         ));
     }
 
     #[test]
     fn proposes_what_followed_the_latest_match_of_the_longest_suffix() {
-        let c = SpecConfig::default();
+        let c = SpeculativeConfig::default();
         // ... 1 2 3 [9 9] ... 1 2 3 [7 7 7 7 7] ... 1 2 3
         let t = [1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 7, 7, 7, 7, 6, 2, 3];
         // Suffix [2, 3] (n=2; no 3- or 4-token match): latest earlier match at 7..9.
@@ -561,15 +568,15 @@ mod tests {
         assert_eq!(best_len(0.3, 0.0, 4), 4);
         assert_eq!(best_len(0.99, 0.5, 0), 0);
 
-        let c = SpecConfig::default();
+        let c = SpeculativeConfig::default();
         assert_eq!(batch_row_cost(0.5, 1), 0.5);
         assert!(batch_row_cost(0.5, 16) > 0.9);
         assert_eq!(batch_row_cost(0.0, 16), 0.0);
         // Sixteen decodes in the step: even good proposals do not pay.
         let prior = |batch| linear_prices(PRIOR_ROW_COST, batch, 4);
-        assert_eq!(SpecState::default().budget(&c, 16, &prior(16)), 0);
+        assert_eq!(DraftState::default().budget(&c, 16, &prior(16)), 0);
 
-        let mut s = SpecState::default();
+        let mut s = DraftState::default();
         let mut proposals = 0;
         for _ in 0..60 {
             let k = s.budget(&c, 1, &prior(1));
@@ -582,7 +589,7 @@ mod tests {
         assert!(proposals <= 8, "{proposals}");
         assert!(s.backoff > MIN_BACKOFF);
         // Always accepted: it proposes every step, and soon the most it may.
-        let mut s = SpecState::default();
+        let mut s = DraftState::default();
         let mut last = 0;
         for _ in 0..20 {
             last = s.budget(&c, 1, &prior(1));

@@ -2,12 +2,13 @@
 //! (`strata_engine::scheduler::StepPlanner`), driven the way the engine thread drives it,
 //! with the forward pass replaced by the step-time model.
 //!
-//! The engine loop (`crates/engine/src/engine.rs`) per step: plan, run one forward over
-//! the plan, advance every planned sequence by its tokens, sample those whose pending
-//! tokens are all computed, finish the ones at their length, name the blocks the step
-//! filled, release the finished, publish the cache changes. Here the forward is a wait of
-//! `StepModel::step_time` in virtual time and sampling is a deterministic token id (the
-//! simulated clients ask for `ignore_eos`, as `strata bench` does by default).
+//! The engine loop (`crates/engine/src/engine/step.rs`) per step: plan, run one forward
+//! over the plan, advance every planned sequence by its tokens, sample those whose pending
+//! tokens are all computed, finish the ones at their length, then the planner's after-step
+//! rule (`StepPlanner::end_step`: name the blocks the step filled, release the finished),
+//! and publish the cache changes. Here the forward is a wait of `StepModel::step_time` in
+//! virtual time and sampling is a deterministic token id (the simulated clients ask for
+//! `ignore_eos`, as `strata bench` does by default).
 
 use strata_api::block_hash::BlockHash;
 use strata_engine::kv::block_pool::{HashKey, PoolEvent};
@@ -127,7 +128,7 @@ pub struct SimEngine {
     pub steps: u64,
     pub preemptions: u64,
     /// Scratch: running indexes finishing this step (kept to reuse its allocation).
-    done: Vec<usize>,
+    done: Vec<(usize, ())>,
 }
 
 impl SimEngine {
@@ -211,7 +212,7 @@ impl SimEngine {
         let mut shape = StepShape::default();
         let mut tokens = 0;
         for w in &plan.work {
-            let seq = &self.planner.running[w.index];
+            let seq = &self.planner.running()[w.index];
             let start = seq.num_computed;
             let logits = start + w.num_tokens == seq.tokens.len();
             shape.add(start as u64, w.num_tokens as u64, logits);
@@ -236,7 +237,7 @@ impl SimEngine {
         let mut done = std::mem::take(&mut self.done);
         done.clear();
         for w in &plan.work {
-            let seq = &mut self.planner.running[w.index];
+            let seq = &mut self.planner.running_mut()[w.index];
             seq.num_computed += w.num_tokens;
             if seq.num_computed != seq.tokens.len() {
                 continue; // a prefill chunk that yields no logits yet
@@ -245,15 +246,12 @@ impl SimEngine {
             seq.tokens.push(sampled_token(seq.arrival_seq, pos));
             out.tokens.push((seq.arrival_seq, seq.num_output() as u32));
             if seq.num_output() >= seq.max_tokens || seq.tokens.len() >= self.context_len {
-                done.push(w.index);
+                done.push((w.index, ()));
             }
         }
-        // Name the blocks this step filled before finished sequences release theirs.
-        self.planner.commit_full_blocks();
-        done.sort_unstable_by(|a, b| b.cmp(a));
-        for &i in &done {
-            out.finished.push(self.planner.finish_running(i));
-        }
+        let finished = self.planner.end_step(&mut done, |_, _, _| ());
+        out.finished
+            .extend(finished.into_iter().map(|(seq, (), ())| seq));
         self.done = done;
         for e in self.planner.pool.drain_events() {
             match e {
@@ -274,11 +272,11 @@ impl SimEngine {
     }
 
     pub fn waiting(&self) -> usize {
-        self.planner.waiting.len()
+        self.planner.waiting().len()
     }
 
     pub fn running(&self) -> usize {
-        self.planner.running.len()
+        self.planner.running().len()
     }
 
     pub fn kv_usage(&self) -> f64 {
@@ -325,7 +323,7 @@ mod tests {
         // A second request with the same prompt finds them in the prefix cache.
         e.submit(1, prompt.clone(), 1);
         e.start_step(&model);
-        assert_eq!(e.planner.running[0].cached_tokens, 96);
+        assert_eq!(e.planner.running()[0].cached_tokens, 96);
     }
 
     /// Eight streams decoding when a long prompt arrives: the modelled seconds of each
