@@ -28,6 +28,8 @@
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod block_hash;
+#[cfg(feature = "http")]
+pub mod edge;
 pub mod error;
 #[cfg(feature = "http")]
 pub mod http;
