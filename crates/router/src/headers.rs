@@ -21,3 +21,25 @@ pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
 pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
 /// Conformance header restricting the pick to `ip[,ip]` (or `ip:port`).
 pub const TEST_SELECTION: &str = "test-epp-endpoint-selection";
+/// Every header of the prefill protocol starts with this; a client never sets one.
+pub const PREFILLER_PREFIX: &str = "x-prefiller-";
+
+/// Whether a header belongs to the prefill protocol (never trusted from a client: it
+/// would make a decode engine prefill on a host the client chose).
+pub fn is_prefiller(name: &str) -> bool {
+    name.get(..PREFILLER_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(PREFILLER_PREFIX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefiller_headers_are_recognised_by_prefix() {
+        assert!(is_prefiller(PREFILLER));
+        assert!(is_prefiller("X-Prefiller-Url"));
+        assert!(!is_prefiller("x-prefill"));
+        assert!(!is_prefiller("x-request-id"));
+    }
+}

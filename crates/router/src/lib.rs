@@ -31,13 +31,16 @@ pub mod datalayer;
 pub mod endpoint;
 pub mod extproc;
 pub mod headers;
+pub mod intake;
 pub mod k8s;
 pub mod prefix;
 pub mod proxy;
+pub mod response_homes;
 pub mod router;
 pub mod scheduling;
 pub mod server;
 pub mod telemetry;
+pub mod usage;
 
 pub use config::RouterConfig;
 pub use endpoint::{EndpointId, EndpointSpec, EngineKind};

@@ -31,6 +31,7 @@ use crate::endpoint::{EndpointId, EndpointSpec};
 use crate::prefix::approx::ApproxIndex;
 use crate::prefix::hashing::BlockHasher;
 use crate::prefix::precise::PreciseIndex;
+use crate::response_homes::ResponseHomes;
 use crate::scheduling::saturation::{admit, pool_saturated, Admission};
 use crate::scheduling::{
     Candidate, Context, EndpointMetrics, EndpointPicker, PdChoice, PickDecision, PreciseBlocks,
@@ -138,6 +139,7 @@ pub(crate) struct Inner {
     capacity: Notify,
     queued: AtomicUsize,
     tokens: Mutex<HashMap<u64, Arc<Vec<u32>>>>,
+    homes: Mutex<ResponseHomes>,
 }
 
 /// A cheap, cloneable handle to one router.
@@ -266,6 +268,7 @@ impl Router {
             capacity: Notify::new(),
             queued: AtomicUsize::new(0),
             tokens: Mutex::new(HashMap::new()),
+            homes: Mutex::new(ResponseHomes::default()),
             config,
         });
         let router = Router { inner };
@@ -493,6 +496,13 @@ impl Router {
         names_adapter(&self.inner.lock_pool().cands, model).then(|| model.to_string())
     }
 
+    /// Bytes of prompt text the approximate index hashes at most: a request's text past
+    /// this never changes its keys.
+    pub fn prefix_window(&self) -> usize {
+        let c = &self.inner.approx_config;
+        c.block_size_tokens.max(1) * 4 * c.max_blocks
+    }
+
     /// The approximate-index chunk hashes of a prompt.
     pub fn approx_blocks(&self, model: &str, text: &str) -> Vec<u64> {
         let c = &self.inner.approx_config;
@@ -687,6 +697,49 @@ impl Router {
             ranked,
             prefill,
             pd,
+        })
+    }
+
+    /// Remembers that the endpoint at `url` holds the stored response `id`.
+    pub fn remember_response(&self, id: &str, url: &str) {
+        self.inner
+            .homes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), Arc::from(url));
+    }
+
+    /// The pick for a request that needs the stored response `id`: the endpoint that
+    /// made it, alone, when it is still registered and ready (draining or not: only it
+    /// can answer). `None` when the router does not know the response or its endpoint is
+    /// gone: the request is then scheduled as any other (and that replica answers).
+    pub fn pick_home(&self, id: &str) -> Option<Picked> {
+        let url = self
+            .inner
+            .homes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()?;
+        let now = self.now();
+        let mut pool = self.inner.lock_pool();
+        refresh_ready(&mut pool, now);
+        let c = pool.cands.iter().find(|c| *c.spec.url == *url && c.ready)?;
+        let id = c.id;
+        drop(pool);
+        self.inner
+            .metrics
+            .picks
+            .get_or_create(&RouterMetrics::endpoint(&url))
+            .inc();
+        Some(Picked {
+            decision: PickDecision {
+                profile: "response-home".into(),
+                ranked: vec![crate::scheduling::Scored { id, score: 1.0 }],
+            },
+            ranked: vec![(id, url)],
+            prefill: None,
+            pd: PdChoice::Single,
         })
     }
 

@@ -84,6 +84,10 @@ pub struct RouterMetrics {
     pub pd_requests: Family<PathLabel, Counter>,
     /// Phase 1 (the remote prefill) as the HTTP proxy timed it.
     pub pd_prefill_seconds: Histogram,
+    /// Prompt tokens served, from the `usage` of the answers the HTTP front relayed.
+    pub prompt_tokens: Family<EndpointLabel, Counter>,
+    /// Completion tokens served, likewise.
+    pub completion_tokens: Family<EndpointLabel, Counter>,
 }
 
 impl Default for RouterMetrics {
@@ -119,6 +123,8 @@ impl RouterMetrics {
             pd_decisions: Family::default(),
             pd_requests: Family::default(),
             pd_prefill_seconds: Histogram::new(PREFILL_BUCKETS.iter().copied()),
+            prompt_tokens: Family::default(),
+            completion_tokens: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -236,7 +242,24 @@ impl RouterMetrics {
             "Phase 1 of a disaggregated request (the remote prefill), as the proxy saw it",
             m.pd_prefill_seconds.clone(),
         );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens served, from the relayed answers' usage",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Completion tokens served, from the relayed answers' usage",
+            m.completion_tokens.clone(),
+        );
         RouterMetrics { registry, ..m }
+    }
+
+    /// Counts one answer's usage for the endpoint at `url`.
+    pub fn usage(&self, url: &str, prompt: u64, completion: u64) {
+        let l = Self::endpoint(url);
+        self.prompt_tokens.get_or_create(&l).inc_by(prompt);
+        self.completion_tokens.get_or_create(&l).inc_by(completion);
     }
 
     /// Counts one decision of the prefill/decode pair.

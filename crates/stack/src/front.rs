@@ -1,12 +1,14 @@
 //! The layer in front of the router's proxy on `strata up`'s port. Three jobs:
 //!
-//! - **Hold at zero, per pool.** An inference request (`POST /v1/...`) whose `model`
-//!   belongs to a pool ([`PoolSet`]) with no ready replica waits (counted in that pool's
-//!   `held`, the signal its autoscaler reads for activation) until one is, or until
-//!   `hold_timeout`; then it goes on to the router, or, if the pool is still cold, gets a
-//!   503 with `Retry-After`. So a request sent to a pool scaled to zero waits for the cold
-//!   start and succeeds. A `model` no pool serves is left to the router (which may know an
-//!   adapter loaded at run time), or answered 404 when no replica at all is ready.
+//! - **Hold at zero, per pool.** A request with a body (a `POST`, on any path the router
+//!   forwards) whose `model` belongs to a pool ([`PoolSet`]) with no ready replica waits
+//!   (counted in that pool's `held`, the signal its autoscaler reads for activation) until
+//!   one is, or until `hold_timeout`; then it goes on to the router, or, if the pool is
+//!   still cold, gets a 503 with `Retry-After`. So a request sent to a pool scaled to zero
+//!   waits for the cold start and succeeds. A `model` no pool serves is left to the router
+//!   (which may know an adapter loaded at run time), or answered 404 when no replica at all
+//!   is ready. The model is read by the router's own intake (`strata_router::intake`):
+//!   the same lean view, whatever the API, and nothing else in the body is judged here.
 //! - **`/v1/models` over every pool**: what the replicas list, plus every configured model
 //!   and adapter they did not (a pool scaled to zero lists nothing itself).
 //! - **Per-version step statistics** for rollouts ([`VersionStatsBook`]). The router names
@@ -33,7 +35,8 @@ use strata_api::error::ApiError;
 use strata_api::http::error_response;
 use strata_api::StreamWatch;
 use strata_controller::rollout::VersionStats;
-use strata_router::proxy::{REQUEST_ID, SERVED_BY};
+use strata_router::headers::{REQUEST_ID, SERVED_BY};
+use strata_router::intake::{self, ModelField};
 use strata_router::Router;
 
 use crate::fleet::GroupMap;
@@ -173,8 +176,9 @@ impl Drop for StreamRecord {
     }
 }
 
-fn is_inference(req: &Request) -> bool {
-    req.method() == Method::POST && req.uri().path().starts_with("/v1/")
+/// Whether a request carries a body the router routes by (its `model`).
+fn has_body(req: &Request) -> bool {
+    matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH)
 }
 
 /// What a request body says about its model.
@@ -187,17 +191,11 @@ enum Asked {
     Unreadable,
 }
 
-fn requested_model(body: &[u8]) -> Asked {
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        model: Option<serde_json::Value>,
-    }
-    match serde_json::from_slice::<Probe>(body) {
-        Ok(Probe {
-            model: Some(serde_json::Value::String(m)),
-        }) => Asked::Model(m),
-        Ok(_) => Asked::Missing,
-        Err(_) => Asked::Unreadable,
+fn requested_model(content_type: Option<&str>, body: &[u8]) -> Asked {
+    match intake::probe_model(content_type, body) {
+        Some(ModelField::Named(m)) => Asked::Model(m),
+        Some(_) => Asked::Missing,
+        None => Asked::Unreadable,
     }
 }
 
@@ -257,7 +255,7 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
     if req.method() == Method::GET && req.uri().path() == "/v1/models" {
         return models(&front, req, next).await;
     }
-    if !is_inference(&req) {
+    if !has_body(&req) {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
@@ -268,12 +266,19 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
         ));
         return error_response(&e, None);
     };
-    let asked = requested_model(&bytes);
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let asked = requested_model(content_type, &bytes);
     let pool = match &asked {
         Asked::Model(m) => front.pools.find(m),
         // A body without a usable `model`: with one pool it can only be meant for it (the
         // replica answers what is wrong with it).
         _ if front.pools.0.len() == 1 => front.pools.0.first(),
+        // An API that needs no model (tokenizing, an operation on a replica): the router
+        // sends it to any ready replica.
+        Asked::Missing if !intake::route(parts.uri.path()).api.needs_model() => None,
         Asked::Missing => {
             let e = ApiError::invalid(
                 "model",
@@ -377,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_requested_model_is_read_from_the_body() {
-        let asked = |b: &str| requested_model(b.as_bytes());
+        let asked = |b: &str| requested_model(Some("application/json"), b.as_bytes());
         assert_eq!(
             asked(r#"{"model":"m","input":"x"}"#),
             Asked::Model("m".into())

@@ -1,38 +1,43 @@
 //! The endpoint picker transport: `envoy.service.ext_proc.v3.ExternalProcessor` over gRPC
 //! (PROTOCOLS §5), so that an Envoy gateway (the Gateway API Inference Extension's data
 //! plane) asks this router which replica gets each request. It drives the same
-//! [`Router`] as the HTTP front in [`crate::proxy`]: one pool, one scheduler, two
-//! transports.
+//! [`Router`] as the HTTP front (`proxy`) and reads requests through the same intake
+//! ([`crate::intake`]): one pool, one scheduler, one routing view, two transports.
 //!
 //! One gRPC stream is one HTTP request. Envoy runs in `FULL_DUPLEX_STREAMED` mode for
 //! bodies, so it forwards upstream only what the picker streams back:
 //!
 //! 1. request headers are kept, not answered yet (the pick needs the body);
 //! 2. request body chunks are buffered (at most `max_body_bytes`, else 413) until end of
-//!    stream, then parsed once: not JSON or no `model` is answered 400 as an
-//!    `ImmediateResponse`, so a malformed request never reaches an engine;
-//! 3. admission (a sheddable request while the pool is saturated: 429) and
-//!    [`Router::pick_within`] restricted to the subset hint and the conformance selection
-//!    header (none left: 503); the pick's lease is taken here;
+//!    stream, then read once into the routing view: only what cannot be routed (a body
+//!    that is not JSON, no `model` where the API runs one) is answered 400 as an
+//!    `ImmediateResponse`; everything else goes on to the engine, which judges it;
+//! 3. admission for requests that name a model (a sheddable request while the pool is
+//!    saturated: 429) and [`Router::pick_within`] restricted to the subset hint and the
+//!    conformance selection header (none left: 503), or the replica holding the stored
+//!    response the request needs; the pick's lease is taken here;
 //! 4. the answer: a header response that sets `x-gateway-destination-endpoint` and the
 //!    `envoy.lb` dynamic metadata to the same value (the protocol forbids them to differ):
 //!    the pick, then up to [`ExtProc::with_fallbacks`] fallbacks in rank order
 //!    (`ip:port,ip:port`); a corrected `Content-Length`, `clear_route_cache`; then the whole
-//!    body in chunks of at most 62,000 bytes, the last one ending the stream;
+//!    body in chunks of at most 62,000 bytes, the last one ending the stream (the bytes as
+//!    they came, unless the model rewrite header replaced the `model` value);
 //!    With a prefill/decode profile pair, the destination is the decode pick and a
 //!    disaggregated request also gets `x-prefiller-host-port: <prefill host:port>` (llm-d's
 //!    header): the decode side runs phase 1 against that engine itself. A client's own
-//!    `x-prefiller-host-port` is always removed;
-//! 5. the response passes straight through chunk by chunk; `usage` (JSON or the SSE usage
-//!    chunk) is read for the serving endpoint's token counters (a fallback that served
-//!    takes the lease over, the pick's circuit counting a failure), and the lease is released
-//!    at the response's end, or when the stream goes away (the client or Envoy gave up),
-//!    whichever comes first: it is an owned value dropped once.
+//!    `x-prefiller-*` headers are always removed;
+//! 5. the response passes straight through chunk by chunk; `usage` (JSON or any event of
+//!    a stream, whatever the API) is read for the serving endpoint's token counters (a
+//!    fallback that served takes the lease over, the pick's circuit counting a failure),
+//!    a Responses answer's id is remembered with the endpoint that holds it, and the lease
+//!    is released at the response's end, or when the stream goes away (the client or Envoy
+//!    gave up), whichever comes first: it is an owned value dropped once.
 //!
-//! A request whose headers end the stream (no body) is picked at once, with no model.
+//! A request whose headers end the stream (no body) is picked at once: by the stored
+//! response its path names, else among every ready replica (it names no model).
 
+pub mod address;
 pub mod messages;
-pub mod request;
 pub mod serve;
 
 use std::collections::VecDeque;
@@ -56,10 +61,14 @@ use strata_api::ApiError;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::endpoint::EndpointId;
+use crate::headers::{FAIRNESS_ID, MODEL_REWRITE, TEST_SELECTION};
+use crate::intake::{self, Api, Headers, Incoming, Intake};
+use crate::response_homes::ResponseIdScan;
 use crate::router::{Lease, Router};
 use crate::scheduling::SchedRequest;
+use crate::usage::UsageScan;
+use address::{address_allowed, address_of};
 use messages::{DESTINATION, LB_NAMESPACE, SERVED, SUBSET_KEY, SUBSET_NAMESPACE};
-use request::{address_allowed, address_of, header, ApiKind, TEST_SELECTION};
 
 /// The gRPC service name, also a health-check service name.
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -68,9 +77,6 @@ pub use crate::headers::PREFILLER;
 
 /// Most fallbacks one answer may name after the pick.
 pub const MAX_FALLBACKS: usize = 7;
-/// Largest response kept whole to find `usage` in a non-streamed answer.
-const MAX_USAGE_SCAN: usize = 4 << 20;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     pub code: String,
@@ -273,87 +279,6 @@ enum Phase {
     Done,
 }
 
-/// Reads `usage` out of the response as it passes.
-#[derive(Default)]
-struct UsageScan {
-    sse: bool,
-    /// SSE: the unfinished last line. JSON: the body so far (bounded).
-    buf: Vec<u8>,
-    overflow: bool,
-    usage: Option<(u64, u64)>,
-}
-
-impl UsageScan {
-    fn feed(&mut self, chunk: &[u8]) {
-        if self.overflow {
-            return;
-        }
-        self.buf.extend_from_slice(chunk);
-        if self.sse {
-            while let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=i).collect();
-                self.line(&line);
-            }
-        }
-        if self.buf.len() > MAX_USAGE_SCAN {
-            self.overflow = true;
-            self.buf = Vec::new();
-        }
-    }
-
-    fn line(&mut self, line: &[u8]) {
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
-        };
-        if !memmem(data, b"\"usage\"") {
-            return;
-        }
-        if let Some(u) = usage_of(data) {
-            self.usage = Some(u);
-        }
-    }
-
-    fn finish(&mut self) -> Option<(u64, u64)> {
-        if !self.overflow {
-            let rest = std::mem::take(&mut self.buf);
-            if self.sse {
-                self.line(&rest);
-            } else if let Some(u) = usage_of(&rest) {
-                self.usage = Some(u);
-            }
-        }
-        self.usage
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct Usage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-}
-
-/// The `usage` object of a JSON answer, read without parsing the rest: the last `"usage"`
-/// key (an escaped quote inside a string can never form it) and the one value after it.
-fn usage_of(json: &[u8]) -> Option<(u64, u64)> {
-    const KEY: &[u8] = b"\"usage\"";
-    let mut end = json.len();
-    while let Some(i) = json[..end].windows(KEY.len()).rposition(|w| w == KEY) {
-        if let Some(rest) = json[i + KEY.len()..].trim_ascii_start().strip_prefix(b":") {
-            let mut de = serde_json::Deserializer::from_slice(rest);
-            let u: Option<Usage> = serde::Deserialize::deserialize(&mut de).ok()?;
-            return u.map(|u| (u.prompt_tokens, u.completion_tokens));
-        }
-        end = i;
-    }
-    None
-}
-
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
 struct StreamState {
     router: Router,
     metrics: Arc<ExtProcMetrics>,
@@ -372,6 +297,10 @@ struct StreamState {
     fallback_ids: Vec<(EndpointId, Arc<str>)>,
     served: Option<String>,
     usage: UsageScan,
+    /// The API the path asks for.
+    api: Api,
+    /// Looks for the id of a successful Responses answer (its home).
+    ids: Option<ResponseIdScan>,
 }
 
 impl StreamState {
@@ -390,6 +319,8 @@ impl StreamState {
             fallback_ids: Vec::new(),
             served: None,
             usage: UsageScan::default(),
+            api: Api::Other,
+            ids: None,
         }
     }
 
@@ -446,6 +377,7 @@ impl StreamState {
             }
             (Phase::Forwarded, R::ResponseBody(b)) => {
                 self.usage.feed(&b.body);
+                self.remember_home(&b.body);
                 let eos = b.end_of_stream;
                 let out = vec![messages::response_body_chunk(b.body, eos)];
                 if eos {
@@ -480,7 +412,7 @@ impl StreamState {
 
     async fn on_request_headers(&mut self, h: HttpHeaders) -> Vec<ProcessingResponse> {
         self.headers = messages::headers_of(h.headers.as_ref());
-        self.request_id = match header(&self.headers, "x-request-id") {
+        self.request_id = match self.headers.header(crate::headers::REQUEST_ID) {
             Some(id) if id.len() <= 256 => id.to_string(),
             _ => {
                 let n: u128 = rand::rng().random();
@@ -489,9 +421,9 @@ impl StreamState {
         };
         self.router.metrics().requests.inc();
         if h.end_of_stream {
-            // No body: picked at once, with no model to filter on.
-            let sreq = SchedRequest::default();
-            return self.answer(sreq, None, true).await;
+            // No body: read what the path says (a stored response it names), then picked
+            // at once; a POST to an API whose body is JSON has none and is refused.
+            return self.finish_request(true).await;
         }
         self.phase = Phase::Body;
         Vec::new()
@@ -500,9 +432,7 @@ impl StreamState {
     async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let max = self.router.config().max_body_bytes;
         if self.body.len() + b.body.len() > max {
-            return self.fail(ApiError::too_large(format!(
-                "The request body exceeds the limit of {max} bytes."
-            )));
+            return self.fail(intake::too_large(max));
         }
         self.body.extend_from_slice(&b.body);
         if b.end_of_stream {
@@ -512,29 +442,45 @@ impl StreamState {
         }
     }
 
-    /// The body is complete: parse, admit, pick, answer.
+    /// The request is complete: read, admit, pick, answer.
     async fn finish_request(&mut self, end_of_stream: bool) -> Vec<ProcessingResponse> {
-        let path = header(&self.headers, ":path").unwrap_or("/").to_string();
-        let kind = ApiKind::of_path(&path);
+        let had_body = self.phase == Phase::Body;
+        let posted = had_body
+            || matches!(
+                self.headers.header(":method"),
+                Some("POST" | "PUT" | "PATCH")
+            );
+        let req = Incoming {
+            has_body: posted,
+            path: self.headers.header(":path").unwrap_or("/"),
+            content_type: self.headers.header("content-type"),
+        };
         let body = std::mem::take(&mut self.body).freeze();
-        let rewrite = header(&self.headers, request::MODEL_REWRITE).map(str::to_string);
-        let parsed =
-            match request::parse_body(kind, body, rewrite.as_deref(), self.router.uses_precise()) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.router.metrics().fail("invalid_request");
-                    return self.fail(e);
-                }
-            };
-        if let Some(f) = header(&self.headers, request::FAIRNESS_ID) {
-            tracing::debug!(request_id = %self.request_id, fairness_id = %f, model = %parsed.model, "request");
+        let rewrite = self.headers.header(MODEL_REWRITE);
+        let read = intake::read(req, body, intake::limits(&self.router), rewrite);
+        let intake = match read {
+            Ok(i) => i,
+            Err(e) => {
+                self.router.metrics().fail("invalid_request");
+                return self.fail(e);
+            }
+        };
+        if let Some(f) = self.headers.header(FAIRNESS_ID) {
+            tracing::debug!(request_id = %self.request_id, fairness_id = %f, model = %intake.model, "request");
         }
-        let priority = request::priority(&self.router, &self.headers, parsed.priority);
-        if let Err(e) = self.router.admit(priority).await {
-            return self.fail(e.to_api_error());
+        self.api = intake.api;
+        let priority =
+            intake::priority(&self.router, self.headers.as_slice(), intake.view.priority);
+        // Admission is for work a model runs; a request naming none is not held back.
+        if !intake.model.is_empty() {
+            if let Err(e) = self.router.admit(priority).await {
+                return self.fail(e.to_api_error());
+            }
         }
-        let sreq = request::sched_request(&self.router, &self.headers, &parsed, priority).await;
-        self.answer(sreq, Some(parsed.body), end_of_stream).await
+        let sreq =
+            intake::sched_request(&self.router, self.headers.as_slice(), &intake, priority).await;
+        let body = had_body.then(|| intake.body.clone());
+        self.answer(sreq, &intake, body, end_of_stream).await
     }
 
     /// Picks inside the allowed set, takes the lease, and builds the header response (and
@@ -542,10 +488,11 @@ impl StreamState {
     async fn answer(
         &mut self,
         mut sreq: SchedRequest,
+        intake: &Intake,
         body: Option<Bytes>,
         end_of_stream: bool,
     ) -> Vec<ProcessingResponse> {
-        let selection: Option<Vec<String>> = header(&self.headers, TEST_SELECTION).map(|v| {
+        let selection: Option<Vec<String>> = self.headers.header(TEST_SELECTION).map(|v| {
             v.split(',')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
@@ -563,11 +510,18 @@ impl StreamState {
             subset.as_ref().is_none_or(|s| address_allowed(addr, s))
                 && selection.as_ref().is_none_or(|s| address_allowed(addr, s))
         };
-        let restricted = self.subset.is_some() || header(&self.headers, TEST_SELECTION).is_some();
-        let picked = if restricted {
-            self.router.pick_within(&mut sreq, Some(&allow))
-        } else {
-            self.router.pick(&mut sreq)
+        let restricted = self.subset.is_some() || self.headers.header(TEST_SELECTION).is_some();
+        // A stored response is answered by the replica that holds it, when the data
+        // plane allows that one.
+        let home = intake
+            .home
+            .as_deref()
+            .and_then(|id| self.router.pick_home(id))
+            .filter(|p| p.ranked.iter().all(|(_, url)| allow(url)));
+        let picked = match home {
+            Some(p) => Ok(p),
+            None if restricted => self.router.pick_within(&mut sreq, Some(&allow)),
+            None => self.router.pick(&mut sreq),
         };
         let picked = match picked {
             Ok(p) => p,
@@ -629,11 +583,16 @@ impl StreamState {
             }
             (None, _) => {}
         }
-        // A client must not name its own destination, its prefill engine, or claim who
-        // served.
+        // A client must not name its own destination, its prefill engine (any header of
+        // the prefill protocol), or claim who served.
         let mut remove = vec![SERVED.to_string()];
         if prefiller.is_none() {
             remove.push(PREFILLER.to_string());
+        }
+        for (name, _) in &self.headers {
+            if crate::headers::is_prefiller(name) && name != PREFILLER && !remove.contains(name) {
+                remove.push(name.clone());
+            }
         }
         let metadata = messages::dynamic_metadata(LB_NAMESPACE, DESTINATION, &value);
         let mut out = vec![messages::request_headers(set, remove, Some(metadata))];
@@ -657,11 +616,18 @@ impl StreamState {
         self.served = messages::metadata_strings(md, LB_NAMESPACE, SERVED)
             .and_then(|v| v.into_iter().next())
             .or_else(|| messages::attribute_string(attrs, "upstream.address"));
-        let status: u16 = header(&headers, ":status")
+        let status: u16 = headers
+            .header(":status")
             .and_then(|s| s.parse().ok())
             .unwrap_or(200);
-        self.usage.sse =
-            header(&headers, "content-type").is_some_and(|c| c.starts_with("text/event-stream"));
+        self.usage.set_sse(
+            headers
+                .header("content-type")
+                .is_some_and(|c| c.starts_with("text/event-stream")),
+        );
+        if self.api == Api::Responses && (200..300).contains(&status) {
+            self.ids = Some(ResponseIdScan::default());
+        }
         self.move_lease_to_served();
         if let Some(lease) = self.lease.as_mut() {
             let served_elsewhere = self
@@ -682,6 +648,17 @@ impl StreamState {
             self.end(true);
         }
         out
+    }
+
+    /// Reads a Responses answer's id as it passes, and remembers the endpoint that served
+    /// it as the response's home.
+    fn remember_home(&mut self, chunk: &[u8]) {
+        let Some(id) = self.ids.as_mut().and_then(|s| s.feed(chunk)) else {
+            return;
+        };
+        if let Some(lease) = &self.lease {
+            self.router.remember_response(&id, lease.url());
+        }
     }
 
     /// When the data plane fell back to one of the named fallbacks, the pick gave it no
@@ -744,39 +721,6 @@ fn kind_of(r: &processing_request::Request) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn usage_from_sse_split_across_chunks() {
-        let mut u = UsageScan {
-            sse: true,
-            ..Default::default()
-        };
-        let stream = b"data: {\"choices\":[{\"text\":\" tok\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n";
-        for c in stream.chunks(5) {
-            u.feed(c);
-        }
-        assert_eq!(u.finish(), Some((7, 3)));
-    }
-
-    #[test]
-    fn usage_from_json_and_absent() {
-        let mut u = UsageScan::default();
-        u.feed(br#"{"choices":[],"usage":{"prompt_tokens":2,"#);
-        u.feed(br#""completion_tokens":5}}"#);
-        assert_eq!(u.finish(), Some((2, 5)));
-        let mut u = UsageScan::default();
-        u.feed(b"not json");
-        assert_eq!(u.finish(), None);
-    }
-
-    #[test]
-    fn usage_is_read_from_its_key_only() {
-        // A quoted "usage" inside text is escaped and never taken for the key.
-        let body = br#"{"choices":[{"text":"say \"usage\": 5"}],"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}"#;
-        assert_eq!(usage_of(body), Some((4, 6)));
-        assert_eq!(usage_of(br#"{"object":"usage","usage":null}"#), None);
-        assert_eq!(usage_of(br#"{"choices":[]}"#), None);
-    }
 
     #[test]
     fn eof_is_stripped_once() {

@@ -120,10 +120,13 @@ impl Candidate {
             .filter(|m| now.saturating_sub(m.updated) <= stale_after)
     }
 
-    /// Whether it may serve `model` (and adapter `lora`).
+    /// Whether it may serve `model` (and adapter `lora`). A request that names no model
+    /// (an empty one: a `GET`, a body without `model` on a path that needs none) may go to
+    /// any endpoint.
     pub fn serves(&self, model: &str) -> bool {
         match &self.spec.model {
             None => true,
+            Some(_) if model.is_empty() => true,
             Some(m) if m == model => true,
             Some(_) => {
                 self.spec.lora.iter().any(|a| a == model)
@@ -141,7 +144,7 @@ impl Candidate {
 /// What the scheduler knows about a request.
 #[derive(Debug, Clone, Default)]
 pub struct SchedRequest {
-    /// The `model` asked for (a base model or a LoRA adapter's name).
+    /// The `model` asked for (a base model or a LoRA adapter's name); empty: any.
     pub model: String,
     /// The LoRA adapter asked for, when `model` names one.
     pub lora: Option<String>,
