@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod attention;
 pub mod chat_template;
+pub mod cli;
 pub mod embed;
 pub mod engine;
 pub mod generation_config;

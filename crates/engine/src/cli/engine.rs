@@ -1,0 +1,331 @@
+//! `strata engine`: serve a model through the OpenAI-compatible API. The flags, and the
+//! [`ServerConfig`] they assemble; [`run`] resolves the model (pulling a known one),
+//! checks its signature when asked, and serves it (or the mock engine, with `--mock`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::model::print_progress;
+use crate::kv::cache::KvDtype;
+use crate::lora::{LoraModule, LoraOptions};
+use crate::model::WeightFormat;
+use crate::model_cache::{ModelCache, DEFAULT_MODEL};
+use crate::options::{EngineOptions, KvRole, ServerConfig, DEFAULT_HASH_SEED};
+use crate::scheduler::{Policy, StepBudget};
+use crate::spec_decode::SpeculativeConfig;
+
+/// `strata engine`'s flags (vLLM's names where vLLM has the option).
+#[derive(clap::Args)]
+pub struct EngineArgs {
+    /// A cached model name or a path to a GGUF file (pulled when it is a known name).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Name clients send as `model` (default: the cache name, or the file's stem).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// How weights are held: gguf (as stored, Strata's kernels), f32 (dequantized),
+    /// q8_0 (requantized, candle's kernels).
+    #[arg(long, default_value = "gguf")]
+    pub weights: WeightFormat,
+    /// Keep decode activations (and so prompt activations too) in f32 with 4-bit gguf
+    /// weights: exact to the stored weights, slower (by default every row's activations
+    /// are quantized to 8 bits, as llama.cpp does).
+    #[arg(long)]
+    pub exact_decode: bool,
+    /// Keep prompt activations in f32 with 4-bit gguf weights: prefill exact to the stored
+    /// weights, prefill about 1.7x slower; decode rows stay 8-bit.
+    #[arg(long)]
+    pub exact_prefill: bool,
+    /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16 or f32.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvDtypeArg,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV-cache blocks (overrides --kv-cache-memory).
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Bytes of KV cache to allocate.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub kv_cache_memory: u64,
+    /// Sequences in the running batch at most.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Tokens per step at most (prefill chunks and decodes together).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Stall-free scheduling: a step that carries decodes is kept near this many
+    /// milliseconds by sizing the prefill chunks beside them from the measured step cost
+    /// (0: off, only --max-num-batched-tokens bounds a step).
+    #[arg(long, default_value_t = StepBudget::DEFAULT_TARGET_MS)]
+    pub step_time_budget_ms: u64,
+    /// Waiting requests beyond this are answered 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting: usize,
+    /// Admission order: fcfs or priority.
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: Policy,
+    /// Cap on prompt + output tokens (default: the model's context length).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Seed for requests that send none.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds Ctrl-C waits for in-flight requests before aborting them.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+    /// Turn the prefix cache off (it is on by default).
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Seed of the prefix-cache block hashes; equal seeds give equal hashes across engines
+    /// (a vLLM engine's counterpart is PYTHONHASHSEED).
+    #[arg(long, default_value = DEFAULT_HASH_SEED)]
+    pub prefix_caching_hash_seed: String,
+    /// ZMQ endpoint for KV-cache events, e.g. `tcp://*:5557` (off when absent).
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// ZMQ ROUTER endpoint that replays missed KV events, e.g. `tcp://*:5558`.
+    #[arg(long)]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// KV-event topic (default `kv@<host:port>@<model>`).
+    #[arg(long)]
+    pub kv_events_topic: Option<String>,
+    /// Disaggregated serving role (PROTOCOLS §11): `prefill` computes prompts and keeps
+    /// their KV for a decode engine to pull (needs --kv-transfer-port), `decode` pulls a
+    /// prompt's KV from the prefill engine a request names, `both` does either.
+    #[arg(long, default_value = "both")]
+    pub kv_role: KvRole,
+    /// TCP port of this engine's KV block-transfer endpoint, from which other engines pull
+    /// cached blocks by hash (0: off; required with --kv-role prefill).
+    #[arg(long, default_value_t = 0)]
+    pub kv_transfer_port: u16,
+    /// Host this engine advertises as `remote_host` for its transfer endpoint (default:
+    /// --host, or 127.0.0.1 when --host is a wildcard address).
+    #[arg(long, value_name = "HOST")]
+    pub kv_transfer_host: Option<String>,
+    /// Seconds a prefill engine keeps a finished request's blocks for its decoder to pull.
+    #[arg(long, default_value_t = 60)]
+    pub kv_pin_timeout_secs: u64,
+    /// Milliseconds a decode engine waits for a remote prefill's blocks (connect, the
+    /// prefill call and the pull together) before it recomputes the prompt itself.
+    #[arg(long, default_value_t = 5000)]
+    pub kv_transfer_timeout_ms: u64,
+    /// Address (`host:port`) of this machine's shared KV tier (`strata kv-tier`): evicted
+    /// blocks are offloaded there and looked up before a prompt is recomputed.
+    #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr)]
+    pub kv_tier: Option<SocketAddr>,
+    /// Prompt-lookup speculative decoding, as vLLM spells it: `{"method": "ngram",
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`.
+    #[arg(long, value_name = "JSON", value_parser = parse_speculative_config)]
+    pub speculative_config: Option<SpeculativeConfig>,
+    /// Default sampling parameters for fields a request leaves out: `auto` (the model's
+    /// own: a generation_config.json beside it, or its GGUF sampling metadata), `vllm`
+    /// (none), or a folder holding generation_config.json, or a JSON file.
+    #[arg(long, default_value = "auto")]
+    pub generation_config: String,
+    /// Serve LoRA adapters on the base model: a request's `model` names one; loaded with
+    /// --lora-modules at start-up and `POST /v1/load_lora_adapter` at run time.
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Distinct adapters in one step; requests for another adapter wait for a slot.
+    #[arg(long, default_value_t = 1, requires = "enable_lora")]
+    pub max_loras: usize,
+    /// Highest adapter rank accepted.
+    #[arg(long, default_value_t = 16, requires = "enable_lora")]
+    pub max_lora_rank: usize,
+    /// Adapters held in memory at once (default: --max-loras or the number of
+    /// --lora-modules, whichever is larger).
+    #[arg(long, requires = "enable_lora")]
+    pub max_cpu_loras: Option<usize>,
+    /// Adapters to load at start-up: `name=path` (a PEFT directory) or vLLM's JSON
+    /// `{"name": ..., "path": ...}`.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH", requires = "enable_lora")]
+    pub lora_modules: Vec<LoraModule>,
+    /// Refuse to load the model unless it verifies against its signed manifest with this
+    /// public key (from `strata model keygen`; the manifest from `strata model sign`).
+    #[arg(long, value_name = "FILE.pub")]
+    pub verify_key: Option<PathBuf>,
+    /// Serve fixed completions without a model (for proxy overhead benchmarks and tests).
+    #[arg(long)]
+    pub mock: bool,
+    /// Mock mode: tokens per completion (capped by the request's max_tokens).
+    #[arg(long, default_value_t = 16, requires = "mock")]
+    pub mock_output_tokens: usize,
+    /// Mock mode: milliseconds before the first token.
+    #[arg(long, default_value_t = 0, requires = "mock")]
+    pub mock_ttft_ms: u64,
+    /// Mock mode: milliseconds between tokens.
+    #[arg(long, default_value_t = 0, requires = "mock")]
+    pub mock_itl_ms: u64,
+    /// Mock mode: which engine's metric names /metrics uses (vllm, sglang, trtllm, llamacpp).
+    #[arg(long, default_value = "strata", requires = "mock")]
+    pub mock_kind: strata_mock::EngineKind,
+}
+
+/// `--kv-cache-dtype`: `auto` or an entry type.
+#[derive(Debug, Clone, Copy)]
+pub struct KvDtypeArg(pub Option<KvDtype>);
+
+impl std::str::FromStr for KvDtypeArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            Ok(Self(None))
+        } else {
+            s.parse().map(|d| Self(Some(d)))
+        }
+    }
+}
+
+/// Serves until Ctrl-C or SIGTERM: the mock engine with `--mock`, otherwise the model
+/// `--model` names, pulled first when it is a known name not yet cached.
+pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
+    let addr = resolve_addr(&args.host, args.port)?;
+    if args.mock {
+        return mock_engine(args, addr).await;
+    }
+    let path = model_file(&args).await?;
+    let model_name = served_name(&args, &path);
+    let config = ServerConfig {
+        model_path: path,
+        model_name,
+        addr,
+        options: engine_options(args),
+    };
+    crate::server::run(config).await?;
+    Ok(())
+}
+
+/// `--host` and `--port` as one address: an IP literal, or a name resolved now.
+fn resolve_addr(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    format!("{host}:{port}")
+        .parse()
+        .or_else(|_| {
+            format!("{host}:{port}")
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or(())
+        })
+        .map_err(|_| anyhow::anyhow!("cannot resolve --host {host}"))
+}
+
+/// The model's path: resolved (or pulled) in the cache, and verified against its signed
+/// manifest with `--verify-key`. Both read whole files, so they run off the async threads.
+async fn model_file(args: &EngineArgs) -> anyhow::Result<PathBuf> {
+    let model = args.model.clone();
+    let verify_key = args.verify_key.clone();
+    tokio::task::spawn_blocking(move || {
+        let cache = ModelCache::from_env();
+        let path: PathBuf = cache.resolve_or_pull(&model, &mut print_progress)?;
+        if let Some(key) = &verify_key {
+            let digest = strata_controller::registry::verify_model_with_key_file(&path, key)
+                .with_context(|| format!("refusing to load {}", path.display()))?;
+            tracing::info!(model = %path.display(), %digest, "model signature verified");
+        }
+        Ok::<_, anyhow::Error>(path)
+    })
+    .await
+    .context("resolving the model")?
+}
+
+/// `--served-model-name`, else the cache name, else (for a path) the file's stem.
+fn served_name(args: &EngineArgs, path: &std::path::Path) -> String {
+    args.served_model_name.clone().unwrap_or_else(|| {
+        if path.as_os_str() == args.model.as_str() {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| args.model.clone())
+        } else {
+            args.model.clone()
+        }
+    })
+}
+
+/// The flags as the engine's options.
+fn engine_options(args: EngineArgs) -> EngineOptions {
+    EngineOptions {
+        weights: args.weights,
+        exact_decode: args.exact_decode,
+        exact_prefill: args.exact_prefill,
+        kv_cache_dtype: args.kv_cache_dtype.0,
+        block_size: args.block_size,
+        num_blocks: args.num_blocks,
+        kv_cache_memory: args.kv_cache_memory,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_waiting: args.max_waiting,
+        policy: args.scheduling_policy,
+        max_model_len: args.max_model_len,
+        seed: args.seed,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        prefix_caching: !args.no_enable_prefix_caching,
+        prefix_caching_hash_seed: args.prefix_caching_hash_seed,
+        kv_events_endpoint: args.kv_events_endpoint,
+        kv_events_replay_endpoint: args.kv_events_replay_endpoint,
+        kv_events_topic: args.kv_events_topic,
+        kv_role: args.kv_role,
+        kv_transfer_port: args.kv_transfer_port,
+        kv_transfer_host: args.kv_transfer_host,
+        kv_pin_timeout: Duration::from_secs(args.kv_pin_timeout_secs),
+        kv_transfer_timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
+        kv_tier: args.kv_tier,
+        speculative: args.speculative_config,
+        generation_config: args.generation_config,
+        lora: args.enable_lora.then_some(LoraOptions {
+            max_loras: args.max_loras,
+            max_lora_rank: args.max_lora_rank,
+            max_cpu_loras: args.max_cpu_loras,
+            modules: args.lora_modules,
+        }),
+        step_time_budget_ms: args.step_time_budget_ms,
+    }
+}
+
+/// `--mock`: fixed completions without a model, until Ctrl-C.
+async fn mock_engine(args: EngineArgs, addr: SocketAddr) -> anyhow::Result<()> {
+    let config = strata_mock::MockConfig {
+        model: args.served_model_name.unwrap_or_else(|| args.model.clone()),
+        kind: args.mock_kind,
+        output_tokens: args.mock_output_tokens,
+        ttft: Duration::from_millis(args.mock_ttft_ms),
+        itl: Duration::from_millis(args.mock_itl_ms),
+        replica: None,
+        block_size: args.block_size as u32,
+        num_blocks: args.num_blocks.unwrap_or(1024) as u32,
+        ..strata_mock::MockConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let mock = strata_mock::MockEngine::serve(config, listener)?;
+    tracing::info!(url = %mock.url(), "mock engine serving");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    mock.shutdown().await;
+    Ok(())
+}
+
+/// A `host:port` (an IP or a name resolved now) as one socket address.
+fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve `{s}`: {e}"))?
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {
+    SpeculativeConfig::parse(s).map_err(|e| e.to_string())
+}
