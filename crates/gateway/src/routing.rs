@@ -118,17 +118,28 @@ pub enum Next {
     Relay,
 }
 
-/// The policy for a failure (pure).
+/// The policy for a failure (pure). Of the 4xx, only 408 and 429 are retried (the
+/// upstream was busy, another try or target may not be); a context-length error and a 404
+/// (an upstream without the model) move on at once, because a fallback with a larger
+/// window or another target may serve it; every other 4xx is the request's own fault and
+/// goes to the client as is.
 pub fn classify(f: &Failure) -> Next {
     match f {
         Failure::Connect | Failure::Timeout => Next::Retry,
         Failure::Status(status, body) => match *status {
-            429 | 500..=599 => Next::Retry,
+            408 | 429 | 500..=599 => Next::Retry,
             400 | 413 | 422 if is_context_length_error(body) => Next::NextTarget,
             404 => Next::NextTarget,
             _ => Next::Relay,
         },
     }
+}
+
+/// Whether an upstream's status, when it is the last failure, goes to the client as that
+/// status: every 4xx. Turning one into a 503 would make a client that retries 503s resend,
+/// forever, a request that can never succeed (a prompt over the context window).
+pub fn is_client_error(status: u16) -> bool {
+    (400..=499).contains(&status)
 }
 
 /// Recognises the context-window errors of OpenAI, vLLM and llama.cpp-style servers.
@@ -229,5 +240,8 @@ models:
         );
         assert_eq!(classify(&Failure::Status(400, "bad".into())), Next::Relay);
         assert_eq!(classify(&Failure::Status(401, String::new())), Next::Relay);
+        assert_eq!(classify(&Failure::Status(408, String::new())), Next::Retry);
+        assert!(is_client_error(400) && is_client_error(429) && is_client_error(499));
+        assert!(!is_client_error(500) && !is_client_error(302));
     }
 }

@@ -220,3 +220,36 @@ async fn shape_errors_name_the_field_and_never_reach_the_upstream() {
     assert!(up.bodies().is_empty());
     gw.shutdown().await;
 }
+
+const CONTEXT_ERROR: &str = r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+
+#[tokio::test]
+async fn an_upstream_client_error_reaches_the_client_as_that_error_never_a_503() {
+    let up = Capture::start(400, "application/json", CONTEXT_ERROR).await;
+    // A context-length error moves on to the fallback (it may have a larger window); when
+    // that answers the same, the client gets the 400, not a retryable 503.
+    let yaml = format!(
+        "upstreams:\n  - {{name: up, base_url: \"{}\"}}\nmodels:\n  - name: m\n    targets: [{{upstream: up}}]\n    retries: 2\n    fallbacks: [m2]\n  - name: m2\n    targets: [{{upstream: up}}]\n    retries: 2\n",
+        up.url
+    );
+    let gw = gateway(&yaml).await;
+    let k = key(&gw, "t");
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .bearer_auth(&k)
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert!(resp.headers().get(header::RETRY_AFTER).is_none());
+    let body: Value = resp.json().await.unwrap();
+    let sent: Value = serde_json::from_str(CONTEXT_ERROR).unwrap();
+    assert_eq!(body, sent, "the upstream's error as it sent it");
+    assert_eq!(
+        up.bodies().len(),
+        2,
+        "one try per target, no retries of a 400"
+    );
+    gw.shutdown().await;
+}

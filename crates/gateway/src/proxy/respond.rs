@@ -15,7 +15,7 @@ use super::lookup::store_answer;
 use super::refusal::error_response;
 use super::shape::usage_from_json;
 use super::values::{Admitted, Reply, Served, Store, StreamReply, Tried};
-use crate::routing::{self, Failure, Next};
+use crate::routing::{self, Failure};
 use crate::state::Gateway;
 use crate::stream_guard::StreamGuard;
 
@@ -180,13 +180,14 @@ pub(crate) async fn respond(
     }
 }
 
-/// Nothing succeeded: relay a client error as the upstream worded it, else 503.
+/// Nothing succeeded: the last failure, when it is an upstream's client error (4xx, also
+/// one that moved the plan on, such as a context-length error), goes to the client as that
+/// status with the upstream's error; only connect errors, timeouts and 5xx become a 503.
 fn failed(model: &str, last: Option<Failure>) -> Response {
-    let relay = last
-        .as_ref()
-        .is_some_and(|f| matches!(f, Failure::Status(..)) && routing::classify(f) == Next::Relay);
     match last {
-        Some(Failure::Status(status, text)) if relay => {
+        Some(Failure::Status(status, text)) if routing::is_client_error(status) => {
+            // The upstream's message, param and code in OpenAI's shape (a body that is not
+            // OpenAI-shaped is replaced by one naming the status).
             let err = serde_json::from_str::<strata_api::ErrorResponse>(&text)
                 .map(|e| e.into_api_error(status))
                 .unwrap_or_else(|_| {
