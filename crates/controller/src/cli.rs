@@ -147,16 +147,22 @@ pub async fn serve_with<D: Driver>(
         None => None,
     };
     let mut http_shutdown = shutdown.clone();
+    // The edge server's default bounds (connections, head and body timeouts): the
+    // endpoint serves scrapers and `strata rollout`, never bulk uploads.
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
+        strata_api::edge::serve(
+            listener,
+            app,
+            strata_api::edge::EdgeLimits::default(),
+            async move {
                 while http_shutdown.changed().await.is_ok() {
                     if *http_shutdown.borrow() {
                         break;
                     }
                 }
-            })
-            .await
+            },
+        )
+        .await
     });
     controller.run(shutdown).await;
     if let Some(k) = keda {
