@@ -285,11 +285,15 @@ impl Dashboard {
         }
     }
 
-    /// Starts the collector: one observation of every replica per `interval`, read from
-    /// the pages the router's scraper already holds.
-    pub fn spawn(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
+    /// The collector, to spawn: one observation of every replica per `interval`, read
+    /// from the pages the router's scraper already holds. It never ends by itself; the
+    /// caller drops it at shutdown.
+    pub fn collect(
+        &self,
+        interval: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let shared = self.shared.clone();
-        tokio::spawn(async move {
+        async move {
             let start = tokio::time::Instant::now();
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -320,7 +324,7 @@ impl Dashboard {
                 let points = c.series.t.len();
                 c.cache.tick(gateway.as_deref(), points);
             }
-        })
+        }
     }
 
     /// `GET /ui`, its assets, and `GET /ui/api/state`.

@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use strata_api::prometheus::{counter_delta, parse_sample};
 
-use crate::dashboard::HISTORY;
-
 /// The gateway counter this panel reads (defined by `strata_gateway::metrics`).
 pub const CACHE_OUTCOMES: &str = "strata_gateway_cache_outcomes_total";
 
@@ -62,9 +60,7 @@ impl CacheRates {
                 }
                 _ => None,
             };
-            if series.len() == HISTORY {
-                series.pop_front();
-            }
+            // The axis length bounds every series (the dashboard keeps a bounded history).
             series.push_back(rate);
             while series.len() > points.max(1) {
                 series.pop_front();
@@ -117,9 +113,11 @@ mod tests {
         r.tick(None, 5);
         assert_eq!(r.series["a"].back(), Some(&None));
         assert!(r.series.values().all(|s| s.len() == 5));
-        for i in 0..(HISTORY + 10) {
-            r.tick(Some(&page((0, 1, 1), 2)), (6 + i).min(HISTORY));
+        // The axis stops growing at the dashboard's history; so does every series.
+        const AXIS: usize = 300;
+        for i in 0..(AXIS + 10) {
+            r.tick(Some(&page((0, 1, 1), 2)), (6 + i).min(AXIS));
         }
-        assert!(r.series.values().all(|s| s.len() == HISTORY));
+        assert!(r.series.values().all(|s| s.len() == AXIS));
     }
 }

@@ -2,7 +2,8 @@
 //! controller as child processes, the router in front of them), the live dashboard served
 //! at `/ui`, and canary rollouts.
 //!
-//! - [`up`]: `strata.yaml` / flags and the process that wires everything.
+//! - [`up`]: `strata.yaml` / flags and the process that wires everything: config, build,
+//!   serve, shutdown done once.
 //! - [`fleet`]: both versions' local drivers behind the controller's `Driver` trait, and the
 //!   router registrar (endpoint group = version).
 //! - [`pools`]: `models:`, one pool per model, and what the front needs to tell them apart.
@@ -10,6 +11,7 @@
 //!   every pool; per-version step statistics.
 //! - [`rollout`]: the rollout API under `/controller/rollout/` and the task running one.
 //! - [`dashboard`]: the live page at `/ui`; [`gateway_cache`]: its gateway cache panel.
+//! - [`pull`]: models pulled before a replica (or a canary) needs them.
 
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
@@ -19,6 +21,7 @@ pub mod fleet;
 pub mod front;
 pub mod gateway_cache;
 pub mod pools;
+pub mod pull;
 pub mod rollout;
 pub mod signals;
 pub mod up;

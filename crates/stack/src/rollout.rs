@@ -133,19 +133,36 @@ fn conflict(message: impl Into<String>, code: &str) -> ApiError {
     e
 }
 
+/// What the rollout service works with: the stack's pieces it reads and changes.
+pub struct RolloutParts {
+    /// The replicas of the pool a rollout replaces the version of.
+    pub fleet: Fleet,
+    pub router: Router,
+    /// Per-version statistics from the front.
+    pub book: Arc<VersionStatsBook>,
+    pub groups: GroupMap,
+    /// The pool's held requests (canary replicas register against it too).
+    pub held: Arc<std::sync::atomic::AtomicU32>,
+    pub metrics: Arc<ControllerMetrics>,
+    pub cfg: RolloutConfig,
+    pub template: CanaryTemplate,
+    /// Between two analyses of a step.
+    pub interval: Duration,
+}
+
 impl Rollouts {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        fleet: Fleet,
-        router: Router,
-        book: Arc<VersionStatsBook>,
-        groups: GroupMap,
-        held: Arc<std::sync::atomic::AtomicU32>,
-        metrics: Arc<ControllerMetrics>,
-        cfg: RolloutConfig,
-        template: CanaryTemplate,
-        interval: Duration,
-    ) -> Rollouts {
+    pub fn new(parts: RolloutParts) -> Rollouts {
+        let RolloutParts {
+            fleet,
+            router,
+            book,
+            groups,
+            held,
+            metrics,
+            cfg,
+            template,
+            interval,
+        } = parts;
         Rollouts {
             shared: Arc::new(Shared {
                 fleet,
@@ -255,7 +272,7 @@ async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
     let t = &shared.template;
     if !t.mock {
         let model = req.model.clone();
-        let pulled = tokio::task::spawn_blocking(move || crate::up::pull_model(&model)).await;
+        let pulled = tokio::task::spawn_blocking(move || crate::pull::pull_model(&model)).await;
         match pulled {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -512,15 +529,15 @@ mod tests {
         let primary = LocalDriver::new(base.clone(), Arc::new(NoRegistrar)).unwrap();
         let fleet = Fleet::new(Member::new("old".into(), primary));
         let router = Router::new(RouterConfig::default()).unwrap();
-        let r = Rollouts::new(
+        let r = Rollouts::new(RolloutParts {
             fleet,
             router,
-            Arc::default(),
-            GroupMap::default(),
-            Arc::new(AtomicU32::new(0)),
-            Arc::new(ControllerMetrics::new()),
-            RolloutConfig::default(),
-            CanaryTemplate {
+            book: Arc::default(),
+            groups: GroupMap::default(),
+            held: Arc::new(AtomicU32::new(0)),
+            metrics: Arc::new(ControllerMetrics::new()),
+            cfg: RolloutConfig::default(),
+            template: CanaryTemplate {
                 args: base.args.clone(),
                 base,
                 served_model: "m".into(),
@@ -529,8 +546,8 @@ mod tests {
                 mock: true,
                 adapters: Vec::new(),
             },
-            Duration::from_millis(20),
-        );
+            interval: Duration::from_millis(20),
+        });
         let app = axum::Router::new().nest("/controller/rollout", r.routes());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
