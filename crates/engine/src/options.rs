@@ -12,7 +12,7 @@ use crate::kv::cache::KvDtype;
 use crate::lora::LoraOptions;
 use crate::model::WeightFormat;
 use crate::scheduler::Policy;
-use crate::spec_decode::SpecConfig;
+use crate::spec_decode::SpeculativeConfig;
 
 /// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
 /// a default Strata engine and a default vLLM engine in `sha256_cbor` mode name the same
@@ -66,7 +66,7 @@ pub struct EngineOptions {
     /// Topic; default `kv@<host:port>@<model>`.
     pub kv_events_topic: Option<String>,
     /// Prompt-lookup speculative decoding (`--speculative-config`); off when `None`.
-    pub speculative: Option<SpecConfig>,
+    pub speculative: Option<SpeculativeConfig>,
     /// Default sampling parameters (`--generation-config`): `auto` (the model's own),
     /// `vllm` (none), or a folder / JSON file.
     pub generation_config: String,

@@ -48,9 +48,6 @@ pub struct SpeculativeConfig {
     pub row_cost: Option<f32>,
 }
 
-/// The former name, while call sites outside the engine's core move to the new one.
-pub type SpecConfig = SpeculativeConfig;
-
 impl Default for SpeculativeConfig {
     fn default() -> Self {
         Self {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use strata_engine::server::EngineOptions;
-use strata_engine::spec_decode::SpecConfig;
+use strata_engine::spec_decode::SpeculativeConfig;
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -82,9 +82,9 @@ fn settles_to(addr: SocketAddr, name: &str, want: f64) {
 /// vLLM's example configuration, with rows priced at nothing so that the adaptive policy
 /// proposes in batched steps too (the default prices rows as a CPU does and mostly stops
 /// proposing in large batches), and verification is exercised everywhere.
-fn spec() -> Option<SpecConfig> {
+fn spec() -> Option<SpeculativeConfig> {
     Some(
-        SpecConfig::parse(
+        SpeculativeConfig::parse(
             r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2, "row_cost": 0.0}"#,
         )
@@ -92,7 +92,7 @@ fn spec() -> Option<SpecConfig> {
     )
 }
 
-fn opts(num_blocks: usize, speculative: Option<SpecConfig>) -> EngineOptions {
+fn opts(num_blocks: usize, speculative: Option<SpeculativeConfig>) -> EngineOptions {
     EngineOptions {
         num_blocks: Some(num_blocks),
         max_model_len: Some(1024),
@@ -255,7 +255,7 @@ fn measured_row_prices_keep_outputs_identical() {
     // The default configuration prices rows by timing the engine's own steps: whatever
     // it decides to propose, outputs stay those without speculation, and blocks return.
     let plain = start(opts(512, None));
-    let measured = start(opts(512, Some(SpecConfig::default())));
+    let measured = start(opts(512, Some(SpeculativeConfig::default())));
     let prompts = prompts();
     for p in &prompts[..3] {
         let body = chat(p, 0.0, 0, 64);

@@ -623,6 +623,84 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A sequence whose submitter is still listening (the receiver is returned).
+    fn live(
+        id: u64,
+        prompt_len: usize,
+    ) -> (
+        Sequence,
+        tokio::sync::mpsc::UnboundedReceiver<crate::sequence::SeqEvent>,
+    ) {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut q = seq(id, 0, prompt_len);
+        q.events = events;
+        (q, rx)
+    }
+
+    #[test]
+    fn a_step_ends_by_naming_its_blocks_then_retiring_the_finished_highest_index_first() {
+        // Blocks of 4 tokens, named by their first token and their parent's.
+        let hash: BlockHashFn = Box::new(|parent, t, _| {
+            let mut h = [0u8; 32];
+            h[0] = t[0] as u8;
+            h[1] = parent.map_or(0, |p| p[0]);
+            h
+        });
+        let mut s = StepPlanner::new(config(Policy::Fcfs, 4), 8, Some(hash));
+        for id in 0..3u32 {
+            let mut q = seq(u64::from(id), 0, 8);
+            q.tokens = (0..8).map(|t| id * 10 + t + 1).collect();
+            s.add(q);
+        }
+        let plan = s.schedule();
+        assert_eq!(plan.work.len(), 3);
+        run(&mut s, &plan);
+        assert_eq!(s.pool.num_free(), 2);
+        // 0 and 2 finish. Each is seen with its blocks held and already named.
+        let mut finished = vec![(0, 'a'), (2, 'c')];
+        let retired = s.end_step(&mut finished, |pool, q, tag| {
+            let held = q.block_table.iter().all(|&b| pool.ref_count(b) == 1);
+            (*tag, held, pool.count_hits(&q.block_hashes))
+        });
+        assert!(finished.is_empty());
+        let order: Vec<(u64, char)> = retired
+            .iter()
+            .map(|(q, t, _)| (q.arrival_seq, *t))
+            .collect();
+        assert_eq!(order, vec![(2, 'c'), (0, 'a')]);
+        assert!(retired.iter().all(|(_, t, kept)| *kept == (*t, true, 2)));
+        // Their blocks are free and stay cached; the survivor keeps its own.
+        assert_eq!(s.running().len(), 1);
+        assert_eq!(s.running()[0].arrival_seq, 1);
+        assert_eq!(s.pool.num_free(), 6);
+        for (q, _, _) in &retired {
+            assert_eq!(s.pool.count_hits(&q.block_hashes), 2);
+        }
+    }
+
+    #[test]
+    fn abandoned_sequences_leave_both_queues_in_order_and_free_their_blocks() {
+        let mut s = StepPlanner::new(config(Policy::Fcfs, 3), 16, None);
+        let (b, _rx_b) = live(1, 4);
+        let (e, _rx_e) = live(4, 4);
+        s.add(seq(0, 0, 4));
+        s.add(b);
+        s.add(seq(2, 0, 4));
+        s.add(seq(3, 0, 4));
+        s.add(e);
+        s.schedule();
+        assert_eq!(s.running().len(), 3);
+        assert_eq!(s.pool.num_free(), 13);
+        let gone: Vec<u64> = s.take_abandoned().iter().map(|q| q.arrival_seq).collect();
+        assert_eq!(gone, vec![0, 2, 3]);
+        let running: Vec<u64> = s.running().iter().map(|q| q.arrival_seq).collect();
+        assert_eq!(running, vec![1]);
+        let waiting: Vec<u64> = s.waiting().iter().map(|q| q.arrival_seq).collect();
+        assert_eq!(waiting, vec![4]);
+        assert_eq!(s.pool.num_free(), 15);
+        assert!(s.take_abandoned().is_empty());
+    }
+
     #[test]
     fn rolled_back_proposals_give_their_blocks_back() {
         // Blocks of 4 tokens. A 6-token prompt, computed, with a sampled token pending and
