@@ -253,3 +253,35 @@ async fn an_upstream_client_error_reaches_the_client_as_that_error_never_a_503()
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_cannot_name_where_an_engine_connects() {
+    set_upstream_key();
+    let up = Capture::start(200, "application/json", ANSWER).await;
+    let gw = gateway(&yaml(&up.url, None)).await;
+    let k = key(&gw, "t");
+    const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"vendor_x":7,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_host":"10.9.9.9","remote_port":5557,"remote_engine_id":"e","remote_block_ids":[1,2],"remote_request_id":"r"}}"#;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .bearer_auth(&k)
+        .header("content-type", "application/json")
+        .header("x-prefiller-host-port", "10.9.9.9:8000")
+        .header("x-prefiller-url", "http://10.9.9.9:8000")
+        .body(BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (headers, body) = up.seen.lock()[0].clone();
+    let sent: Value = serde_json::from_slice(&body).unwrap();
+    assert!(sent.get("kv_transfer_params").is_none(), "{sent}");
+    assert_eq!(sent["vendor_x"], 7, "other fields kept: {sent}");
+    assert_eq!(sent["messages"][0]["content"], "hi");
+    assert!(
+        headers
+            .keys()
+            .all(|h| !h.as_str().starts_with("x-prefiller-")),
+        "{headers:?}"
+    );
+    gw.shutdown().await;
+}

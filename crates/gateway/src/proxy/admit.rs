@@ -1,6 +1,7 @@
 //! Stage 1, admission: everything the gateway checks before any cache or model work, in
-//! this order: key → body size → JSON shape → model → permission → guardrails → budget →
-//! rate limits on the estimate. The result is a typed [`Admitted`] request (parsed once)
+//! this order: key → body size → JSON shape → model → permission → a client's placement
+//! fields removed ([`super::placement`]) → guardrails → budget → rate limits on the
+//! estimate. The result is a typed [`Admitted`] request (parsed once)
 //! and its [`Settle`], or the [`Refusal`] to send.
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 use super::account::Settle;
 use super::headers::{hv, REQUEST_ID_HEADER};
+use super::placement::strip_client_placement;
 use super::refusal::Refusal;
 use super::route::Route;
 use super::shape::{check_shape, prompt_chars};
@@ -67,7 +69,8 @@ pub(crate) async fn admit(
     let model_index = permitted_model(&resolved, &key, &requested)?;
     let model = &resolved.config.models[model_index];
     let chars = prompt_chars(&body);
-    let rewritten = input_guardrails(&resolved, &mut body, chars)?;
+    let stripped = strip_client_placement(&mut body);
+    let rewritten = input_guardrails(&resolved, &mut body, chars)? || stripped;
 
     // Budget: this replica's view first (no I/O); a shared store then holds the
     // estimated cost so that other replicas see it at once.

@@ -32,6 +32,7 @@ pub(crate) mod attempt;
 pub(crate) mod cascade;
 pub(crate) mod headers;
 pub(crate) mod lookup;
+pub(crate) mod placement;
 pub(crate) mod plan;
 pub mod refusal;
 pub(crate) mod respond;
