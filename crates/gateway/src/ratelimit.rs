@@ -340,22 +340,24 @@ impl RedisLimiter {
 /// The configured limiter.
 pub enum Limiter {
     Memory(MemoryLimiter),
-    Redis {
-        limiter: RedisLimiter,
-        on_error: FailureMode,
-    },
+    Redis(RedisLimiter),
 }
 
 impl Limiter {
-    /// Checks and (when admitted) charges every limit. Backend failures follow the
-    /// failure mode: open admits (marked `degraded`), closed returns the error.
-    pub async fn check(&self, checks: &[LimitCheck]) -> Result<LimitDecision, LimitError> {
+    /// Checks and (when admitted) charges every limit. Backend failures follow
+    /// `on_error`, read from the live config by the caller (so a reload applies it):
+    /// open admits (marked `degraded`), closed returns the error.
+    pub async fn check(
+        &self,
+        checks: &[LimitCheck],
+        on_error: FailureMode,
+    ) -> Result<LimitDecision, LimitError> {
         if checks.is_empty() {
             return Ok(LimitDecision::unlimited(0));
         }
         match self {
             Limiter::Memory(m) => Ok(m.check(checks)),
-            Limiter::Redis { limiter, on_error } => match limiter.check(checks).await {
+            Limiter::Redis(limiter) => match limiter.check(checks).await {
                 Ok(d) => Ok(d),
                 Err(e) => match on_error {
                     FailureMode::Open => {
@@ -378,7 +380,7 @@ impl Limiter {
         }
         match self {
             Limiter::Memory(m) => m.adjust(checks, delta),
-            Limiter::Redis { limiter, .. } => {
+            Limiter::Redis(limiter) => {
                 if let Err(e) = limiter.adjust(checks, delta).await {
                     tracing::warn!(error = %e, "rate limit reconcile failed");
                 }

@@ -124,13 +124,10 @@ impl Gateway {
         let redis_timeout = Duration::from_millis(c.limits.redis_timeout_ms);
         let limiter = match c.limits.backend {
             Backend::Memory => Limiter::Memory(MemoryLimiter::default()),
-            Backend::Redis => Limiter::Redis {
-                limiter: RedisLimiter::new(RedisConn::new(
-                    c.limits.redis_url.as_deref().unwrap_or_default(),
-                    redis_timeout,
-                )?),
-                on_error: c.limits.on_backend_error,
-            },
+            Backend::Redis => Limiter::Redis(RedisLimiter::new(RedisConn::new(
+                c.limits.redis_url.as_deref().unwrap_or_default(),
+                redis_timeout,
+            )?)),
         };
         let cache = if c.cache.enabled {
             let ttl = Duration::from_secs(c.cache.ttl_secs);

@@ -132,3 +132,52 @@ async fn sighup_reloads_even_when_the_mtime_did_not_change() {
     running.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A loopback port with nothing listening on it (bound, then released).
+fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn a_reload_applies_the_rate_limiters_failure_mode() {
+    let m = mock("m").await;
+    let dir = std::env::temp_dir().join(format!("strata-gw-reload-mode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gateway.yaml");
+    let port = dead_port();
+    let limits = |mode: &str| {
+        format!("limits: {{backend: redis, redis_url: \"redis://127.0.0.1:{port}/\", on_backend_error: {mode}, redis_timeout_ms: 200, default_key: {{rpm: 1000}}}}")
+    };
+    std::fs::write(&path, yaml_one(&m.url(), "m", "", &limits("open"))).unwrap();
+    let gw = Gateway::new(
+        Arc::new(ConfigHandle::open(Some(&path)).unwrap()),
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        GatewayOptions {
+            admin_key: Some(ADMIN.into()),
+            seed: Some(1),
+        },
+    )
+    .unwrap();
+    let running = strata_gateway::spawn(gw, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let k = key(&running, "t");
+    let chat = format!("{}/v1/chat/completions", running.url());
+    let (status, _, body) = post(&chat, Some(&k), &chat_body("m")).await;
+    assert_eq!(status, 200, "open admits while Redis is down: {body}");
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::write(&path, yaml_one(&m.url(), "m", "", &limits("closed"))).unwrap();
+    let resp = client()
+        .post(format!("{}/admin/reload", running.url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (status, _, body) = post(&chat, Some(&k), &chat_body("m")).await;
+    assert_eq!(status, 503, "closed after the reload: {body}");
+    running.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}

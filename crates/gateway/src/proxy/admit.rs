@@ -248,7 +248,9 @@ async fn rate_limit(
         .chain(&token_checks)
         .cloned()
         .collect();
-    let decision = match gw.limiter.check(&all_checks).await {
+    // The failure mode comes from the live config, so `/admin/reload` applies it.
+    let on_error = gw.config.get().config.limits.on_backend_error;
+    let decision = match gw.limiter.check(&all_checks, on_error).await {
         Ok(d) => d,
         Err(e) => {
             gw.metrics.backend_error("ratelimit");
