@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Runs every check and test: formatting, lints, the default model (pulled when missing),
+# Runs every check and test: formatting, import circles, lints, the default model (pulled when missing),
 # then the whole workspace's tests. Usage: scripts/test.sh [extra test-runner args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== import circles between files"
+python3 scripts/import-cycles.py
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== default model"
