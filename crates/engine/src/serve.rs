@@ -2,11 +2,11 @@
 //! [`server`](crate::server) and the encoder's [`embed::server`](crate::embed::server)):
 //! the errors that stop one, and the graceful drain that ends one.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use strata_api::edge::EdgeLimits;
 use strata_api::http::shutdown_signal;
 
 use crate::embed::EmbedError;
@@ -33,7 +33,7 @@ pub enum ServerError {
 /// How long connections may stay open once the drain is over (answers being written).
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(500);
 
-/// Serves `app` until Ctrl-C or SIGTERM, then drains: `start_draining`, a wait of up to
+/// Serves `app` on the edge server (within `limits`) until Ctrl-C or SIGTERM, then drains: `start_draining`, a wait of up to
 /// `grace` while `in_flight()` is above zero, then at most [`SHUTDOWN_LINGER`] for open
 /// connections to close. One whose stream is still running (past the grace) or whose client
 /// stopped reading must not hold the process: what is left is aborted by dropping the
@@ -42,6 +42,7 @@ const SHUTDOWN_LINGER: Duration = Duration::from_millis(500);
 pub(crate) async fn serve_with_drain(
     listener: tokio::net::TcpListener,
     app: Router,
+    limits: EdgeLimits,
     grace: Duration,
     start_draining: impl FnOnce() + Send + 'static,
     in_flight: impl Fn() -> usize + Send + 'static,
@@ -63,9 +64,7 @@ pub(crate) async fn serve_with_drain(
         }
         let _ = drained_tx.send(());
     };
-    let mut server = std::pin::pin!(axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .into_future());
+    let mut server = std::pin::pin!(strata_api::edge::serve(listener, app, limits, shutdown));
     tokio::select! {
         r = &mut server => r.map_err(ServerError::Serve)?,
         _ = drained_rx => {

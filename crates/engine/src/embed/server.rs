@@ -152,6 +152,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     serve_with_drain(
         listener,
         router(loaded.state.clone()),
+        config.options.http.clone(),
         config.options.shutdown_grace,
         || {},
         move || state.in_flight.load(Ordering::SeqCst),

@@ -161,6 +161,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
     let served = serve_with_drain(
         listener,
         router(loaded.state.clone()),
+        config.options.http.clone(),
         config.options.shutdown_grace,
         move || draining.engine.start_draining(),
         move || engine.engine.in_flight(),

@@ -111,10 +111,8 @@ async fn serve_front(
             g.shutdown().await;
         }
     };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(gateway_drained)
-        .await
-    {
+    let limits = strata_api::edge::EdgeLimits::default();
+    if let Err(e) = strata_api::edge::serve(listener, app, limits, gateway_drained).await {
         tracing::warn!(error = %e, "front server");
     }
 }
