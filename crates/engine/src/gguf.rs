@@ -80,7 +80,7 @@ impl GgufFile {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| ModelError::NotGguf {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: error_message(&e),
         })?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -280,5 +280,21 @@ impl LlamaConfig {
             rms_eps,
             tied_embeddings: !file.has_tensor("output.weight"),
         })
+    }
+}
+
+/// A candle error's message without the backtrace candle attaches to it when
+/// `RUST_BACKTRACE` is set (its `Display` prints every frame): messages end up in logs and
+/// HTTP answers, frames belong in neither.
+pub fn error_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => error_message(inner),
+        candle_core::Error::Context { inner, context } => {
+            format!("{context}: {}", error_message(inner))
+        }
+        candle_core::Error::WithPath { inner, path } => {
+            format!("{}: {}", path.display(), error_message(inner))
+        }
+        other => other.to_string(),
     }
 }

@@ -360,6 +360,8 @@ fn adapters_over_http_select_list_load_unload_wait_and_refuse() {
             max_loras: 1,
             max_lora_rank: 8,
             max_cpu_loras: Some(3),
+            // Runtime loads read only under --lora-dir (issue 29).
+            dirs: vec![a._dir.0.clone(), dir.0.clone()],
             modules: vec![
                 LoraModule {
                     name: "real".into(),
@@ -560,6 +562,77 @@ fn adapters_over_http_select_list_load_unload_wait_and_refuse() {
     });
 }
 
+/// Runtime loads read only under `--lora-dir`: a path outside, existing or not, earns one
+/// and the same 400 naming the rule, with nothing of the file in it; a GGUF-looking file
+/// inside that is not one is named without its bytes or a backtrace.
+#[test]
+fn runtime_loads_read_only_under_lora_dir_and_refusals_carry_nothing_of_the_file() {
+    let a = adapters();
+    let allowed = TempDir::new("allowed");
+    let outside = TempDir::new("outside");
+    let inside = allowed.0.join("inside");
+    copy_dir(&a.other, &inside);
+    let secret = outside.0.join("secret");
+    std::fs::write(&secret, b"root:$6$hash:19000:0:99999:7:::").unwrap();
+    let addr = common::serve(&EngineOptions {
+        num_blocks: Some(64),
+        lora: Some(LoraOptions {
+            max_cpu_loras: Some(4),
+            dirs: vec![allowed.0.clone()],
+            ..LoraOptions::default()
+        }),
+        ..EngineOptions::default()
+    });
+    let load = |name: &str, path: &Path| {
+        post(
+            addr,
+            "/v1/load_lora_adapter",
+            &json!({"lora_name": name, "lora_path": path.to_string_lossy()}),
+        )
+    };
+    let refusals: Vec<(u16, Value)> = [
+        secret.clone(),
+        outside.0.join("no-such-file"),
+        PathBuf::from("/etc/shadow"),
+        PathBuf::from("/etc/passwd"),
+        allowed.0.join("../outside/secret"),
+        inside.join("../../outside/secret"),
+    ]
+    .iter()
+    .map(|p| load("x", p))
+    .collect();
+    for (s, v) in &refusals {
+        assert_eq!(*s, 400, "{v}");
+        assert_eq!(v, &refusals[0].1, "every refusal is the same answer");
+        let text = v.to_string();
+        assert!(text.contains("--lora-dir"), "{text}");
+        assert!(!text.contains("root") && !text.contains("magic"), "{text}");
+    }
+    // Inside: loads and serves; nothing there is a 404; a junk file is named without
+    // its bytes and without a backtrace.
+    let (s, _) = load("inside", &inside);
+    assert_eq!(s, 200);
+    assert_eq!(complete(addr, "inside", "Hello", 2)["model"], "inside");
+    let (s, v) = load("m", &allowed.0.join("missing"));
+    assert_eq!(s, 404, "{v}");
+    let junk = allowed.0.join("junk.gguf");
+    std::fs::write(&junk, b"root:x:0:0:root:/root:/bin/bash").unwrap();
+    let (s, v) = load("j", &junk);
+    let text = v.to_string();
+    assert_eq!(s, 400, "{text}");
+    assert!(text.contains("not a GGUF file"), "{text}");
+    assert!(!text.contains("0x") && !text.contains("root:") && !text.contains("backtrace"));
+    assert!(!text.contains("\\n"), "one line, no frames: {text}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
 #[test]
 fn lora_is_refused_clearly_when_off_and_bad_start_up_adapters_stop_the_load() {
     let a = adapters();
@@ -647,6 +720,7 @@ fn openai_python_sdk_chats_through_two_adapters() {
             max_loras: 2,
             max_lora_rank: 8,
             max_cpu_loras: None,
+            dirs: Vec::new(),
             modules: vec![
                 LoraModule {
                     name: "real".into(),

@@ -151,6 +151,10 @@ pub struct EngineArgs {
     /// `{"name": ..., "path": ...}`.
     #[arg(long, num_args = 1.., value_name = "NAME=PATH", requires = "enable_lora")]
     pub lora_modules: Vec<LoraModule>,
+    /// The only directories `POST /v1/load_lora_adapter` may read adapters from
+    /// (repeatable or comma-separated); without one, adapters load only at start-up.
+    #[arg(long, value_delimiter = ',', requires = "enable_lora")]
+    pub lora_dir: Vec<PathBuf>,
     /// Refuse to load the model unless it verifies against its signed manifest with this
     /// public key (from `strata model keygen`; the manifest from `strata model sign`).
     #[arg(long, value_name = "FILE.pub")]
@@ -288,6 +292,7 @@ fn engine_options(args: EngineArgs) -> EngineOptions {
             max_lora_rank: args.max_lora_rank,
             max_cpu_loras: args.max_cpu_loras,
             modules: args.lora_modules,
+            dirs: args.lora_dir,
         }),
         step_time_budget_ms: args.step_time_budget_ms,
     }

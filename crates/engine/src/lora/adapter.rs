@@ -211,7 +211,12 @@ impl LoraAdapter {
             path: path.to_path_buf(),
             reason,
         };
-        let mut file = GgufFile::open(path).map_err(|e| unreadable(e.to_string()))?;
+        // The reason stays out of the answer: a GGUF reader's message can quote the
+        // file's first bytes (its "magic").
+        let mut file = GgufFile::open(path).map_err(|e| match e {
+            crate::gguf::ModelError::NotGguf { .. } => unreadable("not a GGUF file".into()),
+            _ => unreadable("the file cannot be opened".into()),
+        })?;
         let md = file.metadata();
         if metadata_str(md, "general.type") != Some("adapter")
             || metadata_str(md, "adapter.type") != Some("lora")
@@ -334,8 +339,15 @@ impl LoraAdapter {
             path: config_path.clone(),
             reason,
         };
-        let cfg: PeftConfig =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not a PEFT LoRA config: {e}")))?;
+        // Only where the JSON goes wrong, never the parser's message: it can quote the
+        // file's text.
+        let cfg: PeftConfig = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "not a PEFT LoRA config (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })?;
         if let Some(t) = cfg.peft_type.as_deref() {
             if t != "LORA" {
                 return Err(bad(format!("peft_type `{t}` is not LORA")));
@@ -367,12 +379,13 @@ impl LoraAdapter {
         } else {
             cfg.lora_alpha / cfg.r as f64
         } as f32;
-        let tensors = candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|e| {
-            LoraError::Unreadable {
-                path: weights_path.clone(),
-                reason: format!("not a readable safetensors file: {e}"),
-            }
-        })?;
+        let tensors =
+            candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|_| {
+                LoraError::Unreadable {
+                    path: weights_path.clone(),
+                    reason: "not a readable safetensors file".into(),
+                }
+            })?;
         let mut halves: BTreeMap<(usize, Module), Halves> = BTreeMap::new();
         for (tname, t) in &tensors {
             let (layer, module, is_a) =
@@ -398,7 +411,7 @@ impl LoraAdapter {
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(|e| LoraError::Unreadable {
                     path: weights_path.clone(),
-                    reason: format!("tensor `{tname}`: {e}"),
+                    reason: format!("tensor `{tname}`: {}", crate::gguf::error_message(&e)),
                 })?;
             if data.iter().any(|v| !v.is_finite()) {
                 return Err(LoraError::Config {

@@ -11,13 +11,18 @@
 //! - [`adapter`]: `adapter_config.json` + `adapter_model.safetensors` into f32 `A`/`B`
 //!   pairs per (layer, module), every shape checked; `scale · B(A x)`; the merged
 //!   `W + scale·B·A` used as the reference in tests.
+//! - [`allowed`]: the `--lora-dir` fence around runtime loads.
 //! - [`registry`]: which adapters are loaded, vLLM's request shapes and errors.
 
 pub mod adapter;
+pub mod allowed;
 pub mod registry;
 
 pub use adapter::{apply_rows, apply_rows_strided, LoraAdapter, LoraError, Module};
+pub use allowed::AllowedDirs;
 pub use registry::{LoadLoraRequest, LoraRegistry, UnloadLoraRequest};
+
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -34,6 +39,9 @@ pub struct LoraOptions {
     pub max_cpu_loras: Option<usize>,
     /// Adapters loaded at start-up (`--lora-modules`).
     pub modules: Vec<LoraModule>,
+    /// The only directories `POST /v1/load_lora_adapter` may read from (`--lora-dir`);
+    /// empty: no runtime loads. Start-up `modules` are the operator's own and need none.
+    pub dirs: Vec<PathBuf>,
 }
 
 impl Default for LoraOptions {
@@ -44,6 +52,7 @@ impl Default for LoraOptions {
             max_lora_rank: 16,
             max_cpu_loras: None,
             modules: Vec::new(),
+            dirs: Vec::new(),
         }
     }
 }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use strata_api::ApiError;
 
 use super::adapter::{LoraAdapter, LoraError};
+use super::allowed::AllowedDirs;
 use crate::gguf::LlamaConfig;
 
 /// Body of `POST /v1/load_lora_adapter` (fields optional here so a missing one earns a
@@ -41,6 +42,8 @@ pub struct LoraRegistry {
     adapters: BTreeMap<String, Arc<LoraAdapter>>,
     /// The id the next load gets (vLLM numbers adapters from 1).
     next_id: u32,
+    /// Where runtime loads may read from (`--lora-dir`).
+    allowed: AllowedDirs,
 }
 
 impl LoraRegistry {
@@ -52,7 +55,22 @@ impl LoraRegistry {
             max_cpu_loras: max_cpu_loras.max(1),
             adapters: BTreeMap::new(),
             next_id: 1,
+            allowed: AllowedDirs::default(),
         }
+    }
+
+    /// The registry with runtime loads fenced to `allowed`.
+    pub fn with_allowed_dirs(mut self, allowed: AllowedDirs) -> Self {
+        self.allowed = allowed;
+        self
+    }
+
+    /// The checks of a client's load ([`check_load`](Self::check_load)), then its path
+    /// fenced to `--lora-dir`: the name and the canonical path to read.
+    pub fn check_runtime_load(&self, req: LoadLoraRequest) -> Result<(String, String), ApiError> {
+        let (name, path) = self.check_load(req)?;
+        let path = self.allowed.check(&path)?;
+        Ok((name, path.to_string_lossy().into_owned()))
     }
 
     /// Loads an adapter (`--lora-modules name=path` at start-up, or the endpoint).

@@ -46,8 +46,9 @@ pub(super) async fn models(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` (vLLM's): 200 with vLLM's
-/// text on success; a missing field, a taken name, a full registry or an adapter that
-/// cannot be used is a 400 naming the problem, a path with nothing there a 404. The file
+/// text on success; a missing field, a taken name, a full registry, a path outside every
+/// `--lora-dir` or an adapter that cannot be used is a 400 naming the problem, a path
+/// inside with nothing there a 404. The file
 /// is read off the async threads, without holding the registry.
 pub(super) async fn load_lora_adapter(
     State(state): State<Arc<AppState>>,
@@ -57,7 +58,7 @@ pub(super) async fn load_lora_adapter(
     let parsed: LoadLoraRequest = parse_json(&body)?;
     let (name, path, base, max_rank) = {
         let registry = state.lora_registry()?;
-        let (name, path) = registry.check_load(parsed)?;
+        let (name, path) = registry.check_runtime_load(parsed)?;
         let (base, max_rank) = registry.limits();
         (name, path, base, max_rank)
     };

@@ -18,7 +18,7 @@ use crate::generation_config::GenerationDefaults;
 use crate::gguf::{GgufFile, ModelError};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::transfer::BlockData;
-use crate::lora::{LoadLoraRequest, LoraOptions, LoraRegistry};
+use crate::lora::{AllowedDirs, LoadLoraRequest, LoraOptions, LoraRegistry};
 use crate::metrics::{EngineMetrics, MetricLimits};
 use crate::model::Llama;
 use crate::options::EngineOptions;
@@ -243,7 +243,8 @@ fn load_lora_modules(
         model_name,
         l.max_lora_rank,
         l.cpu_loras(),
-    );
+    )
+    .with_allowed_dirs(AllowedDirs::new(&l.dirs).map_err(ServerError::Option)?);
     for m in &l.modules {
         let started = Instant::now();
         let adapter = registry
