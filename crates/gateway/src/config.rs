@@ -1030,8 +1030,9 @@ impl ConfigHandle {
         };
         let mtime = file_mtime(path);
         let previous = self.get();
-        let resolved =
-            Config::load(path).and_then(|c| Resolved::build(c, path.parent(), Some(&previous)));
+        let resolved = Config::load(path)
+            .and_then(|c| refuse_restart_only_change(&previous.config, c))
+            .and_then(|c| Resolved::build(c, path.parent(), Some(&previous)));
         // Remember the mtime even on failure so an invalid file is reported once, not on
         // every poll.
         *self.mtime.write() = mtime;
@@ -1052,8 +1053,21 @@ impl ConfigHandle {
     /// Replaces the config with an already-validated one (tests).
     pub fn replace(&self, config: Config) -> Result<(), ConfigError> {
         let previous = self.get();
+        let config = refuse_restart_only_change(&previous.config, config)?;
         *self.current.write() = Arc::new(Resolved::build(config, None, Some(&previous))?);
         Ok(())
+    }
+}
+
+/// `new`, unless it changes a key the running gateway read only at start: then the reload
+/// is refused naming that key, so "reloaded" never hides a value still in force.
+fn refuse_restart_only_change(running: &Config, new: Config) -> Result<Config, ConfigError> {
+    let as_value = |c: &Config| serde_json::to_value(c).unwrap_or(serde_json::Value::Null);
+    match crate::restart_only::changed_restart_only_key(&as_value(running), &as_value(&new)) {
+        Some(key) => Err(invalid(format!(
+            "`{key}` cannot change while the gateway runs; restart it to apply the new value"
+        ))),
+        None => Ok(new),
     }
 }
 

@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod ratelimit;
 pub mod redis_conn;
+pub mod restart_only;
 pub mod routing;
 pub mod semantic;
 pub mod semantic_share;
