@@ -566,3 +566,100 @@ async fn postgres_restart_mid_load_loses_no_ledger_row_and_follows_the_failure_m
     open.shutdown().await;
     closed.shutdown().await;
 }
+
+/// A loopback TCP relay in front of the server that can be told to stall: while stalled,
+/// bytes stop flowing both ways and connections stay open, like a server that hangs.
+struct StallRelay {
+    port: u16,
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StallRelay {
+    fn start(target_port: u16) -> StallRelay {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stalled.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port)) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let flag = flag.clone();
+                    std::thread::spawn(move || pump(from, to, &flag));
+                }
+            }
+        });
+        StallRelay { port, stalled }
+    }
+
+    fn stall(&self, on: bool) {
+        self.stalled.store(on, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, holding each chunk while `stalled`.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    stalled: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while stalled.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_stalled_postgres_costs_its_timeout_once_per_back_off_not_per_call() {
+    let pg = Postgres::start();
+    let relay = StallRelay::start(pg.port);
+    let timeout = Duration::from_millis(800);
+    let s = PgStore::connect(PgOptions {
+        url: format!(
+            "postgres://strata@127.0.0.1:{}/postgres?connect_timeout=2",
+            relay.port
+        ),
+        timeout,
+    })
+    .unwrap();
+    assert!(s.get_key("a").unwrap().is_none());
+
+    relay.stall(true);
+    let t = Instant::now();
+    assert!(s.get_key("a").is_err(), "a stalled server fails the call");
+    assert!(t.elapsed() >= timeout);
+    // Within the back-off, calls fail at once instead of waiting the timeout each.
+    let t = Instant::now();
+    for _ in 0..5 {
+        assert!(s.get_key("a").is_err());
+    }
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?} for 5 calls while backing off",
+        t.elapsed()
+    );
+
+    relay.stall(false);
+    std::thread::sleep(strata_gateway::store::postgres::RETRY_AFTER + Duration::from_millis(50));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.get_key("a").is_err() {
+        assert!(Instant::now() < deadline, "the store never came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

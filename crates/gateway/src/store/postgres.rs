@@ -10,6 +10,12 @@
 //! Connections: a few, each behind a lock, opened on first use and opened again after
 //! the server went away (a restart costs the calls made while it is down, not the store).
 //!
+//! Back-off: after a call finds the server unavailable (no answer within `timeout`, or no
+//! connection), calls fail at once for [`RETRY_AFTER`], as the Redis connection does. A
+//! stalled server thus costs one call per back-off period the full timeout, and every
+//! other call one fast error that its failure mode then decides, instead of adding the
+//! timeout to every request.
+//!
 //! Invariants:
 //! * A ledger row is written at most once per [`UsageEvent::id`] (`ON CONFLICT DO
 //!   NOTHING`), and only rows actually inserted add to spend, so a batch retried after a
@@ -24,7 +30,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::{Client, NoTls};
@@ -104,6 +110,9 @@ const CONNECTIONS: usize = 4;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How long calls fail at once after one found the server unavailable.
+pub const RETRY_AFTER: Duration = Duration::from_millis(500);
+
 /// Settings of a [`PgStore`].
 #[derive(Debug, Clone)]
 pub struct PgOptions {
@@ -117,6 +126,8 @@ pub struct PgStore {
     inner: Arc<Inner>,
     handle: tokio::runtime::Handle,
     timeout: Duration,
+    /// Until when calls fail at once (the server was unavailable).
+    down_until: parking_lot::Mutex<Option<Instant>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -157,6 +168,7 @@ impl PgStore {
             }),
             handle,
             timeout: opts.timeout,
+            down_until: parking_lot::Mutex::new(None),
             stop: Some(stop),
             thread: Some(thread),
         };
@@ -181,8 +193,31 @@ impl PgStore {
         })
     }
 
-    /// Runs `op` on the store's runtime and waits for it, at most `timeout`.
+    /// Runs `op` on the store's runtime and waits for it, at most `timeout`; fails at
+    /// once while backing off after the server was unavailable.
     fn call<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(Arc<Inner>) -> BoxFuture<'static, Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self
+            .down_until
+            .lock()
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return Err(StoreError::Unavailable(
+                "recently unavailable; backing off".into(),
+            ));
+        }
+        let res = self.call_now(op);
+        // Only an unreachable or silent server backs off; a query error (a constraint,
+        // a corrupt row) says the server is there.
+        if matches!(res, Err(StoreError::Unavailable(_))) {
+            *self.down_until.lock() = Some(Instant::now() + RETRY_AFTER);
+        }
+        res
+    }
+
+    fn call_now<T: Send + 'static>(
         &self,
         op: impl FnOnce(Arc<Inner>) -> BoxFuture<'static, Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
