@@ -329,3 +329,14 @@ fn a_get_reads_nothing_and_needs_no_model() {
     .unwrap();
     assert_eq!(i.model, "");
 }
+
+#[test]
+fn a_role_after_its_content_still_leads_the_message() {
+    let a = post(
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"content":"u","role":"user"},{"role":"assistant","content":"a"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(a.view.prefix_text, "user\nu\nassistant\na\n");
+    assert_eq!(a.view.prompt_bytes, a.view.prefix_text.len());
+}

@@ -126,9 +126,9 @@ impl Prompt {
         }
     }
 
-    fn push_part(&mut self, head: bool, kind: &str, payload: &str) {
+    fn push_part(&mut self, head: bool, kind: &str, payload: &[u8]) {
         self.parts += 1;
-        let key = format!("<{kind}:{:016x}>", xxh64(payload.as_bytes(), 0));
+        let key = format!("<{kind}:{:016x}>", xxh64(payload, 0));
         self.push(head, &key);
     }
 
@@ -158,8 +158,8 @@ pub fn read_json(shape: Shape, body: &[u8], limits: ReadLimits) -> Scan<RoutingV
     }
     view.object = true;
     let mut prompt = Prompt::new(limits.prefix_window);
-    let mut messages_span: Option<&str> = None;
-    let mut prompt_span: Option<&str> = None;
+    let mut messages_span: Option<&[u8]> = None;
+    let mut prompt_span: Option<&[u8]> = None;
     let mut add_generation_prompt: Option<bool> = None;
     let mut add_special_tokens: Option<bool> = None;
     s.object(|s, key| {
@@ -258,7 +258,8 @@ fn batch(s: &mut Scanner<'_>, prompt: &mut Prompt) -> Scan<()> {
 }
 
 /// One message (`role` and `content`) or, in a Responses input, any other item (a tool
-/// call, its output), which is keyed as a part.
+/// call, its output), which is keyed as a part. The content is written where it goes as it
+/// is read; a `role` that comes after it is put in front of it then.
 fn item(s: &mut Scanner<'_>, prompt: &mut Prompt) -> Scan<()> {
     if s.kind()? != Kind::Object {
         let span = s.span()?;
@@ -266,31 +267,56 @@ fn item(s: &mut Scanner<'_>, prompt: &mut Prompt) -> Scan<()> {
         return Ok(());
     }
     let start = s.offset();
-    let mut role: Option<String> = None;
-    let mut text = Prompt::new(prompt.window.saturating_sub(prompt.body.len()));
-    let mut kind: Option<String> = None;
+    let (mark, bytes_before, parts_before) = (prompt.body.len(), prompt.bytes, prompt.parts);
+    let mut role: Option<JsonStr<'_>> = None;
+    let mut kind: Option<JsonStr<'_>> = None;
+    let mut content_seen = false;
+    let mut role_written = false;
     s.object(|s, key| {
-        match &*key.decode() {
-            "role" => role = s.str_or_skip()?.map(|r| r.decode().into_owned()),
-            "type" => kind = s.str_or_skip()?.map(|r| r.decode().into_owned()),
-            "content" => content(s, &mut text, false)?,
+        match key.raw() {
+            b"role" => {
+                role = s.str_or_skip()?;
+                if let (Some(r), false) = (&role, content_seen) {
+                    prompt.push_json(false, r);
+                    prompt.push(false, "\n");
+                    role_written = true;
+                }
+            }
+            b"type" => kind = s.str_or_skip()?,
+            b"content" => {
+                content_seen = true;
+                content(s, prompt, false)?;
+            }
+            k if k.contains(&b'\\') => match &*key.decode() {
+                "role" => role = s.str_or_skip()?,
+                _ => s.skip()?,
+            },
             _ => s.skip()?,
         }
         Ok(())
     })?;
     match role {
         Some(role) => {
-            prompt.push(false, &role);
-            prompt.push(false, "\n");
-            let (t, bytes, parts) = text.finish();
-            prompt.push(false, &t);
-            // Text past the window still counts toward the prompt's length.
-            prompt.bytes += bytes - t.len();
-            prompt.parts += parts;
+            if !role_written {
+                // The role came after the content: put it in front.
+                let head = format!("{}\n", role.decode());
+                prompt.bytes += head.len();
+                prompt.body.insert_str(mark, &head);
+                let mut end = prompt.body.len().min(prompt.window);
+                while !prompt.body.is_char_boundary(end) {
+                    end -= 1;
+                }
+                prompt.body.truncate(end);
+            }
             prompt.push(false, "\n");
         }
         None => {
+            // Not a message: whatever it wrote is replaced by its key.
+            prompt.body.truncate(mark);
+            prompt.bytes = bytes_before;
+            prompt.parts = parts_before;
             let span = s.since(start);
+            let kind = kind.map(|k| k.decode());
             prompt.push_part(false, kind.as_deref().unwrap_or("item"), span);
         }
     }
@@ -362,7 +388,7 @@ fn part(s: &mut Scanner<'_>, prompt: &mut Prompt, head: bool) -> Scan<()> {
     let start = s.offset();
     let mut kind: Option<JsonStr<'_>> = None;
     let mut text: Option<JsonStr<'_>> = None;
-    let mut payload: Option<&str> = None;
+    let mut payload: Option<&[u8]> = None;
     s.object(|s, key| {
         match &*key.decode() {
             "type" => kind = s.str_or_skip()?,
@@ -393,12 +419,12 @@ fn part(s: &mut Scanner<'_>, prompt: &mut Prompt, head: bool) -> Scan<()> {
 
 /// A payload value's identifying text: a string as it is, or an object's first `url`,
 /// `data` or file field, else the whole value.
-fn payload_of<'a>(s: &mut Scanner<'a>) -> Scan<&'a str> {
+fn payload_of<'a>(s: &mut Scanner<'a>) -> Scan<&'a [u8]> {
     match s.kind()? {
         Kind::String => Ok(s.string()?.raw()),
         Kind::Object => {
             let start = s.offset();
-            let mut leaf: Option<&'a str> = None;
+            let mut leaf: Option<&'a [u8]> = None;
             s.object(|s, key| {
                 match &*key.decode() {
                     k if leaf.is_none() && PAYLOAD_LEAVES.contains(&k) => {
@@ -506,8 +532,8 @@ fn token_list(s: &mut Scanner<'_>) -> Scan<Option<Vec<u32>>> {
 fn tokenize_body(
     shape: Shape,
     view: &RoutingView,
-    messages: Option<&str>,
-    prompt: Option<&str>,
+    messages: Option<&[u8]>,
+    prompt: Option<&[u8]>,
     add_generation_prompt: Option<bool>,
     add_special_tokens: Option<bool>,
 ) -> Option<Bytes> {
@@ -515,19 +541,31 @@ fn tokenize_body(
         ModelField::Named(m) => serde_json::to_string(m).ok()?,
         _ => "null".to_string(),
     };
+    let join = |key: &str, value: &[u8], flag: &str, on: bool| {
+        let mut out = Vec::with_capacity(value.len() + 96);
+        out.extend_from_slice(b"{\"model\":");
+        out.extend_from_slice(model.as_bytes());
+        out.extend_from_slice(format!(",\"{key}\":").as_bytes());
+        out.extend_from_slice(value);
+        out.extend_from_slice(format!(",\"{flag}\":{on}}}").as_bytes());
+        Bytes::from(out)
+    };
     match shape {
-        Shape::Chat => Some(Bytes::from(format!(
-            r#"{{"model":{model},"messages":{},"add_generation_prompt":{}}}"#,
+        Shape::Chat => Some(join(
+            "messages",
             messages?,
-            add_generation_prompt.unwrap_or(true)
-        ))),
+            "add_generation_prompt",
+            add_generation_prompt.unwrap_or(true),
+        )),
         Shape::Completion if view.tokens.is_none() => {
             let p = prompt?;
-            p.trim_start().starts_with('"').then(|| {
-                Bytes::from(format!(
-                    r#"{{"model":{model},"prompt":{p},"add_special_tokens":{}}}"#,
-                    add_special_tokens.unwrap_or(true)
-                ))
+            (p.trim_ascii_start().first() == Some(&b'"')).then(|| {
+                join(
+                    "prompt",
+                    p,
+                    "add_special_tokens",
+                    add_special_tokens.unwrap_or(true),
+                )
             })
         }
         _ => None,
