@@ -55,6 +55,8 @@ pub struct EngineOptions {
     pub max_body_bytes: usize,
     /// How long Ctrl-C waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// The HTTP edge's bounds: connections, head size and timeout, body rate.
+    pub http: strata_api::edge::EdgeLimits,
     /// Share KV blocks between requests with a common prefix.
     pub prefix_caching: bool,
     /// Seed of the prefix-cache block hashes (PROTOCOLS §3).
@@ -110,6 +112,7 @@ impl Default for EngineOptions {
             seed: 0,
             max_body_bytes: 8 << 20,
             shutdown_grace: Duration::from_secs(30),
+            http: strata_api::edge::EdgeLimits::default(),
             prefix_caching: true,
             prefix_caching_hash_seed: DEFAULT_HASH_SEED.to_string(),
             kv_events_endpoint: None,

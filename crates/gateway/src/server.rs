@@ -492,15 +492,11 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
             }
         })
     });
-    // Answers go out as soon as they are written (no Nagle delay behind an unacknowledged
-    // segment, e.g. between the chunks of a stream).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
+    // The edge server bounds connections, heads and bodies, and sends answers as soon as
+    // they are written (TCP_NODELAY: no delay between the chunks of a stream).
+    let limits = strata_api::edge::EdgeLimits::default();
     let task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let serve = strata_api::edge::serve(listener, app, limits, async move {
             let _ = rx.await;
         });
         if let Err(e) = serve.await {

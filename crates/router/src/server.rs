@@ -48,6 +48,9 @@ pub struct RouterArgs {
     /// How long in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_grace_s: u64,
+    /// The HTTP front's bounds (connections, head timeout and size, body rate).
+    #[command(flatten)]
+    pub http: strata_api::edge::EdgeArgs,
     /// Port of the OpenAI-compatible HTTP front (overrides `--port`); 0 turns it off, for
     /// a picker that only serves ext_proc.
     #[arg(long, value_name = "PORT", env = "STRATA_ROUTER_HTTP_PORT")]
@@ -260,12 +263,12 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let app = crate::proxy::app(router.clone());
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = strata_api::edge::serve(listener, app, args.http.limits(), async move {
         shutdown_signal().await;
         tracing::info!("shutting down: draining in-flight requests");
         let _ = tx.send(());
     });
-    let server = tokio::spawn(async move { server.await });
+    let server = tokio::spawn(server);
     // After the signal, give in-flight requests `grace` to finish, then stop regardless.
     let _ = rx.await;
     let _ = stop_tx.send(true);

@@ -84,6 +84,8 @@ pub struct EngineArgs {
     /// Seconds Ctrl-C waits for in-flight requests before aborting them.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    #[command(flatten)]
+    pub http: strata_api::edge::EdgeArgs,
     /// Turn the prefix cache off (it is on by default).
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
@@ -274,6 +276,7 @@ fn engine_options(args: EngineArgs) -> EngineOptions {
         seed: args.seed,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_secs),
+        http: args.http.limits(),
         prefix_caching: !args.no_enable_prefix_caching,
         prefix_caching_hash_seed: args.prefix_caching_hash_seed,
         kv_events_endpoint: args.kv_events_endpoint,

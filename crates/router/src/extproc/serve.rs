@@ -170,8 +170,7 @@ pub async fn serve(
         );
         let stop = stopped(stop_rx.clone());
         tasks.spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(stop)
+            strata_api::edge::serve(l, app, strata_api::edge::EdgeLimits::default(), stop)
                 .await
                 .map_err(ServeError::from)
         });
