@@ -124,6 +124,8 @@ def main():
         args.strata, "engine", "--port", str(args.port), "--enable-lora",
         "--max-loras", "4", "--max-lora-rank", str(max(16, args.rank)), "--max-cpu-loras", "5",
         "--lora-modules", *[f"a{i}={paths[i]}" for i in range(4)],
+        # a4 is loaded at run time, which the engine allows only under --lora-dir.
+        "--lora-dir", os.path.dirname(paths[4]),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
