@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod filters;
+pub mod flow;
 pub mod pd;
 pub mod pickers;
 pub mod saturation;
@@ -80,6 +81,11 @@ pub struct Candidate {
     /// Tokens per KV block as the endpoint's own KV events report it (the size its block
     /// hashes were computed with), when it publishes events.
     pub kv_block_size: Option<u32>,
+    /// Requests this router sent there since its last scrape (the scrape does not show
+    /// them yet), and requests that finished there since: flow control's room estimate
+    /// between two scrapes ([`saturation::pool_room`]). Both reset at every scrape.
+    pub sent_since_scrape: u32,
+    pub done_since_scrape: u32,
 }
 
 impl Candidate {
@@ -93,7 +99,16 @@ impl Candidate {
             ready: true,
             draining: false,
             kv_block_size: None,
+            sent_since_scrape: 0,
+            done_since_scrape: 0,
         }
+    }
+
+    /// A fresh scrape arrived: it shows what was sent before it.
+    pub fn scraped(&mut self, metrics: EndpointMetrics) {
+        self.metrics = Some(metrics);
+        self.sent_since_scrape = 0;
+        self.done_since_scrape = 0;
     }
 
     /// Whether the endpoint has never served metrics this router could read (a plain

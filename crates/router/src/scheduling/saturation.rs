@@ -55,6 +55,44 @@ pub fn pool_saturated(cands: &[Candidate], now: Duration, cfg: &SaturationConfig
         .all(|c| endpoint_saturated(c, now, cfg))
 }
 
+/// How many more requests one endpoint can take at `now` before it counts as saturated,
+/// by the same thresholds as [`endpoint_saturated`]: an endpoint whose load is unknown by
+/// its free in-flight slots; one with stale metrics, or KV use at the threshold, none;
+/// otherwise the queue threshold less its waiting requests as last scraped, plus those
+/// this router sent there since that scrape, less those that finished there since (each
+/// finish lets one waiting request run).
+pub fn endpoint_room(c: &Candidate, now: Duration, cfg: &SaturationConfig) -> u32 {
+    if c.load_unknown() {
+        return cfg.unknown_load_max_in_flight.saturating_sub(c.in_flight);
+    }
+    let Some(m) = c.fresh_metrics(now, cfg.stale_after) else {
+        return 0;
+    };
+    if m.kv_use.is_some_and(|kv| kv >= cfg.kv_threshold) {
+        return 0;
+    }
+    let since = f64::from(c.sent_since_scrape) - f64::from(c.done_since_scrape);
+    let waiting = (m.waiting.max(0.0) + since).max(0.0);
+    let room = (cfg.queue_threshold - waiting).ceil();
+    if room.is_finite() && room > 0.0 {
+        room.min(f64::from(u32::MAX)) as u32
+    } else {
+        0
+    }
+}
+
+/// The pool's room: the sum of [`endpoint_room`] over its ready, non-draining endpoints
+/// (0 when there is none). Flow control dispatches while it is above the requests already
+/// dispatched and not yet placed.
+pub fn pool_room(cands: &[Candidate], now: Duration, cfg: &SaturationConfig) -> u32 {
+    cands
+        .iter()
+        .filter(|c| c.ready && !c.draining)
+        .fold(0u32, |acc, c| {
+            acc.saturating_add(endpoint_room(c, now, cfg))
+        })
+}
+
 /// What to do with a request on arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -116,6 +154,49 @@ mod tests {
         cs[1].ready = false;
         assert!(pool_saturated(&cs, now(), &cfg));
         assert!(pool_saturated(&[], now(), &cfg));
+    }
+
+    #[test]
+    fn room_follows_the_saturation_thresholds_and_what_was_sent_since() {
+        let cfg = SaturationConfig::default();
+        let n = now();
+        // queue_threshold 5: 2 waiting leaves 3.
+        let mut c = cand(0, 2.0, 0.1);
+        assert_eq!(endpoint_room(&c, n, &cfg), 3);
+        assert!(!endpoint_saturated(&c, n, &cfg));
+        // Two sent since the scrape, one finished since: 2 + 2 - 1 = 3 waiting, room 2.
+        c.sent_since_scrape = 2;
+        c.done_since_scrape = 1;
+        assert_eq!(endpoint_room(&c, n, &cfg), 2);
+        // More finished than sent: never below the scraped queue's complement... nor above
+        // the threshold.
+        c.sent_since_scrape = 0;
+        c.done_since_scrape = 9;
+        assert_eq!(endpoint_room(&c, n, &cfg), 5);
+        // Saturated by queue, by KV, stale: none.
+        assert_eq!(endpoint_room(&cand(0, 5.0, 0.0), n, &cfg), 0);
+        assert_eq!(endpoint_room(&cand(0, 0.0, 0.8), n, &cfg), 0);
+        assert_eq!(
+            endpoint_room(&cand(0, 0.0, 0.0), n + Duration::from_secs(1), &cfg),
+            0
+        );
+        // Unknown load: free in-flight slots.
+        let mut u = cand(0, 0.0, 0.0);
+        u.metrics = None;
+        u.in_flight = 60;
+        assert_eq!(endpoint_room(&u, n, &cfg), 4);
+        // The pool sums ready, non-draining endpoints; a fresh scrape resets the counts.
+        let mut cs = vec![cand(0, 2.0, 0.1), cand(1, 0.0, 0.1), cand(2, 0.0, 0.1)];
+        cs[2].draining = true;
+        assert_eq!(pool_room(&cs, n, &cfg), 3 + 5);
+        cs[1].ready = false;
+        assert_eq!(pool_room(&cs, n, &cfg), 3);
+        cs[0].sent_since_scrape = 3;
+        assert_eq!(pool_room(&cs, n, &cfg), 0);
+        let m = cs[0].metrics.clone().unwrap();
+        cs[0].scraped(m);
+        assert_eq!(pool_room(&cs, n, &cfg), 3);
+        assert_eq!(pool_room(&[], n, &cfg), 0);
     }
 
     #[test]
