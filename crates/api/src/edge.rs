@@ -19,6 +19,11 @@
 //!    chunked body cannot pin a handler.
 //! 4. **Descriptors**: an `accept` that fails because the process is out of descriptors is
 //!    logged and retried after a pause, never a busy loop and never the end of the server.
+//! 5. **TLS** (with [`EdgeLimits::tls`], flags `--tls-cert`, `--tls-key`,
+//!    `--tls-client-ca`): every connection is HTTPS. The handshake happens inside the
+//!    connection's slot and must finish within the head timeout; the certificate follows
+//!    its file ([`crate::tls::ServerTls`]); with a client CA, a client without a
+//!    certificate that CA signed is refused at the handshake (mutual TLS).
 //!
 //! Shutdown stops accepting, asks every connection to finish its request in flight, and
 //! returns once they have (the caller bounds how long it waits, as with `axum::serve`).
@@ -26,6 +31,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -39,6 +45,7 @@ use axum::Router;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -47,6 +54,7 @@ use tower::ServiceExt;
 
 use crate::error::ApiError;
 use crate::http::DEFAULT_RETRY_AFTER_SECS;
+use crate::tls::{ServerTls, TlsFiles};
 
 /// The bounds [`serve`] enforces. `Default` holds a thousand slow clients without refusing a
 /// legitimate request, on a process with the usual 1,024-descriptor soft limit raised to its
@@ -63,6 +71,8 @@ pub struct EdgeLimits {
     pub body_timeout: Duration,
     /// Slowest sustained body upload accepted after the grace, in bytes a second.
     pub body_min_bytes_per_sec: u64,
+    /// Serve HTTPS with these files; `None` serves plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for EdgeLimits {
@@ -73,6 +83,7 @@ impl Default for EdgeLimits {
             max_header_bytes: 64 * 1024,
             body_timeout: Duration::from_secs(30),
             body_min_bytes_per_sec: 8 * 1024,
+            tls: None,
         }
     }
 }
@@ -98,6 +109,16 @@ pub struct EdgeArgs {
     /// Slowest sustained request-body upload accepted after the grace, in bytes a second.
     #[arg(long, default_value_t = 8 * 1024)]
     pub http_body_min_rate: u64,
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first).
+    /// The file is watched: a renewed certificate is used from the next handshake on.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of `--tls-cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: clients must present a certificate signed by a CA in this PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl EdgeArgs {
@@ -109,7 +130,17 @@ impl EdgeArgs {
             max_header_bytes: self.http_max_header_bytes.max(1024),
             body_timeout: Duration::from_secs(self.http_body_timeout_secs.max(1)),
             body_min_bytes_per_sec: self.http_body_min_rate.max(1),
+            tls: self.tls_files(),
         }
+    }
+
+    /// The certificate files these flags name, if any.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+        })
     }
 }
 
@@ -122,13 +153,17 @@ impl Default for EdgeArgs {
             http_max_header_bytes: d.max_header_bytes,
             http_body_timeout_secs: d.body_timeout.as_secs(),
             http_body_min_rate: d.body_min_bytes_per_sec,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 }
 
 /// Serves `app` on `listener` within `limits` until `shutdown` resolves, then drains: no new
 /// connection, every open one finishes its request in flight, and this returns when all
-/// have closed.
+/// have closed. With [`EdgeLimits::tls`], certificate files that do not load are an
+/// `InvalidInput` error before anything is served.
 pub async fn serve<F>(
     listener: TcpListener,
     app: Router,
@@ -138,6 +173,10 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let tls = match &limits.tls {
+        Some(files) => Some(Arc::new(ServerTls::load(files.clone(), &[b"http/1.1"])?)),
+        None => None,
+    };
     let capacity = limits.max_connections.min(descriptor_budget()).max(1);
     let slots = Arc::new(Semaphore::new(capacity));
     // Refusals are answered by their own small pool, so a flood past the cap cannot turn
@@ -166,16 +205,24 @@ where
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    refuse(stream, capacity).await;
+                    refuse(stream, tls.as_deref(), capacity).await;
                     drop(permit);
                 });
             }
             continue;
         };
-        let conn = serve_connection(stream, peer, app.clone(), limits.clone(), stop_rx.clone());
+        let (app, limits, stop, tls) = (app.clone(), limits.clone(), stop_rx.clone(), tls.clone());
         conns.spawn(async move {
-            conn.await;
+            let _ = stream.set_nodelay(true);
+            match tls {
+                None => serve_connection(stream, peer, app, limits, stop).await,
+                Some(tls) => match tls.accept(stream, limits.header_timeout).await {
+                    Ok(stream) => serve_connection(stream, peer, app, limits, stop).await,
+                    Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                },
+            }
             drop(slot);
         });
     }
@@ -187,14 +234,15 @@ where
 /// One connection: hyper's HTTP/1.1 state machine with a timer (so the head timeout is
 /// real), each request's body wrapped in [`RateBoundBody`], and a graceful close when the
 /// server stops.
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     peer: SocketAddr,
     app: Router,
     limits: EdgeLimits,
     mut stop: watch::Receiver<bool>,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let body_limits = (limits.body_timeout, limits.body_min_bytes_per_sec);
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let app = app.clone();
@@ -254,8 +302,26 @@ async fn check_head_size(
     next.run(req).await
 }
 
-/// Answers a connection past the cap with a 503 and closes it, within a second.
-async fn refuse(mut stream: TcpStream, capacity: usize) {
+/// Answers a connection past the cap with a 503 and closes it, within a second (the TLS
+/// handshake, when the server speaks TLS, included).
+async fn refuse(stream: TcpStream, tls: Option<&ServerTls>, capacity: usize) {
+    let started = Instant::now();
+    let within = Duration::from_secs(1);
+    match tls {
+        None => answer_refusal(stream, capacity, within).await,
+        Some(tls) => {
+            if let Ok(stream) = tls.accept(stream, within).await {
+                let left = within.saturating_sub(started.elapsed());
+                answer_refusal(stream, capacity, left).await;
+            }
+        }
+    }
+}
+
+async fn answer_refusal<S>(mut stream: S, capacity: usize, within: Duration)
+where
+    S: AsyncWrite + Unpin,
+{
     use tokio::io::AsyncWriteExt;
     let body = ApiError::unavailable(format!(
         "This server has {capacity} connections open, its limit; retry shortly."
@@ -268,7 +334,7 @@ async fn refuse(mut stream: TcpStream, capacity: usize) {
          connection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let _ = tokio::time::timeout(within, async {
         let _ = stream.write_all(answer.as_bytes()).await;
         let _ = stream.shutdown().await;
     })

@@ -22,7 +22,8 @@
 //! * [`stats`]: the one sample-percentile definition.
 //! * [`trace`]: W3C `traceparent` and the hook the binary's trace exporter plugs into.
 //! * `http` (feature `http`): `IntoResponse for ApiError`, route fallbacks, the shutdown
-//!   signal, shared by every HTTP front.
+//!   signal, shared by every HTTP front; `edge`, the HTTP server they all run; `tls`,
+//!   rustls configurations for servers (reloaded with their files) and clients.
 
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
@@ -38,6 +39,8 @@ pub mod model_server;
 pub mod prometheus;
 pub mod sse;
 pub mod stats;
+#[cfg(feature = "http")]
+pub mod tls;
 pub mod trace;
 pub mod types;
 pub mod validate;
