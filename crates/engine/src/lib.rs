@@ -9,6 +9,7 @@
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod attention;
+pub mod auth;
 pub mod chat_template;
 pub mod cli;
 pub mod embed;

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::auth::AuthOptions;
 use crate::kv::cache::KvDtype;
+use crate::kv::peers::KvPeers;
 use crate::lora::LoraOptions;
 use crate::model::WeightFormat;
 use crate::scheduler::Policy;
@@ -92,6 +94,10 @@ pub struct EngineOptions {
     pub kv_transfer_timeout: Duration,
     /// The machine's shared KV tier (`--kv-tier`); off when `None`.
     pub kv_tier: Option<SocketAddr>,
+    /// The peers this engine may connect to for KV transfer (`--kv-peers`).
+    pub kv_peers: KvPeers,
+    /// `--api-key`, `--admin-key` and `--protect-metrics`; no key is development mode.
+    pub auth: AuthOptions,
 }
 
 impl Default for EngineOptions {
@@ -128,6 +134,8 @@ impl Default for EngineOptions {
             kv_pin_timeout: Duration::from_secs(60),
             kv_transfer_timeout: Duration::from_millis(5000),
             kv_tier: None,
+            kv_peers: KvPeers::Unset,
+            auth: AuthOptions::default(),
         }
     }
 }

@@ -8,11 +8,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use strata_engine::auth::AuthOptions;
 use strata_engine::kv::hashing::BlockHash;
+use strata_engine::kv::peers::KvPeers;
 use strata_engine::kv::tier::{Tier, TierConfig, TierStore};
 use strata_engine::kv::transfer::{self, BlockSource};
 use strata_engine::kv_events::{decode_batch, KvEvent};
@@ -71,6 +74,12 @@ fn start(opts: EngineOptions, endpoint: bool) -> Engine {
         transfer,
         state,
     }
+}
+
+/// `--kv-peers` listing exactly `addrs`.
+fn peers(addrs: &[SocketAddr]) -> KvPeers {
+    let list: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    KvPeers::parse(&list).expect("peer list")
 }
 
 fn opts(role: KvRole) -> EngineOptions {
@@ -229,7 +238,14 @@ fn remote_prefill_and_the_prefiller_header_give_the_colocated_output() {
         },
         true,
     );
-    let b = start(opts(KvRole::Decode), false);
+    // The decode engine may contact A's transfer endpoint and (for the header) its HTTP port.
+    let b = start(
+        EngineOptions {
+            kv_peers: peers(&[a.transfer.expect("A serves blocks"), a.http]),
+            ..opts(KvRole::Decode)
+        },
+        false,
+    );
     let a_port = a.transfer.expect("A serves blocks").port();
     let prompt = prompt_text();
 
@@ -476,9 +492,15 @@ fn a_stalled_or_dying_prefill_peer_falls_back_and_pins_time_out() {
         true,
     );
     let timeout = Duration::from_millis(1500);
+    let stalled = stalled_peer();
+    let closed = closed_port();
+    let a_transfer = a.transfer.expect("A serves blocks");
+    let dying = dying_proxy(a_transfer, 4096);
+    let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
     let b = start(
         EngineOptions {
             kv_transfer_timeout: timeout,
+            kv_peers: peers(&[stalled, local(closed), a_transfer, dying]),
             ..opts(KvRole::Both)
         },
         false,
@@ -496,12 +518,10 @@ fn a_stalled_or_dying_prefill_peer_falls_back_and_pins_time_out() {
                    "remote_request_id": "gone"}),
         )
     };
-    let stalled = stalled_peer();
-    let dying = dying_proxy(a.transfer.expect("A serves blocks"), 4096);
     let mut fallbacks = 0.0;
     for (what, port, prefill_first) in [
         ("stalled", stalled.port(), false),
-        ("refused", closed_port(), false),
+        ("refused", closed, false),
         // A live peer that holds none of the prompt's blocks (never computed it).
         ("empty", a.transfer.expect("A serves blocks").port(), false),
         ("dying", dying.port(), true),
@@ -561,6 +581,175 @@ fn a_stalled_or_dying_prefill_peer_falls_back_and_pins_time_out() {
         &[],
     );
     assert_400(status, &answer, "kv_transfer_params");
+}
+
+/// A listener that counts the connections it accepts (held open, never answered).
+fn counting_listener() -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in l.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    (addr, n)
+}
+
+/// A prefill engine's HTTP port as a liar would run it: every request (counted) gets a
+/// phase-1 answer naming `transfer` as the block endpoint.
+fn fake_prefiller(transfer: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+            // The head, then the body it announces.
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 4096];
+            let body_len = loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break None,
+                    Ok(k) => raw.extend_from_slice(&buf[..k]),
+                }
+                let text = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    break Some(end + 4 + len);
+                }
+            };
+            let Some(total) = body_len else { continue };
+            while raw.len() < total {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => raw.extend_from_slice(&buf[..k]),
+                }
+            }
+            let body = json!({"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                "kv_transfer_params": {"do_remote_prefill": true, "do_remote_decode": false,
+                    "remote_host": "127.0.0.1", "remote_port": transfer.port(),
+                    "remote_block_ids": [0], "remote_engine_id": "fake",
+                    "remote_request_id": "fake"}})
+            .to_string();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, n)
+}
+
+/// Issue 29: a peer a client names is refused with a 400 naming the field and never
+/// contacted (a listener counts 0 connections), on an engine with a `--kv-peers` list and
+/// on an open engine without one; a listed prefill engine whose answer names an unlisted
+/// block endpoint costs a recompute, not a connection; and without `--kv-peers`, an engine
+/// that requires an API key lets its key holders (the router) name peers.
+#[test]
+fn client_named_kv_peers_are_refused_and_never_contacted() {
+    let (target, connections) = counting_listener();
+    let (prefiller, prefiller_calls) = fake_prefiller(target);
+    let prompt = prompt_text();
+    let named = with(
+        completion(&prompt, 2),
+        "kv_transfer_params",
+        json!({"do_remote_prefill": true, "remote_host": "127.0.0.1",
+               "remote_port": target.port(), "remote_request_id": "r"}),
+    );
+    let listed = start(
+        EngineOptions {
+            kv_peers: peers(&[prefiller]),
+            ..opts(KvRole::Decode)
+        },
+        false,
+    );
+    let open = start(opts(KvRole::Decode), false);
+    let target_text = target.to_string();
+    for (what, e) in [("listed", &listed), ("open", &open)] {
+        let (status, answer) = post(e.http, "/v1/completions", &named, &[]);
+        assert_400(status, &answer, "kv_transfer_params.remote_host");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&target_text), "{what}: {answer}");
+        let (status, answer) = post(
+            e.http,
+            "/v1/completions",
+            &completion(&prompt, 2),
+            &[("x-prefiller-host-port", &target_text)],
+        );
+        assert_400(status, &answer, "x-prefiller-host-port");
+        let chat = json!({"model": MODEL, "max_tokens": 1,
+                          "messages": [{"role": "user", "content": prompt}],
+                          "kv_transfer_params": named["kv_transfer_params"]});
+        let (status, answer) = post(e.http, "/v1/chat/completions", &chat, &[]);
+        assert_400(status, &answer, "kv_transfer_params.remote_host");
+    }
+    // The open engine does not call an unlisted prefill engine either.
+    let (status, answer) = post(
+        open.http,
+        "/v1/completions",
+        &completion(&prompt, 2),
+        &[("x-prefiller-host-port", &prefiller.to_string())],
+    );
+    assert_400(status, &answer, "x-prefiller-host-port");
+    assert_eq!(prefiller_calls.load(Ordering::SeqCst), 0);
+
+    // A listed prefill engine that names an unlisted block endpoint: phase 1 runs, the pull
+    // does not; the decode engine recomputes.
+    let (status, answer) = post(
+        listed.http,
+        "/v1/completions",
+        &completion(&prompt, 2),
+        &[("x-prefiller-host-port", &prefiller.to_string())],
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(prefiller_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(path_count(listed.http, "fallback"), 1.0);
+    assert_eq!(path_count(listed.http, "remote_prefill"), 0.0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a refused peer was contacted"
+    );
+
+    // No --kv-peers but --api-key: a caller without the key gets a 401 and contacts nothing;
+    // a key holder may name the peer (nothing answers there: the engine recomputes).
+    let keyed = start(
+        EngineOptions {
+            auth: AuthOptions {
+                api_keys: vec!["internal-key".into()],
+                ..AuthOptions::default()
+            },
+            kv_transfer_timeout: Duration::from_millis(500),
+            ..opts(KvRole::Decode)
+        },
+        false,
+    );
+    let (status, answer) = post(keyed.http, "/v1/completions", &named, &[]);
+    assert_eq!(status, 401, "{answer}");
+    assert_eq!(connections.load(Ordering::SeqCst), 0);
+    let (status, answer) = post(
+        keyed.http,
+        "/v1/completions",
+        &named,
+        &[("authorization", "Bearer internal-key")],
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+    assert_eq!(path_count(keyed.http, "fallback"), 1.0);
 }
 
 /// A KV tier listening on `listener`, bounded to `blocks` blocks of `block_bytes`, served in

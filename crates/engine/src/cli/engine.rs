@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use super::model::print_progress;
+use crate::auth::AuthOptions;
 use crate::kv::cache::KvDtype;
+use crate::kv::peers::KvPeers;
 use crate::lora::{LoraModule, LoraOptions};
 use crate::model::WeightFormat;
 use crate::model_cache::{ModelCache, DEFAULT_MODEL};
@@ -126,6 +128,35 @@ pub struct EngineArgs {
     /// blocks are offloaded there and looked up before a prompt is recomputed.
     #[arg(long, value_name = "ADDR", value_parser = parse_socket_addr)]
     pub kv_tier: Option<SocketAddr>,
+    /// The only KV-transfer peers (`host:port`, repeatable or comma-separated) this engine
+    /// connects to: prefill engines' HTTP addresses (for `x-prefiller-host-port`) and their
+    /// transfer endpoints (`remote_host`/`remote_port`); a request naming another is a 400
+    /// and nothing is contacted. `any` allows every peer. Without it, peers a request names
+    /// are allowed only when the engine requires --api-key.
+    #[arg(long, value_delimiter = ',', value_name = "HOST:PORT")]
+    pub kv_peers: Vec<String>,
+    /// Require `Authorization: Bearer <key>` on every route but /health, /version and
+    /// /metrics (repeatable or comma-separated: any one of the keys; vLLM's --api-key).
+    #[arg(
+        long,
+        env = "STRATA_API_KEY",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "KEY"
+    )]
+    pub api_key: Vec<String>,
+    /// The key of the admin routes (/reset_prefix_cache, /v1/load_lora_adapter,
+    /// /v1/unload_lora_adapter). With --api-key and no admin key they are disabled.
+    #[arg(
+        long,
+        env = "STRATA_ADMIN_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub admin_key: Option<String>,
+    /// Put /metrics behind the API key too.
+    #[arg(long, requires = "api_key")]
+    pub protect_metrics: bool,
     /// Prompt-lookup speculative decoding, as vLLM spells it: `{"method": "ngram",
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`.
     #[arg(long, value_name = "JSON", value_parser = parse_speculative_config)]
@@ -200,13 +231,14 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
     if args.mock {
         return mock_engine(args, addr).await;
     }
+    let kv_peers = KvPeers::parse(&args.kv_peers).map_err(anyhow::Error::msg)?;
     let path = model_file(&args).await?;
     let model_name = served_name(&args, &path);
     let config = ServerConfig {
         model_path: path,
         model_name,
         addr,
-        options: engine_options(args),
+        options: engine_options(args, kv_peers),
     };
     crate::server::run(config).await?;
     Ok(())
@@ -259,7 +291,7 @@ fn served_name(args: &EngineArgs, path: &std::path::Path) -> String {
 }
 
 /// The flags as the engine's options.
-fn engine_options(args: EngineArgs) -> EngineOptions {
+fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
     EngineOptions {
         weights: args.weights,
         exact_decode: args.exact_decode,
@@ -288,6 +320,12 @@ fn engine_options(args: EngineArgs) -> EngineOptions {
         kv_pin_timeout: Duration::from_secs(args.kv_pin_timeout_secs),
         kv_transfer_timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
         kv_tier: args.kv_tier,
+        kv_peers,
+        auth: AuthOptions {
+            api_keys: args.api_key,
+            admin_key: args.admin_key,
+            protect_metrics: args.protect_metrics,
+        },
         speculative: args.speculative_config,
         generation_config: args.generation_config,
         lora: args.enable_lora.then_some(LoraOptions {

@@ -30,6 +30,7 @@ use super::bert::BertModel;
 use super::tokenizer::EmbedTokenizer;
 use super::worker::{self, EmbedFailure, EmbedHandle, WorkerConfig};
 use super::{EmbedError, EncoderConfig};
+use crate::auth::{self, Gate};
 use crate::metrics::EngineMetrics;
 use crate::options::{EngineOptions, ServerConfig};
 use crate::serve::{serve_with_drain, ServerError};
@@ -46,6 +47,9 @@ pub struct EmbedState {
     pub vocab_size: usize,
     pub max_body_bytes: usize,
     pub created: u64,
+    /// The API key every route but `/health`, `/version` and `/metrics` is checked against
+    /// (`crate::auth`; this front has no admin routes).
+    pub gate: Arc<Gate>,
     in_flight: AtomicUsize,
 }
 
@@ -69,6 +73,7 @@ pub fn load(
             "max-num-batched-tokens and max-waiting must be positive".into(),
         ));
     }
+    opts.auth.validate().map_err(ServerError::Option)?;
     let config = EncoderConfig::from_dir(dir)?;
     let tokenizer = EmbedTokenizer::from_file(&dir.join("tokenizer.json"))?;
     let max_len = opts
@@ -108,6 +113,7 @@ pub fn load(
         vocab_size,
         max_body_bytes: opts.max_body_bytes,
         created: unix_now(),
+        gate: Arc::new(Gate::new(&opts.auth, &[])),
         in_flight: AtomicUsize::new(0),
     });
     Ok(LoadedEncoder {
@@ -116,7 +122,7 @@ pub fn load(
     })
 }
 
-/// The HTTP routes.
+/// The HTTP routes, behind the API key (`crate::auth`).
 pub fn router(state: Arc<EmbedState>) -> Router {
     Router::new()
         .route("/v1/embeddings", post(embeddings))
@@ -129,6 +135,10 @@ pub fn router(state: Arc<EmbedState>) -> Router {
         .route("/version", get(version))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.gate.clone(),
+            auth::guard,
+        ))
         .with_state(state)
 }
 
@@ -147,6 +157,7 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
             source,
         })?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
+    auth::warn_if_open(&config.options.auth, local);
     tracing::info!(addr = %local, model = %config.model_name, "serving embeddings");
     let state = loaded.state.clone();
     serve_with_drain(

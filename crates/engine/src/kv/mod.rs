@@ -1,11 +1,13 @@
 //! The paged KV cache: where keys and values live ([`cache`]), who owns which block
 //! ([`block_pool`]) and how full blocks are named for prefix caching ([`hashing`]); how
 //! blocks move between engines and the shared tier ([`transfer`]) and what the tier
-//! keeps ([`tier`]) and how an engine offloads to it ([`offload`]).
+//! keeps ([`tier`]) and how an engine offloads to it ([`offload`]); which peers an engine may
+//! connect to ([`peers`]).
 
 pub mod block_pool;
 pub mod cache;
 pub mod hashing;
 pub mod offload;
+pub mod peers;
 pub mod tier;
 pub mod transfer;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::Receiver;
 
+use crate::kv::peers::KvPeers;
 use crate::kv::transfer::BlockData;
 use crate::options::{EngineOptions, KvRole};
 
@@ -22,6 +23,12 @@ pub struct KvState {
     pub transfer_timeout: Duration,
     pub tier: Option<SocketAddr>,
     pub prefix_caching: bool,
+    /// The peers this engine may connect to (`--kv-peers`).
+    pub peers: KvPeers,
+    /// Every request that reaches a handler presented the engine's API key.
+    pub authenticated: bool,
+    /// The key sent with phase-1 calls to prefill engines (this engine's first API key).
+    pub outbound_key: Option<String>,
     /// `remote_host` and `remote_port`, once the transfer endpoint listens.
     advertised: OnceLock<(String, u16)>,
     /// The loop's evicted-block copies, until the offloader takes them.
@@ -37,9 +44,18 @@ impl KvState {
             transfer_timeout: opts.kv_transfer_timeout,
             tier: opts.kv_tier.filter(|_| opts.prefix_caching),
             prefix_caching: opts.prefix_caching,
+            peers: opts.kv_peers.clone(),
+            authenticated: opts.auth.requires_api_key(),
+            outbound_key: opts.auth.outbound_key().map(str::to_string),
             advertised: OnceLock::new(),
             evicted: Mutex::new(evicted),
         }
+    }
+
+    /// Whether this engine may connect to `host:port` for KV transfer (`--kv-peers`); the
+    /// refusal says why. Checked before any connection is attempted.
+    pub fn check_peer(&self, host: &str, port: u16) -> Result<(), String> {
+        self.peers.check(host, port, self.authenticated)
     }
 
     /// Where decoders pull this engine's blocks from; `None` without an endpoint.

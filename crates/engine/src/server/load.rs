@@ -12,6 +12,7 @@ use super::events::kv_event_sink;
 use super::http::unix_now;
 use super::kv_state::{KvState, EVICTED_QUEUE};
 use super::state::AppState;
+use crate::auth::{Gate, ADMIN_ROUTES};
 use crate::chat_template::ChatTemplate;
 use crate::engine::{self, EngineConfig};
 use crate::generation_config::GenerationDefaults;
@@ -43,6 +44,7 @@ pub fn load(
             "block size, max-num-seqs and max-num-batched-tokens must be positive".into(),
         ));
     }
+    opts.auth.validate().map_err(ServerError::Option)?;
     let read = read_model(model_path, opts)?;
     let lora = match &opts.lora {
         None => None,
@@ -92,6 +94,7 @@ pub fn load(
         generation_defaults: read.generation_defaults,
         lora: lora.map(Mutex::new),
         kv: KvState::new(opts, evicted_rx),
+        gate: Arc::new(Gate::new(&opts.auth, ADMIN_ROUTES)),
     });
     Ok(Loaded {
         state,

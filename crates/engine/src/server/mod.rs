@@ -14,7 +14,7 @@
 //!   `generate`, the core both share (name the job, prepare its KV, `submit` it, then
 //!   collect every choice or `stream` them).
 //! - `tokenize`, `admin`: the other routes; `http`: bodies, errors and ids; `spans`: the
-//!   request's trace spans.
+//!   request's trace spans. Every route is behind `crate::auth`'s keys.
 //! - `events`: the KV-event sink; `disagg` and `kv_state`: prefill/decode disaggregation
 //!   and the shared tier.
 //!
@@ -31,6 +31,8 @@ use axum::Router;
 use strata_api::validate::parse_json;
 use strata_api::ApiError;
 
+use crate::auth;
+use crate::kv::peers::KvPeers;
 use crate::kv_events;
 use crate::metrics::EngineMetrics;
 use crate::serve::serve_with_drain;
@@ -58,7 +60,8 @@ pub use kv_state::KvState;
 pub use load::{load, Loaded};
 pub use state::AppState;
 
-/// The HTTP routes.
+/// The HTTP routes, behind the API and admin keys (`auth.rs`; a refusal is still counted
+/// in the HTTP metrics).
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -75,6 +78,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/unload_lora_adapter", post(admin::unload_lora_adapter))
         .fallback(strata_api::http::not_found)
         .method_not_allowed_fallback(strata_api::http::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.gate.clone(),
+            auth::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
             track_http,
@@ -144,6 +151,10 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         .map_err(|e| ServerError::Option(format!("model loading panicked: {e}")))??;
     let listener = bind(config.addr).await?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
+    auth::warn_if_open(&config.options.auth, local);
+    if config.options.kv_peers == KvPeers::Any {
+        tracing::warn!("--kv-peers any: requests may name any host and port for KV transfer");
+    }
     let transfer = match config.options.kv_transfer_port {
         0 => None,
         port => Some(bind(SocketAddr::new(config.addr.ip(), port)).await?),

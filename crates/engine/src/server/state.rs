@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use strata_api::ApiError;
 
 use super::kv_state::KvState;
+use crate::auth::Gate;
 use crate::chat_template::ChatTemplate;
 use crate::engine::EngineHandle;
 use crate::generation_config::GenerationDefaults;
@@ -34,6 +35,8 @@ pub struct AppState {
     pub lora: Option<Mutex<LoraRegistry>>,
     /// Disaggregation role, transfer endpoint and tier.
     pub kv: KvState,
+    /// The API and admin keys every route is checked against (`auth.rs`).
+    pub gate: Arc<Gate>,
 }
 
 impl AppState {

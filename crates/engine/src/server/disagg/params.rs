@@ -3,12 +3,11 @@
 //! [`KvPlan`] (what cannot be honoured is a 400 naming the parameter); and the params a
 //! prefill answer carries for its decoder.
 
-use std::net::IpAddr;
-
 use axum::http::HeaderMap;
 use strata_api::types::KvTransferParams;
 use strata_api::ApiError;
 
+use crate::kv::peers::{check_host_port, split_host_port};
 use crate::options::KvRole;
 use crate::server::http::{random_id, request_id};
 use crate::server::state::AppState;
@@ -17,6 +16,8 @@ use crate::server::state::AppState;
 const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// The `kv_transfer_params` extra field naming the pin a decoder releases.
 pub(super) const REMOTE_REQUEST_ID: &str = "remote_request_id";
+/// The parameter a refused peer is reported under.
+const REMOTE_HOST: &str = "kv_transfer_params.remote_host";
 
 /// What a request asked for, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +120,12 @@ pub(in crate::server) fn plan(
                 ))
             }
         };
+        // Last, once the params are well formed, and before anything connects: only a peer
+        // this engine may contact.
+        state
+            .kv
+            .check_peer(host, port)
+            .map_err(|m| ApiError::invalid(REMOTE_HOST, m))?;
         return Ok(KvPlan::Remote {
             host: host.to_string(),
             port,
@@ -150,6 +157,7 @@ fn prefiller_plan(
         ))
     })?;
     check_host_port(&host, port).map_err(bad)?;
+    state.kv.check_peer(&host, port).map_err(bad)?;
     // Several choices cannot share one prefill's pin, and an engine without prefix caching
     // cannot take blocks in: serve those colocated, which is always correct.
     if n > 1 || !state.kv.prefix_caching {
@@ -161,48 +169,6 @@ fn prefiller_plan(
         port,
         request_id,
     })
-}
-
-/// `host:port`, with `[v6]:port` for IPv6 literals.
-fn split_host_port(s: &str) -> Option<(String, u16)> {
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (h, p) = rest.split_once("]:")?;
-        (h, p)
-    } else {
-        s.rsplit_once(':')?
-    };
-    let port: u16 = port.parse().ok()?;
-    Some((host.to_string(), port))
-}
-
-/// A host that is an IP address or a DNS name (RFC 1123 labels), and a port other than 0.
-pub(super) fn check_host_port(host: &str, port: u16) -> Result<(), String> {
-    if port == 0 {
-        return Err("remote_port must be between 1 and 65535.".into());
-    }
-    if host.parse::<IpAddr>().is_ok() || is_hostname(host) {
-        Ok(())
-    } else {
-        Err(format!(
-            "remote_host `{}` is neither an IP address nor a host name.",
-            host.chars().take(80).collect::<String>()
-        ))
-    }
-}
-
-fn is_hostname(host: &str) -> bool {
-    let host = host.strip_suffix('.').unwrap_or(host);
-    !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
 }
 
 /// The answer's `kv_transfer_params` for a request prefilled for a remote decoder.
@@ -222,52 +188,5 @@ pub(in crate::server) fn prefill_answer(
         remote_host: host,
         remote_port: port,
         extra,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_port_forms() {
-        assert_eq!(
-            split_host_port("10.0.0.7:8001"),
-            Some(("10.0.0.7".into(), 8001))
-        );
-        assert_eq!(split_host_port("[::1]:9"), Some(("::1".into(), 9)));
-        assert_eq!(
-            split_host_port("prefill-0.svc:80"),
-            Some(("prefill-0.svc".into(), 80))
-        );
-        assert_eq!(split_host_port("nohost"), None);
-        assert_eq!(split_host_port("h:70000"), None);
-        assert_eq!(split_host_port("[::1]9"), None);
-    }
-
-    #[test]
-    fn hosts_must_be_ips_or_names() {
-        for ok in [
-            "127.0.0.1",
-            "::1",
-            "localhost",
-            "prefill-0.ns.svc.cluster.local",
-            "a.",
-        ] {
-            assert!(check_host_port(ok, 1).is_ok(), "{ok}");
-        }
-        for bad in [
-            "",
-            "a b",
-            "-a",
-            "a..b",
-            "http://x",
-            "x/y",
-            "é",
-            &"a".repeat(64),
-        ] {
-            assert!(check_host_port(bad, 1).is_err(), "{bad}");
-        }
-        assert!(check_host_port("127.0.0.1", 0).is_err());
     }
 }

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use strata_api::types::KvTransferParams;
 
-use super::params::{check_host_port, KvPlan, REMOTE_REQUEST_ID};
+use super::params::{KvPlan, REMOTE_REQUEST_ID};
 use crate::engine::EngineHandle;
 use crate::kv::block_pool::HashKey;
 use crate::kv::offload;
+use crate::kv::peers::check_host_port;
 use crate::kv::transfer::{self, BlockData, BlockSpec, TransferClient, TransferError};
 use crate::metrics::TransferPath;
 use crate::server::state::AppState;
@@ -154,13 +155,17 @@ async fn remote(
             port,
             request_id,
         } => {
-            let answer = phase_one(host, *port, prompt, request_id).await?;
+            let key = state.kv.outbound_key.as_deref();
+            let answer = phase_one(host, *port, prompt, request_id, key).await?;
             let (Some(h), Some(p)) = (answer.remote_host.clone(), answer.remote_port) else {
                 return Err(PullError::Prefill(
                     "the answer carries no remote_host/remote_port".into(),
                 ));
             };
             check_host_port(&h, p).map_err(PullError::Prefill)?;
+            // The prefill engine names its transfer endpoint: it too must be a peer this
+            // engine may contact.
+            state.kv.check_peer(&h, p).map_err(PullError::Prefill)?;
             let release = match answer.extra.get(REMOTE_REQUEST_ID) {
                 Some(serde_json::Value::String(s)) => s.clone(),
                 _ => request_id.clone(),
@@ -204,13 +209,14 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, PullError> {
 }
 
 /// vLLM's proxy step 1 against `host:port`: the same body with `kv_transfer_params:
-/// prefill_request()`, `max_tokens: 1`, `stream: false` and the same `x-request-id`; the
-/// answer's `kv_transfer_params`.
+/// prefill_request()`, `max_tokens: 1`, `stream: false` and the same `x-request-id`, with
+/// this engine's API key when it has one; the answer's `kv_transfer_params`.
 async fn phase_one(
     host: &str,
     port: u16,
     prompt: &PromptRef<'_>,
     request_id: &str,
+    key: Option<&str>,
 ) -> Result<KvTransferParams, PullError> {
     use http_body_util::{BodyExt, Full, Limited};
     let fail = |m: String| PullError::Prefill(m);
@@ -245,10 +251,14 @@ async fn phase_one(
     } else {
         format!("{host}:{port}")
     };
-    let req = hyper::Request::post(prompt.path)
+    let mut req = hyper::Request::post(prompt.path)
         .header(hyper::header::HOST, authority)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", request_id)
+        .header("x-request-id", request_id);
+    if let Some(key) = key {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| fail(e.to_string()))?;
     let resp = sender
