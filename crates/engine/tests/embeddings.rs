@@ -390,3 +390,66 @@ fn openai_python_sdk_embeddings_create() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+/// One exchange with an optional bearer key: the status and the body as JSON.
+fn call_with_key(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    key: Option<&str>,
+) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(common::READ_TIMEOUT))
+        .expect("timeout");
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n{auth}Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let (status, text) = common::parse_response(&raw);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// The embeddings server takes the same `--api-key` as the generation server (issue 29).
+#[test]
+fn the_api_key_guards_the_embeddings_server() {
+    let (addr, _) = start(EngineOptions {
+        auth: strata_engine::auth::AuthOptions {
+            api_keys: vec!["embed-key".into()],
+            admin_key: Some("embed-admin".into()),
+            protect_metrics: false,
+        },
+        ..small()
+    });
+    let body = json!({"model": NAME, "input": "hello"}).to_string();
+    for (method, path, body) in [
+        ("POST", "/v1/embeddings", body.as_str()),
+        ("GET", "/v1/models", ""),
+        ("POST", "/tokenize", r#"{"prompt": "hello"}"#),
+    ] {
+        for key in [None, Some("wrong")] {
+            let (status, answer) = call_with_key(addr, method, path, body, key);
+            assert_eq!(status, 401, "{path}: {answer}");
+            assert_eq!(answer["error"]["type"], "authentication_error", "{answer}");
+        }
+        for key in ["embed-key", "embed-admin"] {
+            let (status, answer) = call_with_key(addr, method, path, body, Some(key));
+            assert_eq!(status, 200, "{path}: {answer}");
+        }
+    }
+    for path in ["/health", "/version", "/metrics"] {
+        let (status, answer) = call_with_key(addr, "GET", path, "", None);
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+}

@@ -121,13 +121,15 @@ impl EngineLoop {
         (result, decode_only)
     }
 
-    /// A failed forward ends every sequence of the step with its error.
+    /// A failed forward ends every sequence of the step with an error. The detail (a
+    /// compute error can carry a backtrace) goes to the log only, never to a client.
     fn fail_step(&mut self, plan: &StepPlan, e: &ModelError) {
         tracing::error!(error = %e, "forward pass failed; aborting the step's sequences");
+        let reason = || FinishReason::Error("the forward pass failed (see the server log)".into());
         let mut failed: Vec<(usize, Ending)> = plan
             .work
             .iter()
-            .map(|w| (w.index, (FinishReason::Error(e.to_string()), None)))
+            .map(|w| (w.index, (reason(), None)))
             .collect();
         for (seq, ending, ()) in self.scheduler.retire(&mut failed, |_, _, _| ()) {
             self.output.finish(seq, ending, Vec::new());

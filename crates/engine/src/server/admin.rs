@@ -66,7 +66,11 @@ pub(super) async fn load_lora_adapter(
     let (n, p) = (name.clone(), path.clone());
     let adapter = tokio::task::spawn_blocking(move || read_adapter(&n, &p, &base, max_rank))
         .await
-        .map_err(|e| ApiError::internal(format!("adapter loading failed: {e}")))??;
+        .map_err(|e| {
+            // A panic's message stays in the log.
+            tracing::error!(error = %e, "adapter loading task failed");
+            ApiError::internal("Adapter loading failed (see the server log).")
+        })??;
     let adapter = state.lora_registry()?.insert(adapter)?;
     tracing::info!(
         adapter = %name,
