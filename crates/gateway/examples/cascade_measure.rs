@@ -121,6 +121,7 @@ limits: {{default_key: {{rpm: 100000, tpm: 100000000}}}}
         GatewayOptions {
             admin_key: Some("bench".into()),
             seed: Some(1),
+            ..Default::default()
         },
     )
     .expect("gateway");

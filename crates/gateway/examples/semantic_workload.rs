@@ -93,6 +93,7 @@ async fn gateway(
         GatewayOptions {
             admin_key: None,
             seed: Some(1),
+            ..Default::default()
         },
     )
     .expect("gateway");

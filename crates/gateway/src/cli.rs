@@ -140,6 +140,7 @@ pub fn build(args: &GatewayArgs) -> anyhow::Result<Arc<Gateway>> {
         GatewayOptions {
             admin_key: args.admin_key.clone(),
             seed: None,
+            ..Default::default()
         },
     )?)
 }

@@ -53,6 +53,30 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub store: StoreConfig,
+    /// Who may call besides API keys ([`crate::auth::config`]).
+    #[serde(default)]
+    pub auth: crate::auth::config::AuthConfig,
+    /// Who may read the tenant series of `/metrics`.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `metrics:`: the per-tenant series (tokens, cost, cache outcomes by tenant) are shown
+/// only to a caller with the metrics key (`Authorization: Bearer`), or on a listener of
+/// their own; without either, `/metrics` carries only series that name no tenant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// The metrics key itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// An environment variable holding the metrics key (read at load); not with `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_env: Option<String>,
+    /// `host:port` of a second listener serving the whole `/metrics` (tenant series
+    /// included) and nothing else, for a scraper on a private network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// Which store holds keys, tenants, budgets, the ledger and the audit log.
@@ -288,9 +312,18 @@ pub struct TenantConfig {
     pub name: String,
     #[serde(default)]
     pub limits: RateLimits,
-    /// Spend ceiling in USD over the tenant's lifetime (reset through the admin API).
+    /// Spend ceiling in USD per `budget_period` (over the tenant's lifetime without one).
     #[serde(default)]
     pub budget_usd: Option<f64>,
+    /// `daily | weekly | monthly` (UTC calendar periods); absent: a lifetime cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_period: Option<crate::budget::Period>,
+    /// Each user's budget in this tenant (a JWT's user, or a key's `user`) unless the
+    /// admin API stored one for that user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_budget_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_budget_period: Option<crate::budget::Period>,
     /// Public model names the tenant may use; empty means all.
     #[serde(default)]
     pub allowed_models: Vec<String>,
@@ -410,6 +443,23 @@ pub struct ServerConfig {
     /// Seconds between re-reads of keys from the store (changes made by another process).
     #[serde(default = "default_key_refresh")]
     pub key_refresh_secs: u64,
+    /// Edge bounds ([`strata_api::edge::EdgeLimits`]); each absent one keeps the edge
+    /// server's default. Most connections open at once (more get a 503).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    /// Time to receive a request head; it also closes a keep-alive connection idle that
+    /// long (the edge server has one timer for both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_timeout_ms: Option<u64>,
+    /// Largest request head in bytes (431 above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_header_bytes: Option<usize>,
+    /// Grace for a request body before `body_min_bytes_per_sec` applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_timeout_ms: Option<u64>,
+    /// Slowest sustained body upload accepted after the grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_min_bytes_per_sec: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -418,7 +468,54 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body(),
             max_response_bytes: default_max_response(),
             key_refresh_secs: default_key_refresh(),
+            max_connections: None,
+            header_timeout_ms: None,
+            max_header_bytes: None,
+            body_timeout_ms: None,
+            body_min_bytes_per_sec: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// The edge server's bounds: the defaults with this section's values over them.
+    pub fn edge_limits(&self) -> strata_api::edge::EdgeLimits {
+        let mut l = strata_api::edge::EdgeLimits::default();
+        if let Some(n) = self.max_connections {
+            l.max_connections = n;
+        }
+        if let Some(ms) = self.header_timeout_ms {
+            l.header_timeout = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.max_header_bytes {
+            l.max_header_bytes = n;
+        }
+        if let Some(ms) = self.body_timeout_ms {
+            l.body_timeout = Duration::from_millis(ms);
+        }
+        if let Some(r) = self.body_min_bytes_per_sec {
+            l.body_min_bytes_per_sec = r;
+        }
+        l
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes must be > 0"));
+        }
+        let zero = [
+            ("max_connections", self.max_connections.map(|v| v as u64)),
+            ("header_timeout_ms", self.header_timeout_ms),
+            ("max_header_bytes", self.max_header_bytes.map(|v| v as u64)),
+            ("body_timeout_ms", self.body_timeout_ms),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == Some(0)) {
+            return Err(invalid(format!("server.{name} must be > 0")));
+        }
+        if self.max_header_bytes.is_some_and(|n| n < 1024) {
+            return Err(invalid("server.max_header_bytes must be at least 1024"));
+        }
+        Ok(())
     }
 }
 
@@ -469,8 +566,28 @@ impl Config {
         for p in &self.guardrails.patterns {
             crate::guardrails::validate_rule(p).map_err(invalid)?;
         }
-        if self.server.max_body_bytes == 0 {
-            return Err(invalid("server.max_body_bytes must be > 0"));
+        self.server.validate()?;
+        if let Some(j) = &self.auth.jwt {
+            j.validate().map_err(invalid)?;
+        }
+        self.validate_metrics()?;
+        Ok(())
+    }
+
+    fn validate_metrics(&self) -> Result<(), ConfigError> {
+        let m = &self.metrics;
+        if m.key.is_some() && m.key_env.is_some() {
+            return Err(invalid("metrics: give key or key_env, not both"));
+        }
+        if m.key.as_deref().is_some_and(|k| k.len() < 16) {
+            return Err(invalid("metrics.key must be at least 16 characters"));
+        }
+        if let Some(addr) = &m.listen {
+            if addr.parse::<std::net::SocketAddr>().is_err() {
+                return Err(invalid(format!(
+                    "metrics.listen `{addr}` is not an address (host:port, e.g. 127.0.0.1:9464)"
+                )));
+            }
         }
         Ok(())
     }
@@ -576,10 +693,22 @@ impl Config {
                     t.name
                 )));
             }
-            if let Some(b) = t.budget_usd {
+            for b in [t.budget_usd, t.user_budget_usd].into_iter().flatten() {
                 if !(b.is_finite() && b >= 0.0) {
                     return Err(invalid(format!("tenant `{}`: budget must be >= 0", t.name)));
                 }
+            }
+            if t.budget_period.is_some() && t.budget_usd.is_none() {
+                return Err(invalid(format!(
+                    "tenant `{}`: budget_period without budget_usd",
+                    t.name
+                )));
+            }
+            if t.user_budget_period.is_some() && t.user_budget_usd.is_none() {
+                return Err(invalid(format!(
+                    "tenant `{}`: user_budget_period without user_budget_usd",
+                    t.name
+                )));
             }
             for m in &t.allowed_models {
                 if !names.contains(m.as_str()) {
@@ -831,6 +960,8 @@ pub struct Resolved {
     pub guardrails: crate::guardrails::Guardrails,
     /// Compiled cascade policies by canonical model name.
     pub cascades: HashMap<String, std::sync::Arc<crate::cascade::CascadePolicy>>,
+    /// The metrics key (`metrics.key`, or read from `metrics.key_env` at load).
+    pub metrics_key: Option<String>,
 }
 
 /// An upstream with its key read from the environment (or its embedded router built).
@@ -962,6 +1093,23 @@ impl Resolved {
                 cascades.insert(m.name.clone(), std::sync::Arc::new(policy));
             }
         }
+        let metrics_key = match (&config.metrics.key, &config.metrics.key_env) {
+            (Some(k), _) => Some(k.clone()),
+            (None, Some(var)) => {
+                let k = std::env::var(var).map_err(|_| {
+                    invalid(format!(
+                        "metrics.key_env: environment variable `{var}` is not set"
+                    ))
+                })?;
+                if k.len() < 16 {
+                    return Err(invalid(format!(
+                        "metrics.key_env: the key in `{var}` is shorter than 16 characters"
+                    )));
+                }
+                Some(k)
+            }
+            (None, None) => None,
+        };
         Ok(Resolved {
             config,
             model_index,
@@ -969,6 +1117,7 @@ impl Resolved {
             tenants,
             guardrails,
             cascades,
+            metrics_key,
         })
     }
 

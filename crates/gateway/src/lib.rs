@@ -6,6 +6,10 @@
 //! * [`store`]: the [`store::Store`] trait, its SQLite implementation (the default) and its
 //!   PostgreSQL one (replicas sharing keys, budget holds, the ledger and audit log).
 //! * [`keys`]: key format, salted hashing, constant-time verification, header parsing.
+//! * [`auth`]: who is calling (API key, JWT bearer token verified against a JWKS, admin
+//!   key) as a [`auth::Caller`] with a [`role::Role`].
+//! * [`budget`]: pure budget policy (UTC daily/weekly/monthly windows, spend, exhaustion);
+//!   [`clock`]: the injected wall clock it is read with.
 //! * [`ratelimit`]: pure GCRA plus in-memory and Redis (Lua) backends.
 //! * [`cache`]: exact-match response cache, keyed per tenant (memory LRU or Redis).
 //! * [`semantic`]: the semantic cache (similar last user message, exact context, per
@@ -29,9 +33,13 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+pub mod admin;
+pub mod auth;
+pub mod budget;
 pub mod cache;
 pub mod cascade;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod guardrails;
 pub mod keys;
@@ -40,6 +48,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod redis_conn;
 pub mod restart_only;
+pub mod role;
 pub mod routing;
 pub mod semantic;
 pub mod semantic_share;

@@ -1,4 +1,8 @@
 //! The gateway's Prometheus metrics. Names are defined here once.
+//!
+//! Two registries: the series that name a tenant (tokens, cost, semantic cache and cache
+//! outcomes per tenant) are shown only with the metrics key or on the metrics listener
+//! ([`Metrics::render`]); every other series is public ([`Metrics::render_public`]).
 
 use std::sync::atomic::AtomicU64;
 
@@ -17,6 +21,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
+    /// The series with a `tenant` label.
+    tenant_registry: Registry,
     /// `strata_gateway_requests_total{model, status}`
     pub requests: Family<Labels, Counter>,
     /// `strata_gateway_tokens_total{tenant, model, kind=input|output}`
@@ -74,6 +80,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut m = Metrics {
             registry: Registry::default(),
+            tenant_registry: Registry::default(),
             requests: Family::default(),
             tokens: Family::default(),
             cost: Family::default(),
@@ -96,16 +103,28 @@ impl Metrics {
             "Requests by public model and status",
             m.requests.clone(),
         );
-        r.register(
+        let t = &mut m.tenant_registry;
+        t.register(
             "strata_gateway_tokens",
             "Tokens by tenant, model and kind",
             m.tokens.clone(),
         );
-        r.register(
+        t.register(
             "strata_gateway_cost_usd",
             "Spend in US dollars",
             m.cost.clone(),
         );
+        t.register(
+            "strata_gateway_semantic_cache",
+            "Semantic cache lookups by tenant and result",
+            m.semantic.clone(),
+        );
+        t.register(
+            "strata_gateway_cache_outcomes",
+            "Cacheable requests by tenant and x-strata-cache outcome",
+            m.cache_outcomes.clone(),
+        );
+        let r = &mut m.registry;
         r.register(
             "strata_gateway_rejected",
             "Requests refused by the gateway",
@@ -142,16 +161,6 @@ impl Metrics {
             m.ledger_dropped.clone(),
         );
         r.register(
-            "strata_gateway_semantic_cache",
-            "Semantic cache lookups by tenant and result",
-            m.semantic.clone(),
-        );
-        r.register(
-            "strata_gateway_cache_outcomes",
-            "Cacheable requests by tenant and x-strata-cache outcome",
-            m.cache_outcomes.clone(),
-        );
-        r.register(
             "strata_gateway_cascade",
             "Cascade answers by answering model and reason",
             m.cascade.clone(),
@@ -175,7 +184,22 @@ impl Metrics {
             .inc();
     }
 
+    /// Every series, tenant series included (the metrics key's view, the metrics
+    /// listener's and the `strata up` dashboard's).
     pub fn render(&self) -> String {
+        let mut out = self.render_public();
+        // One exposition: the public part's end marker goes, the tenant part's stays.
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            out.truncate(body.len());
+        }
+        if encode(&mut out, &self.tenant_registry).is_err() {
+            return self.render_public();
+        }
+        out
+    }
+
+    /// The series that name no tenant (what `/metrics` shows without the metrics key).
+    pub fn render_public(&self) -> String {
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -25,6 +25,13 @@ pub const RESTART_ONLY: &[&str] = &[
     "/store/backend",
     "/store/url",
     "/store/timeout_ms",
+    "/auth",
+    "/metrics/listen",
+    "/server/max_connections",
+    "/server/header_timeout_ms",
+    "/server/max_header_bytes",
+    "/server/body_timeout_ms",
+    "/server/body_min_bytes_per_sec",
 ];
 
 /// The first restart-only key whose value differs between the running config `old` and

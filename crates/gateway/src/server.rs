@@ -1,34 +1,24 @@
-//! The HTTP surface: OpenAI routes (proxied), `/v1/models`, `/health`, `/metrics`, and the
-//! admin API under `/admin` (guarded by the admin key).
-//!
-//! Admin API (JSON):
-//! * `POST /admin/keys` `{tenant, name?, allowed_models?, rpm?, tpm?, budget_usd?}` → 201
-//!   with `key` (the only time the secret is shown) and the record.
-//! * `GET /admin/keys` → `{data: [record...]}`; `DELETE /admin/keys/{id}` revokes;
-//!   `PUT /admin/keys/{id}` `{rpm?, tpm?, budget_usd?, allowed_models?}` replaces limits.
-//! * `GET /admin/tenants`; `PUT /admin/tenants/{name}` `{rpm?, tpm?, budget_usd?}`.
-//! * `GET /admin/usage?tenant=&key_id=&since=` → rows per tenant, key and model.
-//! * `GET /admin/audit?limit=`; `POST /admin/reload` re-reads `gateway.yaml`.
+//! The HTTP surface: OpenAI routes (proxied), `/v1/models`, `/health`, `/metrics` (tenant
+//! series only with the metrics key, or on `metrics.listen`), the admin API under `/admin`
+//! ([`crate::admin`], by role), and serving: the edge bounds from `server:`, the metrics
+//! listener, config watching and the JWKS refresh.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
-use strata_api::{parse_json, ApiError};
+use strata_api::ApiError;
 
-use crate::config::RateLimits;
+use crate::admin;
 use crate::keys;
 use crate::proxy::{self, error_response, Route};
-use crate::state::{usd_to_micros, CreateKey, Gateway};
-use crate::store::UsageFilter;
+use crate::state::Gateway;
 
 type Gw = State<Arc<Gateway>>;
 
@@ -41,16 +31,18 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/admin/keys", post(admin_create_key).get(admin_list_keys))
+        .route("/admin/keys", post(admin::create_key).get(admin::list_keys))
         .route(
             "/admin/keys/{id}",
-            put(admin_update_key).delete(admin_revoke_key),
+            put(admin::update_key).delete(admin::revoke_key),
         )
-        .route("/admin/tenants", get(admin_list_tenants))
-        .route("/admin/tenants/{name}", put(admin_put_tenant))
-        .route("/admin/usage", get(admin_usage))
-        .route("/admin/audit", get(admin_audit))
-        .route("/admin/reload", post(admin_reload))
+        .route("/admin/tenants", get(admin::list_tenants))
+        .route("/admin/tenants/{name}", put(admin::put_tenant))
+        .route("/admin/tenants/{name}/users", get(admin::list_users))
+        .route("/admin/tenants/{name}/users/{user}", put(admin::put_user))
+        .route("/admin/usage", get(admin::usage))
+        .route("/admin/audit", get(admin::audit))
+        .route("/admin/reload", post(admin::reload))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(gw)
@@ -90,8 +82,31 @@ async fn health() -> &'static str {
     "ok"
 }
 
-async fn metrics(State(gw): Gw) -> Response {
-    let mut resp = Response::new(Body::from(gw.metrics.render()));
+/// `/metrics`: every series for a caller with the metrics key, else only the series
+/// that name no tenant. A wrong key is a 401 (a scraper misconfigured should hear so).
+async fn metrics(State(gw): Gw, headers: HeaderMap) -> Response {
+    let resolved = gw.config.get();
+    let full = match (&resolved.metrics_key, keys::from_headers(&headers)) {
+        (Some(expected), Some(presented)) => {
+            if !keys::admin_matches(presented, expected) {
+                gw.metrics.reject("metrics_auth");
+                return error_response(
+                    &ApiError::unauthorized("Wrong metrics key.").with_code("invalid_api_key"),
+                );
+            }
+            true
+        }
+        _ => false,
+    };
+    metrics_page(if full {
+        gw.metrics.render()
+    } else {
+        gw.metrics.render_public()
+    })
+}
+
+fn metrics_page(text: String) -> Response {
+    let mut resp = Response::new(Body::from(text));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -99,9 +114,20 @@ async fn metrics(State(gw): Gw) -> Response {
     resp
 }
 
+/// The `metrics.listen` listener's app: the whole `/metrics`, nothing else.
+fn metrics_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(gw): Gw| async move { metrics_page(gw.metrics.render()) }),
+        )
+        .fallback(not_found)
+        .with_state(gw)
+}
+
 async fn models(State(gw): Gw, headers: HeaderMap) -> Response {
-    let key = match proxy::authenticate(&gw, &headers) {
-        Ok(k) => k,
+    let key = match proxy::authenticate(&gw, &headers).await {
+        Ok(c) => c.key,
         Err(e) => return error_response(&e),
     };
     let resolved = gw.config.get();
@@ -126,333 +152,11 @@ async fn models(State(gw): Gw, headers: HeaderMap) -> Response {
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// Extractor: the request carries the admin key (else the OpenAI-shaped 401/403 is the
-/// answer and the handler never runs).
-struct Admin;
-
-impl FromRequestParts<Arc<Gateway>> for Admin {
-    type Rejection = Response;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        gw: &Arc<Gateway>,
-    ) -> Result<Self, Response> {
-        admin(gw, &parts.headers)
-            .map(|()| Admin)
-            .map_err(|e| error_response(&e))
-    }
-}
-
-/// Extractor: a JSON body parsed into `T`, refused with an OpenAI-shaped 400 (naming the
-/// faulty field) or 413. Put it after [`Admin`] so the key is checked first.
-struct AdminJson<T>(T);
-
-impl<T: serde::de::DeserializeOwned> FromRequest<Arc<Gateway>> for AdminJson<T> {
-    type Rejection = Response;
-
-    async fn from_request(req: Request, gw: &Arc<Gateway>) -> Result<Self, Response> {
-        let bytes = axum::body::Bytes::from_request(req, gw)
-            .await
-            .map_err(|e| {
-                error_response(&ApiError::too_large(format!(
-                    "The request body could not be read: {e}"
-                )))
-            })?;
-        parse_json(&bytes)
-            .map(AdminJson)
-            .map_err(|e| error_response(&e))
-    }
-}
-
-/// Checks the admin key; the admin API is off without one.
-fn admin(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = &gw.admin_key else {
-        return Err(ApiError::forbidden(
-            "The admin API is disabled: start the gateway with --admin-key or STRATA_ADMIN_KEY.",
-        )
-        .with_code("admin_disabled"));
-    };
-    match keys::from_headers(headers) {
-        Some(k) if keys::admin_matches(k, expected) => Ok(()),
-        _ => {
-            gw.metrics.reject("admin_auth");
-            Err(ApiError::unauthorized("Missing or wrong admin key.").with_code("invalid_api_key"))
-        }
-    }
-}
-
-fn store_error(e: impl std::fmt::Display) -> Response {
-    tracing::error!(error = %e, "store failure");
-    error_response(&ApiError::internal(
-        "The gateway's store failed; see its log.",
-    ))
-}
-
-fn check_budget(b: Option<f64>) -> Result<Option<i64>, ApiError> {
-    match b {
-        Some(v) if !(v.is_finite() && v >= 0.0) => Err(ApiError::invalid(
-            "budget_usd",
-            "`budget_usd` must be a number >= 0.",
-        )),
-        other => Ok(other.map(usd_to_micros)),
-    }
-}
-
-fn check_models(gw: &Gateway, models: &[String]) -> Result<(), ApiError> {
-    let resolved = gw.config.get();
-    match models.iter().find(|m| resolved.model(m).is_none()) {
-        Some(m) => Err(ApiError::model_not_found(m).with_param("allowed_models")),
-        None => Ok(()),
-    }
-}
-
-async fn admin_create_key(
-    State(gw): Gw,
-    _: Admin,
-    AdminJson(req): AdminJson<CreateKey>,
-) -> Response {
-    if req.tenant.trim().is_empty() || req.tenant.len() > 128 {
-        return error_response(&ApiError::invalid(
-            "tenant",
-            "`tenant` must be 1 to 128 characters.",
-        ));
-    }
-    if let Err(r) =
-        check_budget(req.budget_usd).and_then(|_| check_models(&gw, &req.allowed_models))
-    {
-        return error_response(&r);
-    }
-    let gw2 = gw.clone();
-    let res = tokio::task::spawn_blocking(move || gw2.create_key(req)).await;
-    match res {
-        Ok(Ok((full, record))) => {
-            let mut v = serde_json::to_value(&record).unwrap_or(Value::Null);
-            v["key"] = Value::String(full);
-            (StatusCode::CREATED, Json(v)).into_response()
-        }
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-async fn admin_list_keys(State(gw): Gw, _: Admin) -> Response {
-    let keys: Vec<Value> = {
-        let map = gw.keys.read();
-        let mut list: Vec<_> = map.values().cloned().collect();
-        list.sort_by(|a, b| {
-            (a.record.created_at, &a.record.id).cmp(&(b.record.created_at, &b.record.id))
-        });
-        list.iter()
-            .map(|k| {
-                let mut v = serde_json::to_value(&k.record).unwrap_or(Value::Null);
-                v["spend_micros"] = json!(k.spend.load(Ordering::Relaxed));
-                v
-            })
-            .collect()
-    };
-    Json(json!({"object": "list", "data": keys})).into_response()
-}
-
-async fn admin_revoke_key(State(gw): Gw, _: Admin, Path(id): Path<String>) -> Response {
-    let gw2 = gw.clone();
-    let id2 = id.clone();
-    match tokio::task::spawn_blocking(move || gw2.revoke_key(&id2)).await {
-        Ok(Ok(true)) => Json(json!({"id": id, "revoked": true})).into_response(),
-        Ok(Ok(false)) => error_response(&ApiError::not_found(format!("No active key `{id}`."))),
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeyUpdate {
-    #[serde(default)]
-    rpm: Option<u64>,
-    #[serde(default)]
-    tpm: Option<u64>,
-    #[serde(default)]
-    budget_usd: Option<f64>,
-    #[serde(default)]
-    allowed_models: Vec<String>,
-}
-
-async fn admin_update_key(
-    State(gw): Gw,
-    _: Admin,
-    Path(id): Path<String>,
-    AdminJson(req): AdminJson<KeyUpdate>,
-) -> Response {
-    let budget = match check_budget(req.budget_usd) {
-        Ok(b) => b,
-        Err(e) => return error_response(&e),
-    };
-    if let Err(e) = check_models(&gw, &req.allowed_models) {
-        return error_response(&e);
-    }
-    let limits = RateLimits {
-        rpm: req.rpm,
-        tpm: req.tpm,
-    };
-    let gw2 = gw.clone();
-    let id2 = id.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        let ok = gw2
-            .store
-            .update_key(&id2, limits, budget, &req.allowed_models)?;
-        if ok {
-            gw2.audit(
-                "update_key",
-                &id2,
-                &format!("{limits:?} budget_micros={budget:?}"),
-            );
-            gw2.refresh_from_store()?;
-        }
-        Ok::<_, crate::store::StoreError>(ok)
-    })
-    .await;
-    match res {
-        Ok(Ok(true)) => Json(json!({"id": id, "updated": true})).into_response(),
-        Ok(Ok(false)) => error_response(&ApiError::not_found(format!("No key `{id}`."))),
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-async fn admin_list_tenants(State(gw): Gw, _: Admin) -> Response {
-    let resolved = gw.config.get();
-    let mut names: Vec<String> = gw.tenants.read().keys().cloned().collect();
-    names.extend(resolved.tenants.keys().cloned());
-    names.sort();
-    names.dedup();
-    let live = gw.tenants.read();
-    let data: Vec<Value> = names
-        .iter()
-        .map(|n| {
-            let stored = live.get(n);
-            let cfg = resolved.tenants.get(n);
-            let limits = cfg
-                .map(|c| c.limits)
-                .unwrap_or_default()
-                .overlay(stored.map(|s| s.record.limits).unwrap_or_default());
-            let budget = stored
-                .and_then(|s| s.record.budget_micros)
-                .or_else(|| cfg.and_then(|c| c.budget_usd).map(usd_to_micros));
-            json!({
-                "name": n,
-                "limits": limits,
-                "budget_micros": budget,
-                "spend_micros": stored.map_or(0, |s| s.spend.load(Ordering::Relaxed)),
-            })
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TenantUpdate {
-    #[serde(default)]
-    rpm: Option<u64>,
-    #[serde(default)]
-    tpm: Option<u64>,
-    #[serde(default)]
-    budget_usd: Option<f64>,
-}
-
-async fn admin_put_tenant(
-    State(gw): Gw,
-    _: Admin,
-    Path(name): Path<String>,
-    AdminJson(req): AdminJson<TenantUpdate>,
-) -> Response {
-    let budget = match check_budget(req.budget_usd) {
-        Ok(b) => b,
-        Err(e) => return error_response(&e),
-    };
-    let limits = RateLimits {
-        rpm: req.rpm,
-        tpm: req.tpm,
-    };
-    let gw2 = gw.clone();
-    let name2 = name.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        gw2.store.upsert_tenant(&name2, limits, budget)?;
-        gw2.audit(
-            "put_tenant",
-            &name2,
-            &format!("{limits:?} budget_micros={budget:?}"),
-        );
-        gw2.refresh_from_store()
-    })
-    .await;
-    match res {
-        Ok(Ok(())) => Json(json!({"name": name, "updated": true})).into_response(),
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-async fn admin_usage(State(gw): Gw, _: Admin, Query(filter): Query<UsageFilter>) -> Response {
-    let gw2 = gw.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        gw2.flush_usage();
-        gw2.store.usage(&filter)
-    })
-    .await;
-    match res {
-        Ok(Ok(rows)) => {
-            let total: i64 = rows.iter().map(|r| r.cost_micros).sum();
-            let requests: u64 = rows.iter().map(|r| r.requests).sum();
-            Json(json!({
-                "object": "list",
-                "data": rows,
-                "total_requests": requests,
-                "total_cost_micros": total,
-                "total_cost_usd": total as f64 / 1e6,
-            }))
-            .into_response()
-        }
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct AuditQuery {
-    #[serde(default = "default_audit_limit")]
-    limit: u32,
-}
-
-fn default_audit_limit() -> u32 {
-    100
-}
-
-async fn admin_audit(State(gw): Gw, _: Admin, Query(q): Query<AuditQuery>) -> Response {
-    let gw2 = gw.clone();
-    match tokio::task::spawn_blocking(move || gw2.store.list_audit(q.limit.min(10_000))).await {
-        Ok(Ok(rows)) => Json(json!({"object": "list", "data": rows})).into_response(),
-        Ok(Err(e)) => store_error(e),
-        Err(e) => store_error(e),
-    }
-}
-
-async fn admin_reload(State(gw): Gw, _: Admin) -> Response {
-    match gw.config.reload() {
-        Ok(()) => {
-            gw.audit("reload", "config", "");
-            Json(json!({"reloaded": true})).into_response()
-        }
-        Err(e) => error_response(
-            &ApiError::invalid_no_param(format!("Config not reloaded: {e}"))
-                .with_code("invalid_config"),
-        ),
-    }
-}
-
 /// A gateway serving on a bound address, with a handle to stop it.
 pub struct RunningGateway {
     pub addr: SocketAddr,
+    /// The `metrics.listen` listener's bound address, when configured.
+    pub metrics_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -492,9 +196,20 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
             }
         })
     });
-    // The edge server bounds connections, heads and bodies, and sends answers as soon as
-    // they are written (TCP_NODELAY: no delay between the chunks of a stream).
-    let limits = strata_api::edge::EdgeLimits::default();
+    // The edge server bounds connections, heads and bodies (`server:` in gateway.yaml),
+    // and sends answers as soon as they are written (TCP_NODELAY: no delay between the
+    // chunks of a stream).
+    let limits = gw.config.get().config.server.edge_limits();
+    let metrics_listener = match gw.config.get().config.metrics.listen.clone() {
+        Some(a) => Some(tokio::net::TcpListener::bind(&a).await?),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
+    let (side_tx, side_rx) = tokio::sync::watch::channel(false);
+    let side = spawn_side_tasks(&gw, metrics_listener, limits.clone(), side_rx);
     let task = tokio::spawn(async move {
         let serve = strata_api::edge::serve(listener, app, limits, async move {
             let _ = rx.await;
@@ -506,13 +221,63 @@ pub async fn spawn(gw: Arc<Gateway>, addr: SocketAddr) -> std::io::Result<Runnin
         if let Some(f) = follower {
             f.abort();
         }
+        let _ = side_tx.send(true);
+        for t in side {
+            let _ = t.await;
+        }
     });
     Ok(RunningGateway {
         addr,
+        metrics_addr,
         gateway: gw,
         shutdown: Some(tx),
         task,
     })
+}
+
+/// The tasks that live as long as the server: the `metrics.listen` listener and the JWKS
+/// refresh; both stop when `stop` turns true.
+fn spawn_side_tasks(
+    gw: &Arc<Gateway>,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    limits: strata_api::edge::EdgeLimits,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(listener) = metrics_listener {
+        let app = metrics_router(gw.clone());
+        let mut stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let done = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = strata_api::edge::serve(listener, app, limits, done).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        }));
+    }
+    if let Some(every) = gw.jwt.as_ref().and_then(|j| j.refresh_every()) {
+        let gw = gw.clone();
+        let mut stop = stop;
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                let stopped = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = stop.changed() => true,
+                };
+                if stopped || *stop.borrow() {
+                    break;
+                }
+                if let Some(j) = &gw.jwt {
+                    if let Err(e) = j.refresh().await {
+                        tracing::warn!(error = %e, "JWKS refresh failed; keeping the keys held");
+                    }
+                }
+            }
+        }));
+    }
+    tasks
 }
 
 /// Reloads the config on SIGHUP and when the file's mtime changes; refreshes keys from the
@@ -577,7 +342,7 @@ fn log_reload(gw: &Gateway, res: Result<(), crate::config::ConfigError>, why: &s
     match res {
         Ok(()) => {
             tracing::info!(trigger = why, "gateway config reloaded");
-            gw.audit("reload", "config", why);
+            gw.audit("system", "reload", "config", why);
         }
         Err(e) => {
             tracing::error!(trigger = why, error = %e, "gateway config rejected; keeping the previous one")

@@ -9,7 +9,7 @@
 //!   the larger of the two, because ledger rows may still be queued.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,13 +19,19 @@ use prometheus_client::metrics::counter::Counter;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::auth::jwt::{JwtVerifier, TokenIdentity};
+use crate::budget::{Budget, Period, Spend};
 use crate::cache::{MemoryCache, RedisCache, ResponseCache};
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Backend, ConfigHandle, RateLimits};
 use crate::keys;
 use crate::metrics::Metrics;
 use crate::ratelimit::{LimitCheck, LimitKind, Limiter, MemoryLimiter, RedisLimiter};
 use crate::redis_conn::{RedisConn, RedisError};
-use crate::store::{AuditEntry, KeyRecord, Store, StoreError, TenantRecord, UsageEvent};
+use crate::role::Role;
+use crate::store::{
+    AuditEntry, Holder, KeyRecord, Store, StoreError, TenantRecord, UsageEvent, UserRecord,
+};
 
 pub const MINUTE_US: i64 = 60_000_000;
 
@@ -37,21 +43,34 @@ pub enum StateError {
     Redis(#[from] RedisError),
     #[error("http client: {0}")]
     Client(String),
+    #[error("{0}")]
+    Auth(String),
 }
 
-/// A key as the request path sees it.
+/// A key as the request path sees it (for a JWT caller, one made per tenant and user).
 #[derive(Debug)]
 pub struct KeyEntry {
     pub record: KeyRecord,
-    pub spend: AtomicI64,
+    /// Live spend, lifetime and per period window.
+    pub spend: Mutex<Spend>,
 }
 
 /// A tenant's stored overrides and live spend.
 #[derive(Debug)]
 pub struct TenantEntry {
     pub record: TenantRecord,
-    pub spend: AtomicI64,
+    pub spend: Mutex<Spend>,
 }
+
+/// A user's stored budget and live spend.
+#[derive(Debug)]
+pub struct UserEntry {
+    pub record: UserRecord,
+    pub spend: Mutex<Spend>,
+}
+
+/// The prefix of the key id a JWT caller is accounted under (`jwt:<tenant>:<user>`).
+pub const JWT_KEY_PREFIX: &str = "jwt:";
 
 enum WriterMsg {
     Usage(UsageEvent),
@@ -79,6 +98,8 @@ pub struct GatewayOptions {
     pub admin_key: Option<String>,
     /// Seed for routing choices and backoff jitter (random when `None`).
     pub seed: Option<u64>,
+    /// The wall clock for budget periods and ledger times (the system's when `None`).
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 pub struct Gateway {
@@ -86,6 +107,13 @@ pub struct Gateway {
     pub store: Arc<dyn Store>,
     pub keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
     pub tenants: RwLock<HashMap<String, Arc<TenantEntry>>>,
+    /// Users with a stored budget or spend, by (tenant, user).
+    pub users: RwLock<HashMap<(String, String), Arc<UserEntry>>>,
+    /// JWT callers seen, by their key id (`jwt:<tenant>:<user>`).
+    jwt_callers: RwLock<HashMap<String, Arc<KeyEntry>>>,
+    /// JWT verification, when `auth.jwt` is configured (read at start).
+    pub jwt: Option<JwtVerifier>,
+    pub clock: Arc<dyn Clock>,
     pub limiter: Limiter,
     pub cache: Option<ResponseCache>,
     /// The semantic cache's index, when `cache.semantic.enabled` at start.
@@ -104,6 +132,7 @@ pub struct Gateway {
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// Unix seconds by the system clock (the gateway's own is [`Gateway::now`]).
 pub fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -176,6 +205,13 @@ impl Gateway {
             .name("gateway-usage-writer".into())
             .spawn(move || usage_writer(writer_store, rx, dropped))
             .map_err(|e| StateError::Client(format!("cannot start usage writer: {e}")))?;
+        let jwt = match &c.auth.jwt {
+            Some(j) => Some(
+                JwtVerifier::new(j, config.path().and_then(std::path::Path::parent))
+                    .map_err(StateError::Auth)?,
+            ),
+            None => None,
+        };
         let rng = match opts.seed {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
@@ -185,6 +221,10 @@ impl Gateway {
             store,
             keys: RwLock::new(HashMap::new()),
             tenants: RwLock::new(HashMap::new()),
+            users: RwLock::new(HashMap::new()),
+            jwt_callers: RwLock::new(HashMap::new()),
+            jwt,
+            clock: opts.clock.unwrap_or_else(|| Arc::new(SystemClock)),
             limiter,
             cache,
             semantic,
@@ -209,47 +249,111 @@ impl Gateway {
         format!("gw-{:08x}-{n}", self.request_prefix)
     }
 
-    /// Re-reads keys and tenants from the store into memory.
+    /// Unix seconds by the gateway's clock.
+    pub fn now(&self) -> i64 {
+        self.clock.now()
+    }
+
+    /// Re-reads keys, tenants, users and their period spend from the store into memory.
+    /// Live spend never goes down: each figure takes the larger of memory and the store
+    /// (rows may still be queued for the store), each window the newer.
     pub fn refresh_from_store(&self) -> Result<(), StoreError> {
         let keys = self.store.list_keys()?;
         let tenants = self.store.list_tenants()?;
-        {
-            let old = self.keys.read();
-            let mut map = HashMap::with_capacity(keys.len());
-            for k in keys {
-                let live = old
-                    .get(&k.id)
-                    .map_or(0, |e| e.spend.load(Ordering::Relaxed));
-                let spend = live.max(k.spend_micros);
-                map.insert(
-                    k.id.clone(),
-                    Arc::new(KeyEntry {
-                        record: k,
-                        spend: AtomicI64::new(spend),
-                    }),
-                );
+        let users = self.store.list_users()?;
+        let mut windows: HashMap<(Holder, String, String), Vec<(Period, crate::budget::Window)>> =
+            HashMap::new();
+        for w in self.store.list_period_spend()? {
+            windows
+                .entry((w.holder, w.tenant, w.name))
+                .or_default()
+                .push((w.period, w.window));
+        }
+        let spend_of = |live: Option<Spend>, stored_lifetime: i64, key: (Holder, &str, &str)| {
+            let mut s = live.unwrap_or_default();
+            s.lifetime = s.lifetime.max(stored_lifetime);
+            let k = (key.0, key.1.to_string(), key.2.to_string());
+            for (p, w) in windows.get(&k).into_iter().flatten() {
+                s.merge_window(*p, *w);
             }
-            drop(old);
-            *self.keys.write() = map;
+            Mutex::new(s)
+        };
+        let key_map: HashMap<String, Arc<KeyEntry>> = {
+            let old = self.keys.read();
+            keys.into_iter()
+                .map(|k| {
+                    let live = old.get(&k.id).map(|e| *e.spend.lock());
+                    let spend = spend_of(live, k.spend_micros, (Holder::Key, &k.tenant, &k.id));
+                    (k.id.clone(), Arc::new(KeyEntry { record: k, spend }))
+                })
+                .collect()
+        };
+        *self.keys.write() = key_map;
+        let tenant_map: HashMap<String, Arc<TenantEntry>> = {
+            let old = self.tenants.read();
+            tenants
+                .into_iter()
+                .map(|t| {
+                    let live = old.get(&t.name).map(|e| *e.spend.lock());
+                    let spend = spend_of(live, t.spend_micros, (Holder::Tenant, &t.name, ""));
+                    (t.name.clone(), Arc::new(TenantEntry { record: t, spend }))
+                })
+                .collect()
+        };
+        // A tenant or user seen only in ledger rows still queued is not in the store yet:
+        // keep its live spend.
+        let mut tenant_map = tenant_map;
+        for (name, e) in self.tenants.read().iter() {
+            tenant_map.entry(name.clone()).or_insert_with(|| e.clone());
         }
-        let old = self.tenants.read();
-        let mut map = HashMap::with_capacity(tenants.len());
-        for t in tenants {
-            let live = old
-                .get(&t.name)
-                .map_or(0, |e| e.spend.load(Ordering::Relaxed));
-            let spend = live.max(t.spend_micros);
-            map.insert(
-                t.name.clone(),
-                Arc::new(TenantEntry {
-                    record: t,
-                    spend: AtomicI64::new(spend),
-                }),
-            );
+        *self.tenants.write() = tenant_map;
+        let user_map: HashMap<(String, String), Arc<UserEntry>> = {
+            let old = self.users.read();
+            users
+                .into_iter()
+                .map(|u| {
+                    let id = (u.tenant.clone(), u.name.clone());
+                    let live = old.get(&id).map(|e| *e.spend.lock());
+                    let spend = spend_of(live, u.spend_micros, (Holder::User, &u.tenant, &u.name));
+                    (id, Arc::new(UserEntry { record: u, spend }))
+                })
+                .collect()
+        };
+        let mut user_map = user_map;
+        for (id, e) in self.users.read().iter() {
+            user_map.entry(id.clone()).or_insert_with(|| e.clone());
         }
-        drop(old);
-        *self.tenants.write() = map;
+        *self.users.write() = user_map;
         Ok(())
+    }
+
+    /// The accounting entry of a JWT caller: one per tenant and user, made on first sight
+    /// (default key limits, no key budget; the user's and tenant's budgets apply).
+    pub fn jwt_caller(&self, who: &TokenIdentity) -> Arc<KeyEntry> {
+        let id = format!("{JWT_KEY_PREFIX}{}:{}", who.tenant, who.user);
+        if let Some(e) = self.jwt_callers.read().get(&id) {
+            return e.clone();
+        }
+        let entry = Arc::new(KeyEntry {
+            record: KeyRecord {
+                id: id.clone(),
+                tenant: who.tenant.clone(),
+                name: format!("jwt {}", who.subject),
+                salt_hex: String::new(),
+                hash_hex: String::new(),
+                allowed_models: Vec::new(),
+                limits: RateLimits::default(),
+                budget_micros: None,
+                budget_period: None,
+                spend_micros: 0,
+                created_at: self.now(),
+                revoked_at: None,
+                user: Some(who.user.clone()),
+                role: Role::Member,
+            },
+            spend: Mutex::new(Spend::default()),
+        });
+        self.jwt_callers.write().entry(id).or_insert(entry).clone()
     }
 
     /// Looks up a presented key. `None` for unknown, malformed, wrong or revoked keys.
@@ -262,8 +366,18 @@ impl Gateway {
         keys::verify(secret, &entry.record.salt_hex, &entry.record.hash_hex).then_some(entry)
     }
 
-    /// Creates a key and returns the full key text (shown once) with its record.
+    /// Creates a key as the system (at start, `strata up`); see [`Gateway::create_key_as`].
     pub fn create_key(&self, req: CreateKey) -> Result<(String, KeyRecord), StoreError> {
+        self.create_key_as(req, "system")
+    }
+
+    /// Creates a key and returns the full key text (shown once) with its record; the audit
+    /// entry names `actor`.
+    pub fn create_key_as(
+        &self,
+        req: CreateKey,
+        actor: &str,
+    ) -> Result<(String, KeyRecord), StoreError> {
         let new = keys::generate(&mut rand::rng());
         let record = KeyRecord {
             id: new.id.clone(),
@@ -277,12 +391,16 @@ impl Gateway {
                 tpm: req.tpm,
             },
             budget_micros: req.budget_usd.map(usd_to_micros),
+            budget_period: req.budget_period,
             spend_micros: 0,
-            created_at: unix_now(),
+            created_at: self.now(),
             revoked_at: None,
+            user: req.user,
+            role: req.role.unwrap_or_default(),
         };
         self.store.insert_key(&record)?;
         self.audit(
+            actor,
             "create_key",
             &record.id,
             &serde_json::to_string(&record).unwrap_or_default(),
@@ -292,20 +410,21 @@ impl Gateway {
     }
 
     /// Revokes a key; effective for the next request.
-    pub fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
-        let done = self.store.revoke_key(id, unix_now())?;
+    pub fn revoke_key(&self, id: &str, actor: &str) -> Result<bool, StoreError> {
+        let done = self.store.revoke_key(id, self.now())?;
         if done {
-            self.audit("revoke_key", id, "");
+            self.audit(actor, "revoke_key", id, "");
             self.refresh_from_store()?;
         }
         Ok(done)
     }
 
-    /// Appends to the audit log; a failure is logged, not returned.
-    pub fn audit(&self, action: &str, target: &str, detail: &str) {
+    /// Appends to the audit log, naming the actor (`admin-key`, `key:<id> (role)`,
+    /// `jwt:<subject> (role)`, `system`); a failure is logged, not returned.
+    pub fn audit(&self, actor: &str, action: &str, target: &str, detail: &str) {
         let entry = AuditEntry {
-            ts: unix_now(),
-            actor: "admin".into(),
+            ts: self.now(),
+            actor: actor.into(),
             action: action.into(),
             target: target.into(),
             detail: detail.into(),
@@ -315,33 +434,10 @@ impl Gateway {
         }
     }
 
-    /// Queues a ledger row and updates live spend.
+    /// Queues a ledger row and updates live spend (key, tenant and user).
     pub fn record_usage(&self, ev: UsageEvent) {
         if ev.cost_micros != 0 {
-            if let Some(k) = self.keys.read().get(&ev.key_id) {
-                k.spend.fetch_add(ev.cost_micros, Ordering::Relaxed);
-            }
-            let tenant = self.tenants.read().get(&ev.tenant).cloned();
-            match tenant {
-                Some(t) => {
-                    t.spend.fetch_add(ev.cost_micros, Ordering::Relaxed);
-                }
-                None => {
-                    let entry = Arc::new(TenantEntry {
-                        record: TenantRecord {
-                            name: ev.tenant.clone(),
-                            limits: RateLimits::default(),
-                            budget_micros: None,
-                            spend_micros: 0,
-                        },
-                        spend: AtomicI64::new(ev.cost_micros),
-                    });
-                    self.tenants
-                        .write()
-                        .entry(ev.tenant.clone())
-                        .or_insert(entry);
-                }
-            }
+            self.add_spend(&ev);
         }
         let tx = self.writer.lock().clone();
         if let Some(tx) = tx {
@@ -354,6 +450,51 @@ impl Gateway {
                     let _ = tx.send(msg);
                 }
             }
+        }
+    }
+
+    fn add_spend(&self, ev: &UsageEvent) {
+        let key = self.keys.read().get(&ev.key_id).cloned();
+        let key = key.or_else(|| self.jwt_callers.read().get(&ev.key_id).cloned());
+        if let Some(k) = key {
+            k.spend.lock().add(ev.ts, ev.cost_micros);
+        }
+        let tenant = self.tenants.read().get(&ev.tenant).cloned();
+        let tenant = tenant.unwrap_or_else(|| {
+            let entry = Arc::new(TenantEntry {
+                record: TenantRecord {
+                    name: ev.tenant.clone(),
+                    limits: RateLimits::default(),
+                    budget_micros: None,
+                    budget_period: None,
+                    spend_micros: 0,
+                },
+                spend: Mutex::new(Spend::default()),
+            });
+            self.tenants
+                .write()
+                .entry(ev.tenant.clone())
+                .or_insert(entry)
+                .clone()
+        });
+        tenant.spend.lock().add(ev.ts, ev.cost_micros);
+        if !ev.user.is_empty() {
+            let id = (ev.tenant.clone(), ev.user.clone());
+            let user = self.users.read().get(&id).cloned();
+            let user = user.unwrap_or_else(|| {
+                let entry = Arc::new(UserEntry {
+                    record: UserRecord {
+                        tenant: ev.tenant.clone(),
+                        name: ev.user.clone(),
+                        budget_micros: None,
+                        budget_period: None,
+                        spend_micros: 0,
+                    },
+                    spend: Mutex::new(Spend::default()),
+                });
+                self.users.write().entry(id).or_insert(entry).clone()
+            });
+            user.spend.lock().add(ev.ts, ev.cost_micros);
         }
     }
 
@@ -425,55 +566,96 @@ impl Gateway {
     }
 
     /// The budgets that apply to a key: its own and its tenant's (stored overrides the
-    /// config), in micro-dollars; `None` is unlimited.
-    pub fn budgets(&self, key: &KeyEntry) -> (Option<i64>, Option<i64>) {
-        let stored = self
-            .tenants
-            .read()
-            .get(&key.record.tenant)
-            .and_then(|t| t.record.budget_micros);
-        let tenant = stored.or_else(|| {
-            self.config
-                .get()
-                .tenants
-                .get(&key.record.tenant)
-                .and_then(|t| t.budget_usd)
-                .map(usd_to_micros)
+    /// config); `None` is unlimited.
+    pub fn budgets(&self, key: &KeyEntry) -> (Option<Budget>, Option<Budget>) {
+        let own = key.record.budget_micros.map(|b| Budget {
+            limit_micros: b,
+            period: key.record.budget_period,
         });
-        (key.record.budget_micros, tenant)
+        (own, self.tenant_budget(&key.record.tenant))
     }
 
-    /// `Some(message)` when the key's or tenant's budget is spent.
+    /// A tenant's budget: the stored one, else `gateway.yaml`'s.
+    pub fn tenant_budget(&self, tenant: &str) -> Option<Budget> {
+        let stored = self.tenants.read().get(tenant).and_then(|t| {
+            t.record.budget_micros.map(|b| Budget {
+                limit_micros: b,
+                period: t.record.budget_period,
+            })
+        });
+        stored.or_else(|| {
+            let resolved = self.config.get();
+            let t = resolved.tenants.get(tenant)?;
+            t.budget_usd.map(|b| Budget {
+                limit_micros: usd_to_micros(b),
+                period: t.budget_period,
+            })
+        })
+    }
+
+    /// A user's budget: the stored one, else the tenant's `user_budget_usd` in
+    /// `gateway.yaml`.
+    pub fn user_budget(&self, tenant: &str, user: &str) -> Option<Budget> {
+        let id = (tenant.to_string(), user.to_string());
+        let stored = self.users.read().get(&id).and_then(|u| {
+            u.record.budget_micros.map(|b| Budget {
+                limit_micros: b,
+                period: u.record.budget_period,
+            })
+        });
+        stored.or_else(|| {
+            let resolved = self.config.get();
+            let t = resolved.tenants.get(tenant)?;
+            t.user_budget_usd.map(|b| Budget {
+                limit_micros: usd_to_micros(b),
+                period: t.user_budget_period,
+            })
+        })
+    }
+
+    /// Live spend of a tenant and of a user (zero when never seen).
+    pub fn tenant_spend(&self, tenant: &str) -> Spend {
+        self.tenants
+            .read()
+            .get(tenant)
+            .map(|t| *t.spend.lock())
+            .unwrap_or_default()
+    }
+
+    pub fn user_spend(&self, tenant: &str, user: &str) -> Spend {
+        self.users
+            .read()
+            .get(&(tenant.to_string(), user.to_string()))
+            .map(|u| *u.spend.lock())
+            .unwrap_or_default()
+    }
+
+    /// `Some(message)` when the key's, its user's or its tenant's budget is spent in its
+    /// current period (at the gateway's clock).
     pub fn budget_exhausted(&self, key: &KeyEntry) -> Option<String> {
-        if let Some(b) = key.record.budget_micros {
-            let spent = key.spend.load(Ordering::Relaxed);
-            if spent >= b {
-                return Some(format!(
-                    "Budget exceeded for API key {}: spent ${:.6} of ${:.6}.",
-                    key.record.id,
-                    spent as f64 / 1e6,
-                    b as f64 / 1e6
-                ));
+        let now = self.now();
+        let (own, tenant) = self.budgets(key);
+        if let Some(b) = own {
+            let spend = *key.spend.lock();
+            if let Some(e) = crate::budget::exhausted(b, &spend, now) {
+                let who = format!("API key {}", key.record.id);
+                return Some(crate::budget::describe(&who, &e, b.period));
             }
         }
-        let tenant = self.tenants.read().get(&key.record.tenant).cloned();
-        let stored_budget = tenant.as_ref().and_then(|t| t.record.budget_micros);
-        let config_budget = self
-            .config
-            .get()
-            .tenants
-            .get(&key.record.tenant)
-            .and_then(|t| t.budget_usd)
-            .map(usd_to_micros);
-        if let Some(b) = stored_budget.or(config_budget) {
-            let spent = tenant.map_or(0, |t| t.spend.load(Ordering::Relaxed));
-            if spent >= b {
-                return Some(format!(
-                    "Budget exceeded for tenant `{}`: spent ${:.6} of ${:.6}.",
-                    key.record.tenant,
-                    spent as f64 / 1e6,
-                    b as f64 / 1e6
-                ));
+        if let Some(user) = &key.record.user {
+            if let Some(b) = self.user_budget(&key.record.tenant, user) {
+                let spend = self.user_spend(&key.record.tenant, user);
+                if let Some(e) = crate::budget::exhausted(b, &spend, now) {
+                    let who = format!("user `{user}` of tenant `{}`", key.record.tenant);
+                    return Some(crate::budget::describe(&who, &e, b.period));
+                }
+            }
+        }
+        if let Some(b) = tenant {
+            let spend = self.tenant_spend(&key.record.tenant);
+            if let Some(e) = crate::budget::exhausted(b, &spend, now) {
+                let who = format!("tenant `{}`", key.record.tenant);
+                return Some(crate::budget::describe(&who, &e, b.period));
             }
         }
         None
@@ -501,6 +683,15 @@ pub struct CreateKey {
     pub tpm: Option<u64>,
     #[serde(default)]
     pub budget_usd: Option<f64>,
+    /// How often the key's budget resets (absent: a lifetime cap).
+    #[serde(default)]
+    pub budget_period: Option<Period>,
+    /// The user the key belongs to (whose user budget it also spends).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `member` (the default) or `tenant_admin`.
+    #[serde(default)]
+    pub role: Option<Role>,
 }
 
 pub fn usd_to_micros(usd: f64) -> i64 {

@@ -100,14 +100,7 @@ async fn cascade_accepts_escalates_and_classifies_and_charges_every_try() {
     assert_eq!(l.requests, 3);
     assert_eq!(l.cost_micros, 40_000_000 + 80_000_000 + 80_000_000);
 
-    let metrics = client()
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(
         metrics.contains(r#"strata_gateway_cascade_total{model="large",reason="length"} 1"#),
         "{metrics}"

@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use strata_gateway::budget::Period;
 use strata_gateway::config::RateLimits;
+use strata_gateway::role::Role;
 use strata_gateway::store::postgres::{PgOptions, PgStore};
 use strata_gateway::store::{
-    AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, UsageEvent, UsageFilter,
+    AuditEntry, BudgetHold, HoldOutcome, Holder, KeyRecord, Store, UsageEvent, UsageFilter,
 };
 use strata_gateway::{Config, ConfigHandle, CreateKey, Gateway, GatewayOptions, RunningGateway};
 
@@ -218,9 +220,12 @@ fn key_record(id: &str, tenant: &str) -> KeyRecord {
             tpm: None,
         },
         budget_micros: Some(5),
+        budget_period: Some(Period::Weekly),
         spend_micros: 0,
         created_at: 1,
         revoked_at: None,
+        user: Some("alice".into()),
+        role: Role::TenantAdmin,
     }
 }
 
@@ -230,6 +235,7 @@ fn event(id: &str, cost: i64) -> UsageEvent {
         ts: 10,
         key_id: "a".into(),
         tenant: "t1".into(),
+        user: "alice".into(),
         model: "m".into(),
         upstream: "u".into(),
         input_tokens: 3,
@@ -244,9 +250,10 @@ fn event(id: &str, cost: i64) -> UsageEvent {
 fn postgres_store_keeps_the_store_contract() {
     let pg = Postgres::start();
     let s = pg.store();
-    assert_eq!(s.schema_version().unwrap(), 1);
+    let known = strata_gateway::store::postgres::MIGRATIONS.len() as i64;
+    assert_eq!(s.schema_version().unwrap(), known);
     // A second store on the same database migrates nothing twice.
-    assert_eq!(pg.store().schema_version().unwrap(), 1);
+    assert_eq!(pg.store().schema_version().unwrap(), known);
 
     s.insert_key(&key_record("a", "t1")).unwrap();
     assert_eq!(s.get_key("a").unwrap().unwrap(), key_record("a", "t1"));
@@ -254,9 +261,11 @@ fn postgres_store_keeps_the_store_contract() {
     assert!(s.revoke_key("a", 99).unwrap());
     assert!(!s.revoke_key("a", 100).unwrap(), "second revoke is a no-op");
     assert_eq!(s.get_key("a").unwrap().unwrap().revoked_at, Some(99));
-    assert!(s.update_key("a", RateLimits::default(), None, &[]).unwrap());
+    assert!(s
+        .update_key("a", RateLimits::default(), (None, None), &[])
+        .unwrap());
     assert!(!s
-        .update_key("zz", RateLimits::default(), None, &[])
+        .update_key("zz", RateLimits::default(), (None, None), &[])
         .unwrap());
     let k = s.get_key("a").unwrap().unwrap();
     assert!(k.allowed_models.is_empty() && k.budget_micros.is_none());
@@ -267,7 +276,7 @@ fn postgres_store_keeps_the_store_contract() {
             rpm: Some(3),
             tpm: None,
         },
-        Some(1000),
+        (Some(1000), None),
     )
     .unwrap();
     let t = &s.list_tenants().unwrap()[0];
@@ -309,6 +318,8 @@ fn postgres_store_keeps_the_store_contract() {
         amount_micros: amount,
         tenant_budget_micros: Some(1000),
         key_budget_micros: None,
+        tenant_period: None,
+        key_period: None,
         now,
         expires_at: now + 60,
     };
@@ -348,6 +359,124 @@ fn postgres_store_keeps_the_store_contract() {
     );
 }
 
+/// Budget periods in the shared store: a user's spend, the period windows, and a daily
+/// tenant budget that holds refuse today and admit again tomorrow.
+#[test]
+fn postgres_store_keeps_users_and_period_windows() {
+    let pg = Postgres::start();
+    let s = pg.store();
+    s.insert_key(&key_record("a", "t1")).unwrap();
+    let day = 1_796_256_000; // 2026-12-03 00:00 UTC
+    let at = |id: &str, ts: i64, cost: i64| UsageEvent {
+        ts,
+        ..event(id, cost)
+    };
+    s.record_usage(&[at("p1", day + 5, 600), at("p2", day + 6, 500)])
+        .unwrap();
+    // The same rows again are not counted twice, in the windows either.
+    s.record_usage(&[at("p2", day + 6, 500)]).unwrap();
+    let windows = s.list_period_spend().unwrap();
+    let daily = |holder: Holder| {
+        windows
+            .iter()
+            .find(|w| w.holder == holder && w.period == Period::Daily)
+            .unwrap()
+            .window
+    };
+    assert_eq!(
+        (daily(Holder::Tenant).start, daily(Holder::Tenant).micros),
+        (day, 1100)
+    );
+    assert_eq!(daily(Holder::User).micros, 1100);
+    assert_eq!(daily(Holder::Key).micros, 1100);
+    let users = s.list_users().unwrap();
+    assert_eq!(
+        (users[0].name.as_str(), users[0].spend_micros),
+        ("alice", 1100)
+    );
+    s.upsert_user("t1", "alice", (Some(7), Some(Period::Monthly)))
+        .unwrap();
+    assert_eq!(
+        s.list_users().unwrap()[0].budget_period,
+        Some(Period::Monthly)
+    );
+    let rows = s
+        .usage(&UsageFilter {
+            user: Some("alice".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(rows[0].cost_micros, 1100);
+    let hold = |id: &str, now: i64| BudgetHold {
+        id: id.into(),
+        tenant: "t1".into(),
+        key_id: "a".into(),
+        amount_micros: 1,
+        tenant_budget_micros: Some(1000),
+        key_budget_micros: None,
+        tenant_period: Some(Period::Daily),
+        key_period: None,
+        now,
+        expires_at: now + 60,
+    };
+    assert!(matches!(
+        s.hold_budget(&hold("today", day + 100)).unwrap(),
+        HoldOutcome::Spent {
+            tenant: true,
+            spent_micros: 1100,
+            ..
+        }
+    ));
+    assert_eq!(
+        s.hold_budget(&hold("tomorrow", day + 86_400 + 1)).unwrap(),
+        HoldOutcome::Held,
+        "a new day: the daily budget is whole again"
+    );
+}
+
+/// A database at schema version 1 (before users and periods) opens, migrates and keeps
+/// its rows.
+#[test]
+fn postgres_store_opens_a_version_1_database() {
+    let pg = Postgres::start();
+    let v1 = strata_gateway::store::postgres::MIGRATIONS[0];
+    let port = pg.port.to_string();
+    let sql = format!(
+        "{v1}; CREATE TABLE strata_schema (version BIGINT NOT NULL); \
+         INSERT INTO strata_schema VALUES (1); \
+         INSERT INTO api_keys (id, tenant, name, salt, hash, budget_micros, spend_micros, created_at) \
+         VALUES ('old', 't', 'n', '00', '11', 7, 3, 1);"
+    );
+    pg.run(
+        "psql",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "strata",
+            "-d",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            &sql,
+        ],
+    );
+    let s = pg.store();
+    assert_eq!(
+        s.schema_version().unwrap(),
+        strata_gateway::store::postgres::MIGRATIONS.len() as i64
+    );
+    let k = s.get_key("old").unwrap().unwrap();
+    assert_eq!((k.budget_micros, k.spend_micros), (Some(7), 3));
+    assert_eq!(
+        (k.budget_period, k.role, k.user),
+        (None, Role::Member, None)
+    );
+}
+
 fn shared_yaml(upstream: &str, budget_usd: u64, on_error: &str, url: &str) -> String {
     yaml_one(
         upstream,
@@ -366,6 +495,7 @@ async fn replica(yaml: &str, store: Arc<PgStore>) -> RunningGateway {
         GatewayOptions {
             admin_key: Some(ADMIN.into()),
             seed: Some(7),
+            ..Default::default()
         },
     )
     .unwrap();

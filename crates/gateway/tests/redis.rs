@@ -215,7 +215,7 @@ async fn redis_going_away_follows_the_failure_mode() {
         3,
         "only the fail-open requests reached the model"
     );
-    let text = metrics_text(&open.url()).await;
+    let text = metrics_text(&open).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"ratelimit\"}"),
         "{text}"
@@ -272,25 +272,13 @@ async fn redis_cache_is_shared_by_replicas_but_never_across_tenants() {
     .await;
     assert_eq!((s, h["x-strata-cache"].to_str().unwrap()), (200, "miss"));
     assert_eq!(m.requests(), 3);
-    let text = metrics_text(&b.url()).await;
+    let text = metrics_text(&b).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"cache\"} 2"),
         "{text}"
     );
     a.shutdown().await;
     b.shutdown().await;
-}
-
-/// A gateway's `/metrics` page.
-async fn metrics_text(url: &str) -> String {
-    client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 /// `x-strata-cache` of one chat request.
@@ -367,7 +355,7 @@ cache:
     redis.stop();
     assert_eq!(cache_outcome(&a.url(), &t, GERMANY).await, "miss");
     assert_eq!(cache_outcome(&a.url(), &t, FRANCE_AGAIN).await, "semantic");
-    let text = metrics_text(&a.url()).await;
+    let text = metrics_text(&a).await;
     assert!(
         text.contains("strata_gateway_backend_errors_total{backend=\"semantic_cache\"}"),
         "{text}"

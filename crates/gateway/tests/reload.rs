@@ -41,6 +41,7 @@ async fn file_change_reloads_and_invalid_file_is_rejected() {
         GatewayOptions {
             admin_key: Some(ADMIN.into()),
             seed: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -98,6 +99,7 @@ async fn sighup_reloads_even_when_the_mtime_did_not_change() {
         GatewayOptions {
             admin_key: Some(ADMIN.into()),
             seed: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -156,6 +158,7 @@ async fn a_reload_applies_the_rate_limiters_failure_mode() {
         GatewayOptions {
             admin_key: Some(ADMIN.into()),
             seed: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();

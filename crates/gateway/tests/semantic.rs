@@ -116,14 +116,7 @@ async fn paraphrases_hit_and_the_rest_miss(embed_url: &str) {
         "semantic"
     );
 
-    let metrics = client()
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     assert!(
         metrics
             .contains(r#"strata_gateway_semantic_cache_total{tenant="tenant-a",result="hit"} 2"#),
@@ -319,14 +312,7 @@ async fn streamed_answers_enter_the_caches_only_when_complete_and_hits_stream_ba
     assert_eq!(sse_content(&text), (answer, true));
     assert_eq!(chat.requests(), served, "no model call for any hit");
 
-    let metrics = client()
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&gw).await;
     for (outcome, n) in [("miss", 3), ("semantic", 2), ("hit", 1)] {
         let line = format!(
             "strata_gateway_cache_outcomes_total{{tenant=\"t\",outcome=\"{outcome}\"}} {n}"

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::config::Price;
 use crate::ratelimit::LimitCheck;
-use crate::state::{unix_now, Gateway};
+use crate::state::Gateway;
 use crate::store::UsageEvent;
 
 /// Ledger status of a request whose client went away before the answer (nginx's 499).
@@ -37,6 +37,8 @@ struct Account {
     prompt_estimate: u64,
     key_id: String,
     tenant: String,
+    /// The user charged besides key and tenant (empty: none).
+    user: String,
     model: String,
     upstream: String,
     price: Price,
@@ -54,6 +56,7 @@ impl Settle {
         prompt_estimate: u64,
         key_id: String,
         tenant: String,
+        user: String,
         model: String,
         price: Price,
     ) -> Settle {
@@ -66,6 +69,7 @@ impl Settle {
                 prompt_estimate,
                 key_id,
                 tenant,
+                user,
                 model,
                 upstream: String::new(),
                 price,
@@ -109,9 +113,10 @@ impl Settle {
         count_tokens_and_cost(&a.gw, &a.tenant, model, input, output, cost);
         a.gw.record_usage(UsageEvent {
             id: format!("{}-{}", a.id, a.extra_tries),
-            ts: unix_now(),
+            ts: a.gw.now(),
             key_id: a.key_id.clone(),
             tenant: a.tenant.clone(),
+            user: a.user.clone(),
             model: model.to_string(),
             upstream: upstream.to_string(),
             input_tokens: input,
@@ -161,9 +166,10 @@ impl Account {
         count_tokens_and_cost(&self.gw, &self.tenant, &self.model, input, output, cost);
         self.gw.record_usage(UsageEvent {
             id: self.id,
-            ts: unix_now(),
+            ts: self.gw.now(),
             key_id: self.key_id,
             tenant: self.tenant,
+            user: self.user,
             model: self.model,
             upstream: self.upstream,
             input_tokens: input,

@@ -19,24 +19,27 @@ use super::refusal::Refusal;
 use super::route::Route;
 use super::shape::{check_shape, prompt_chars};
 use super::values::Admitted;
+use crate::auth::{AuthError, Caller};
 use crate::config::{FailureMode, Resolved};
-use crate::keys;
 use crate::ratelimit::{LimitCheck, LimitDecision, LimitKind};
-use crate::state::{unix_now, Gateway, KeyEntry};
+use crate::state::{Gateway, KeyEntry};
 use crate::store::{BudgetHold, HoldOutcome, StoreError};
 
 /// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
-/// The authenticated key of a request.
-pub(crate) fn authenticate_key(
+/// The authenticated caller of a request (an API key or a JWT).
+pub(crate) async fn authenticate_caller(
     gw: &Gateway,
     headers: &HeaderMap,
-) -> Result<Arc<KeyEntry>, Refusal> {
-    match keys::from_headers(headers) {
-        None => Err(Refusal::MissingKey),
-        Some(presented) => gw.authenticate(presented).ok_or(Refusal::BadKey),
-    }
+) -> Result<Caller, Refusal> {
+    crate::auth::authenticate(gw, headers)
+        .await
+        .map_err(|e| match e {
+            AuthError::Missing => Refusal::MissingKey,
+            AuthError::BadKey => Refusal::BadKey,
+            AuthError::BadToken(why) => Refusal::BadToken(why),
+        })
 }
 
 fn may_use(resolved: &Resolved, key: &KeyEntry, requested: &str, canonical: &str) -> bool {
@@ -56,7 +59,7 @@ pub(crate) async fn admit(
     req: Request,
 ) -> Result<(Admitted, Settle), Refusal> {
     let (parts, body) = req.into_parts();
-    let key = authenticate_key(gw, &parts.headers)?;
+    let key = authenticate_caller(gw, &parts.headers).await?.key;
     let resolved = gw.config.get();
     let bytes = read_body(&parts.headers, body, resolved.config.server.max_body_bytes).await?;
     let Ask {
@@ -113,6 +116,7 @@ pub(crate) async fn admit(
         prompt_estimate,
         key.record.id.clone(),
         key.record.tenant.clone(),
+        key.record.user.clone().unwrap_or_default(),
         model.name.clone(),
         model.price,
     );
@@ -307,14 +311,16 @@ async fn hold_budget(
     }
     let resolved = gw.config.get();
     let store_cfg = &resolved.config.store;
-    let now = unix_now();
+    let now = gw.now();
     let hold = BudgetHold {
         id: ledger_id.to_string(),
         tenant: key.record.tenant.clone(),
         key_id: key.record.id.clone(),
         amount_micros: amount.max(0),
-        tenant_budget_micros: tenant_budget,
-        key_budget_micros: key_budget,
+        tenant_budget_micros: tenant_budget.map(|b| b.limit_micros),
+        key_budget_micros: key_budget.map(|b| b.limit_micros),
+        tenant_period: tenant_budget.and_then(|b| b.period),
+        key_period: key_budget.and_then(|b| b.period),
         now,
         expires_at: now.saturating_add(store_cfg.hold_ttl_secs as i64),
     };

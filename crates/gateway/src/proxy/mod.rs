@@ -60,12 +60,13 @@ pub use headers::{
 pub use refusal::error_response;
 pub use route::Route;
 
-use crate::state::{Gateway, KeyEntry};
+use crate::auth::Caller;
+use crate::state::Gateway;
 use values::Lookup;
 
-/// The authenticated key of a request, or the 401 to send (counted as a rejection).
-pub fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Arc<KeyEntry>, ApiError> {
-    admit::authenticate_key(gw, headers).map_err(|r| {
+/// The authenticated caller of a request, or the 401 to send (counted as a rejection).
+pub async fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    admit::authenticate_caller(gw, headers).await.map_err(|r| {
         gw.metrics.reject(r.metric_label());
         r.to_api_error()
     })

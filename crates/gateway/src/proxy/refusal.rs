@@ -19,6 +19,8 @@ pub enum Refusal {
     MissingKey,
     /// A key that is malformed, unknown, wrong or revoked.
     BadKey,
+    /// A JWT bearer token that does not verify (the reason is safe to show).
+    BadToken(String),
     /// The body is larger than `server.max_body_bytes`.
     BodyTooLarge {
         limit: usize,
@@ -64,7 +66,7 @@ impl Refusal {
     /// The `reason` label in `strata_gateway_rejected_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Refusal::MissingKey | Refusal::BadKey => "auth",
+            Refusal::MissingKey | Refusal::BadKey | Refusal::BadToken(_) => "auth",
             Refusal::BodyTooLarge { .. }
             | Refusal::BadShape(_)
             | Refusal::MissingModel
@@ -88,6 +90,10 @@ impl Refusal {
             .with_code("invalid_api_key"),
             Refusal::BadKey => ApiError::unauthorized("Invalid, unknown or revoked API key.")
                 .with_code("invalid_api_key"),
+            Refusal::BadToken(why) => {
+                ApiError::unauthorized(format!("Invalid bearer token: {why}."))
+                    .with_code("invalid_token")
+            }
             Refusal::BodyTooLarge { limit } => {
                 ApiError::too_large(format!("Request body exceeds {limit} bytes."))
             }

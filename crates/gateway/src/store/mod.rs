@@ -14,7 +14,9 @@ pub mod sqlite;
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::{Period, Window};
 use crate::config::RateLimits;
+use crate::role::Role;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -45,9 +47,19 @@ pub struct KeyRecord {
     pub allowed_models: Vec<String>,
     pub limits: RateLimits,
     pub budget_micros: Option<i64>,
+    /// How often the key's budget resets (`None`: a lifetime cap).
+    #[serde(default)]
+    pub budget_period: Option<Period>,
+    /// Lifetime spend.
     pub spend_micros: i64,
     pub created_at: i64,
     pub revoked_at: Option<i64>,
+    /// The user the key belongs to (whose user budget it also spends); `None`: no user.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `member`, or `tenant_admin` for a key that may manage its own tenant.
+    #[serde(default)]
+    pub role: Role,
 }
 
 /// A tenant's stored overrides and spend.
@@ -56,7 +68,94 @@ pub struct TenantRecord {
     pub name: String,
     pub limits: RateLimits,
     pub budget_micros: Option<i64>,
+    /// How often the stored budget resets (`None`: a lifetime cap).
+    #[serde(default)]
+    pub budget_period: Option<Period>,
+    /// Lifetime spend.
     pub spend_micros: i64,
+}
+
+/// A user of a tenant (an API key's `user`, or a JWT's user claim) with a stored budget
+/// and lifetime spend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserRecord {
+    pub tenant: String,
+    pub name: String,
+    pub budget_micros: Option<i64>,
+    #[serde(default)]
+    pub budget_period: Option<Period>,
+    pub spend_micros: i64,
+}
+
+/// What a spend window belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Holder {
+    Tenant,
+    Key,
+    User,
+}
+
+impl Holder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Holder::Tenant => "tenant",
+            Holder::Key => "key",
+            Holder::User => "user",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Holder> {
+        [Holder::Tenant, Holder::Key, Holder::User]
+            .into_iter()
+            .find(|h| h.as_str() == s)
+    }
+}
+
+/// One holder's spend in one period window, as stored. `name` is the key id, the user,
+/// or empty for the tenant itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeriodSpend {
+    pub holder: Holder,
+    pub tenant: String,
+    pub name: String,
+    pub period: Period,
+    pub window: Window,
+}
+
+/// The period windows a batch of ledger rows adds to: per holder and window, the sum, in
+/// order of window start (so a newer window replaces an older one last).
+pub fn period_increments(events: &[UsageEvent]) -> Vec<PeriodSpend> {
+    let mut sums: std::collections::BTreeMap<(i64, Holder, String, String, Period), i64> =
+        std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e.cost_micros != 0) {
+        let mut holders = vec![(Holder::Tenant, String::new())];
+        if !e.key_id.is_empty() {
+            holders.push((Holder::Key, e.key_id.clone()));
+        }
+        if !e.user.is_empty() {
+            holders.push((Holder::User, e.user.clone()));
+        }
+        for p in Period::ALL {
+            let start = p.start(e.ts);
+            for (h, name) in &holders {
+                *sums
+                    .entry((start, *h, e.tenant.clone(), name.clone(), p))
+                    .or_default() += e.cost_micros;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(
+            |((start, holder, tenant, name, period), micros)| PeriodSpend {
+                holder,
+                tenant,
+                name,
+                period,
+                window: Window { start, micros },
+            },
+        )
+        .collect()
 }
 
 /// One served (or cached) request, for the ledger.
@@ -70,6 +169,9 @@ pub struct UsageEvent {
     pub ts: i64,
     pub key_id: String,
     pub tenant: String,
+    /// The user charged besides the key and tenant (empty: none).
+    #[serde(default)]
+    pub user: String,
     pub model: String,
     pub upstream: String,
     pub input_tokens: u64,
@@ -84,6 +186,9 @@ pub struct UsageEvent {
 pub struct UsageRow {
     pub tenant: String,
     pub key_id: String,
+    /// Empty for requests of no user.
+    #[serde(default)]
+    pub user: String,
     pub model: String,
     pub requests: u64,
     pub input_tokens: u64,
@@ -107,6 +212,7 @@ pub struct AuditEntry {
 pub struct UsageFilter {
     pub tenant: Option<String>,
     pub key_id: Option<String>,
+    pub user: Option<String>,
     /// Unix seconds; rows at or after.
     pub since: Option<i64>,
 }
@@ -120,9 +226,11 @@ pub struct BudgetHold {
     pub key_id: String,
     /// The estimated cost, held until the real cost is recorded.
     pub amount_micros: i64,
-    /// The effective budgets (`None`: unlimited).
+    /// The effective budgets (`None`: unlimited) with their periods (`None`: lifetime).
     pub tenant_budget_micros: Option<i64>,
     pub key_budget_micros: Option<i64>,
+    pub tenant_period: Option<Period>,
+    pub key_period: Option<Period>,
     /// Unix seconds now, and when the hold lapses if its request never settles (a
     /// crashed gateway).
     pub now: i64,
@@ -149,22 +257,33 @@ pub trait Store: Send + Sync {
     fn get_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
     /// Marks a key revoked; false when no such key (or already revoked).
     fn revoke_key(&self, id: &str, now: i64) -> Result<bool, StoreError>;
-    /// Sets a key's limits, budget and model list; false when no such key.
+    /// Sets a key's limits, budget (and its period) and model list; false when no such key.
     fn update_key(
         &self,
         id: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        budget: (Option<i64>, Option<Period>),
         allowed_models: &[String],
     ) -> Result<bool, StoreError>;
     fn upsert_tenant(
         &self,
         name: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        budget: (Option<i64>, Option<Period>),
     ) -> Result<(), StoreError>;
     fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError>;
-    /// Appends ledger rows and adds their cost to key and tenant spend, atomically.
+    /// Sets a user's budget and its period (creating the user).
+    fn upsert_user(
+        &self,
+        tenant: &str,
+        name: &str,
+        budget: (Option<i64>, Option<Period>),
+    ) -> Result<(), StoreError>;
+    fn list_users(&self) -> Result<Vec<UserRecord>, StoreError>;
+    /// Every holder's current spend windows.
+    fn list_period_spend(&self) -> Result<Vec<PeriodSpend>, StoreError>;
+    /// Appends ledger rows and adds their cost to key, tenant and user spend (lifetime and
+    /// per period window, [`period_increments`]), atomically.
     fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError>;
     fn usage(&self, filter: &UsageFilter) -> Result<Vec<UsageRow>, StoreError>;
     fn audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;

@@ -35,15 +35,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_postgres::{Client, NoTls};
 
+use super::{period_increments, Holder, PeriodSpend, UserRecord};
 use super::{
     AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, StoreError, TenantRecord, UsageEvent,
     UsageFilter, UsageRow,
 };
+use crate::budget::{Period, Window};
 use crate::config::RateLimits;
+use crate::role::Role;
 
 /// Schema steps, applied in order under an advisory lock (replicas starting together
 /// migrate once); entry `i` moves the database to version `i + 1`. Append, never edit.
-const MIGRATIONS: &[&str] = &[
+pub const MIGRATIONS: &[&str] = &[
     // 1: keys, tenants, usage ledger, audit log, budget holds.
     "CREATE TABLE tenants (
         name TEXT PRIMARY KEY,
@@ -99,6 +102,30 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX budget_holds_tenant ON budget_holds(tenant);
     CREATE INDEX budget_holds_key ON budget_holds(key_id);
     CREATE INDEX budget_holds_expiry ON budget_holds(expires_at);",
+    // 2: users, budget periods and roles (issue 29). Additive: every old row reads as
+    // before (no user, member, lifetime budget).
+    "ALTER TABLE api_keys ADD COLUMN user_name TEXT;
+    ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'member';
+    ALTER TABLE api_keys ADD COLUMN budget_period TEXT;
+    ALTER TABLE tenants ADD COLUMN budget_period TEXT;
+    ALTER TABLE usage ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+    CREATE TABLE users (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        budget_micros BIGINT,
+        budget_period TEXT,
+        spend_micros BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant, name)
+    );
+    CREATE TABLE period_spend (
+        holder TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        period TEXT NOT NULL,
+        start BIGINT NOT NULL,
+        micros BIGINT NOT NULL,
+        PRIMARY KEY (holder, tenant, name, period)
+    );",
 ];
 
 /// Any number; the advisory lock that serializes migrations across replicas.
@@ -358,7 +385,16 @@ fn to_i64(v: u64) -> i64 {
 }
 
 const KEY_COLUMNS: &str = "id, tenant, name, salt, hash, allowed_models, rpm, tpm, budget_micros, \
-                           spend_micros, created_at, revoked_at";
+                           spend_micros, created_at, revoked_at, user_name, role, budget_period";
+
+/// A stored period name; an unknown one (a newer build's) reads as a lifetime budget.
+fn period(v: Option<String>) -> Option<Period> {
+    v.as_deref().and_then(Period::parse)
+}
+
+fn period_text(p: Option<Period>) -> Option<&'static str> {
+    p.map(Period::as_str)
+}
 
 fn key_from_row(row: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
     let id: String = row.try_get(0)?;
@@ -377,10 +413,38 @@ fn key_from_row(row: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
             tpm: opt_u64(row.try_get(7)?),
         },
         budget_micros: row.try_get(8)?,
+        budget_period: period(row.try_get(14)?),
         spend_micros: row.try_get(9)?,
         created_at: row.try_get(10)?,
         revoked_at: row.try_get(11)?,
+        user: row.try_get(12)?,
+        role: Role::parse(row.try_get::<_, &str>(13)?).unwrap_or_default(),
     })
+}
+
+/// A holder's spend in the window of `period` holding `now` (0 when none is stored).
+async fn window_spend(
+    tx: &tokio_postgres::Transaction<'_>,
+    holder: Holder,
+    tenant: &str,
+    name: &str,
+    period: Period,
+    now: i64,
+) -> Result<i64, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT micros FROM period_spend WHERE holder = $1 AND tenant = $2 AND name = $3 \
+             AND period = $4 AND start = $5",
+            &[
+                &holder.as_str(),
+                &tenant,
+                &name,
+                &period.as_str(),
+                &period.start(now),
+            ],
+        )
+        .await?;
+    Ok(row.map(|r| r.try_get(0)).transpose()?.unwrap_or(0))
 }
 
 /// Runs one query body against a connection, emptying the slot when the server went
@@ -412,7 +476,7 @@ impl Store for PgStore {
                     tx.execute(
                         &format!(
                             "INSERT INTO api_keys ({KEY_COLUMNS}) \
-                             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)"
+                             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)"
                         ),
                         &[
                             &k.id,
@@ -427,6 +491,9 @@ impl Store for PgStore {
                             &k.spend_micros,
                             &k.created_at,
                             &k.revoked_at,
+                            &k.user,
+                            &k.role.as_str(),
+                            &period_text(k.budget_period),
                         ],
                     )
                     .await?;
@@ -496,7 +563,7 @@ impl Store for PgStore {
         &self,
         id: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
         allowed_models: &[String],
     ) -> Result<bool, StoreError> {
         let models = serde_json::to_string(allowed_models)
@@ -508,13 +575,14 @@ impl Store for PgStore {
                     let n = c
                         .execute(
                             "UPDATE api_keys SET rpm = $2, tpm = $3, budget_micros = $4, \
-                             allowed_models = $5 WHERE id = $1",
+                             allowed_models = $5, budget_period = $6 WHERE id = $1",
                             &[
                                 &id,
                                 &opt_i64(limits.rpm),
                                 &opt_i64(limits.tpm),
                                 &budget_micros,
                                 &models,
+                                &period_text(budget_period),
                             ],
                         )
                         .await?;
@@ -528,19 +596,109 @@ impl Store for PgStore {
         &self,
         name: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
     ) -> Result<(), StoreError> {
         let name = name.to_string();
         self.call(move |inner| {
             Box::pin(async move {
                 with_conn!(inner, |c| {
                     c.execute(
-                        "INSERT INTO tenants (name, rpm, tpm, budget_micros) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (name) DO UPDATE SET rpm = $2, tpm = $3, budget_micros = $4",
-                        &[&name, &opt_i64(limits.rpm), &opt_i64(limits.tpm), &budget_micros],
+                        "INSERT INTO tenants (name, rpm, tpm, budget_micros, budget_period) \
+                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
+                         rpm = $2, tpm = $3, budget_micros = $4, budget_period = $5",
+                        &[
+                            &name,
+                            &opt_i64(limits.rpm),
+                            &opt_i64(limits.tpm),
+                            &budget_micros,
+                            &period_text(budget_period),
+                        ],
                     )
                     .await?;
                     Ok(())
+                })
+            })
+        })
+    }
+
+    fn upsert_user(
+        &self,
+        tenant: &str,
+        name: &str,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
+    ) -> Result<(), StoreError> {
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    c.execute(
+                        "INSERT INTO users (tenant, name, budget_micros, budget_period) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, name) DO UPDATE SET \
+                         budget_micros = $3, budget_period = $4",
+                        &[&tenant, &name, &budget_micros, &period_text(budget_period)],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
+        self.call(|inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            "SELECT tenant, name, budget_micros, budget_period, spend_micros \
+                             FROM users ORDER BY tenant, name",
+                            &[],
+                        )
+                        .await?;
+                    rows.iter()
+                        .map(|r| {
+                            Ok(UserRecord {
+                                tenant: r.try_get(0)?,
+                                name: r.try_get(1)?,
+                                budget_micros: r.try_get(2)?,
+                                budget_period: period(r.try_get(3)?),
+                                spend_micros: r.try_get(4)?,
+                            })
+                        })
+                        .collect()
+                })
+            })
+        })
+    }
+
+    fn list_period_spend(&self) -> Result<Vec<PeriodSpend>, StoreError> {
+        self.call(|inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let rows = c
+                        .query(
+                            "SELECT holder, tenant, name, period, start, micros FROM period_spend",
+                            &[],
+                        )
+                        .await?;
+                    let mut out = Vec::new();
+                    for r in &rows {
+                        let holder = Holder::parse(r.try_get::<_, &str>(0)?);
+                        let p = Period::parse(r.try_get::<_, &str>(3)?);
+                        if let (Some(holder), Some(period)) = (holder, p) {
+                            out.push(PeriodSpend {
+                                holder,
+                                tenant: r.try_get(1)?,
+                                name: r.try_get(2)?,
+                                period,
+                                window: Window {
+                                    start: r.try_get(4)?,
+                                    micros: r.try_get(5)?,
+                                },
+                            });
+                        }
+                    }
+                    Ok(out)
                 })
             })
         })
@@ -552,8 +710,8 @@ impl Store for PgStore {
                 with_conn!(inner, |c| {
                     let rows = c
                         .query(
-                            "SELECT name, rpm, tpm, budget_micros, spend_micros FROM tenants \
-                             ORDER BY name",
+                            "SELECT name, rpm, tpm, budget_micros, spend_micros, budget_period \
+                             FROM tenants ORDER BY name",
                             &[],
                         )
                         .await?;
@@ -566,6 +724,7 @@ impl Store for PgStore {
                                     tpm: opt_u64(r.try_get(2)?),
                                 },
                                 budget_micros: r.try_get(3)?,
+                                budget_period: period(r.try_get(5)?),
                                 spend_micros: r.try_get(4)?,
                             })
                         })
@@ -596,6 +755,7 @@ impl Store for PgStore {
                 let cost: Vec<i64> = events.iter().map(|e| e.cost_micros).collect();
                 let cached: Vec<bool> = events.iter().map(|e| e.cached).collect();
                 let status: Vec<i32> = events.iter().map(|e| i32::from(e.status)).collect();
+                let users: Vec<&str> = events.iter().map(|e| e.user.as_str()).collect();
                 let hold_ids: Vec<&str> = ids.iter().flatten().copied().collect();
                 with_conn!(inner, |c| {
                     let tx = c.transaction().await?;
@@ -604,15 +764,15 @@ impl Store for PgStore {
                     let inserted = tx
                         .query(
                             "INSERT INTO usage (event_id, ts, key_id, tenant, model, upstream, \
-                             input_tokens, output_tokens, cost_micros, cached, status) \
+                             input_tokens, output_tokens, cost_micros, cached, status, user_name) \
                              SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], \
                              $5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[], \
-                             $10::bool[], $11::int4[]) \
+                             $10::bool[], $11::int4[], $12::text[]) \
                              ON CONFLICT (event_id) DO NOTHING \
-                             RETURNING key_id, tenant, cost_micros",
+                             RETURNING key_id, tenant, cost_micros, ts, user_name",
                             &[
                                 &ids, &ts, &key_ids, &tenants, &models, &upstreams, &input,
-                                &output, &cost, &cached, &status,
+                                &output, &cost, &cached, &status, &users,
                             ],
                         )
                         .await?;
@@ -620,11 +780,35 @@ impl Store for PgStore {
                     // order, as the budget holds lock them.
                     let mut key_spend: BTreeMap<String, i64> = BTreeMap::new();
                     let mut tenant_spend: BTreeMap<String, i64> = BTreeMap::new();
+                    let mut user_spend: BTreeMap<(String, String), i64> = BTreeMap::new();
+                    // The rows written (not seen before), for the period windows.
+                    let mut written = Vec::with_capacity(inserted.len());
                     for r in &inserted {
                         let c: i64 = r.try_get(2)?;
                         if c != 0 {
-                            *key_spend.entry(r.try_get(0)?).or_default() += c;
-                            *tenant_spend.entry(r.try_get(1)?).or_default() += c;
+                            let (key_id, tenant, user): (String, String, String) =
+                                (r.try_get(0)?, r.try_get(1)?, r.try_get(4)?);
+                            *key_spend.entry(key_id.clone()).or_default() += c;
+                            *tenant_spend.entry(tenant.clone()).or_default() += c;
+                            if !user.is_empty() {
+                                *user_spend
+                                    .entry((tenant.clone(), user.clone()))
+                                    .or_default() += c;
+                            }
+                            written.push(UsageEvent {
+                                id: String::new(),
+                                ts: r.try_get(3)?,
+                                key_id,
+                                tenant,
+                                user,
+                                model: String::new(),
+                                upstream: String::new(),
+                                input_tokens: 0,
+                                output_tokens: 0,
+                                cost_micros: c,
+                                cached: false,
+                                status: 0,
+                            });
                         }
                     }
                     for (name, c) in &tenant_spend {
@@ -639,6 +823,37 @@ impl Store for PgStore {
                         tx.execute(
                             "UPDATE api_keys SET spend_micros = spend_micros + $2 WHERE id = $1",
                             &[id, c],
+                        )
+                        .await?;
+                    }
+                    for ((tenant, name), c) in &user_spend {
+                        tx.execute(
+                            "INSERT INTO users (tenant, name, spend_micros) VALUES ($1, $2, $3) \
+                             ON CONFLICT (tenant, name) DO UPDATE SET \
+                             spend_micros = users.spend_micros + $3",
+                            &[tenant, name, c],
+                        )
+                        .await?;
+                    }
+                    for w in period_increments(&written) {
+                        tx.execute(
+                            "INSERT INTO period_spend (holder, tenant, name, period, start, micros) \
+                             VALUES ($1, $2, $3, $4, $5, $6) \
+                             ON CONFLICT (holder, tenant, name, period) DO UPDATE SET \
+                             micros = CASE WHEN excluded.start = period_spend.start \
+                                             THEN period_spend.micros + excluded.micros \
+                                           WHEN excluded.start > period_spend.start \
+                                             THEN excluded.micros \
+                                           ELSE period_spend.micros END, \
+                             start = GREATEST(period_spend.start, excluded.start)",
+                            &[
+                                &w.holder.as_str(),
+                                &w.tenant,
+                                &w.name,
+                                &w.period.as_str(),
+                                &w.window.start,
+                                &w.window.micros,
+                            ],
                         )
                         .await?;
                     }
@@ -669,12 +884,14 @@ impl Store for PgStore {
                             "SELECT tenant, key_id, model, COUNT(*)::int8, \
                              COALESCE(SUM(input_tokens), 0)::int8, \
                              COALESCE(SUM(output_tokens), 0)::int8, \
-                             COALESCE(SUM(cost_micros), 0)::int8 FROM usage \
+                             COALESCE(SUM(cost_micros), 0)::int8, user_name FROM usage \
                              WHERE ($1::text IS NULL OR tenant = $1) \
                                AND ($2::text IS NULL OR key_id = $2) \
                                AND ($3::int8 IS NULL OR ts >= $3) \
-                             GROUP BY tenant, key_id, model ORDER BY tenant, key_id, model",
-                            &[&f.tenant, &f.key_id, &f.since],
+                               AND ($4::text IS NULL OR user_name = $4) \
+                             GROUP BY tenant, key_id, user_name, model \
+                             ORDER BY tenant, key_id, user_name, model",
+                            &[&f.tenant, &f.key_id, &f.since, &f.user],
                         )
                         .await?;
                     rows.iter()
@@ -683,6 +900,7 @@ impl Store for PgStore {
                             Ok(UsageRow {
                                 tenant: r.try_get(0)?,
                                 key_id: r.try_get(1)?,
+                                user: r.try_get(7)?,
                                 model: r.try_get(2)?,
                                 requests: opt_u64(r.try_get(3)?).unwrap_or(0),
                                 input_tokens: opt_u64(r.try_get(4)?).unwrap_or(0),
@@ -786,6 +1004,19 @@ impl Store for PgStore {
                         )
                         .await?;
                     let (tenant_held, key_held): (i64, i64) = (held.try_get(0)?, held.try_get(1)?);
+                    // A budget with a period counts the current window's spend only.
+                    let tenant_spend = match h.tenant_period {
+                        Some(p) => {
+                            window_spend(&tx, Holder::Tenant, &h.tenant, "", p, h.now).await?
+                        }
+                        None => tenant_spend,
+                    };
+                    let key_spend = match h.key_period {
+                        Some(p) => {
+                            window_spend(&tx, Holder::Key, &h.tenant, &h.key_id, p, h.now).await?
+                        }
+                        None => key_spend,
+                    };
                     let checks = [
                         (false, key_spend + key_held, h.key_budget_micros),
                         (true, tenant_spend + tenant_held, h.tenant_budget_micros),

@@ -11,9 +11,12 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    AuditEntry, KeyRecord, Store, StoreError, TenantRecord, UsageEvent, UsageFilter, UsageRow,
+    period_increments, AuditEntry, Holder, KeyRecord, PeriodSpend, Store, StoreError, TenantRecord,
+    UsageEvent, UsageFilter, UsageRow, UserRecord,
 };
+use crate::budget::{Period, Window};
 use crate::config::RateLimits;
+use crate::role::Role;
 
 /// Schema steps, applied in order; entry `i` moves the database to version `i + 1`.
 /// Never edit a released step: append a new one.
@@ -61,6 +64,30 @@ const MIGRATIONS: &[&str] = &[
         action TEXT NOT NULL,
         target TEXT NOT NULL,
         detail TEXT NOT NULL
+    );",
+    // 2: users, budget periods and roles (issue 29). Additive: every old row reads as
+    // before (no user, member, lifetime budget).
+    "ALTER TABLE api_keys ADD COLUMN user_name TEXT;
+    ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'member';
+    ALTER TABLE api_keys ADD COLUMN budget_period TEXT;
+    ALTER TABLE tenants ADD COLUMN budget_period TEXT;
+    ALTER TABLE usage ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+    CREATE TABLE users (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        budget_micros INTEGER,
+        budget_period TEXT,
+        spend_micros INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (tenant, name)
+    );
+    CREATE TABLE period_spend (
+        holder TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        period TEXT NOT NULL,
+        start INTEGER NOT NULL,
+        micros INTEGER NOT NULL,
+        PRIMARY KEY (holder, tenant, name, period)
     );",
 ];
 
@@ -133,10 +160,20 @@ fn opt_i64(v: Option<u64>) -> Option<i64> {
 }
 
 const KEY_COLUMNS: &str = "id, tenant, name, salt, hash, allowed_models, rpm, tpm, budget_micros, \
-                           spend_micros, created_at, revoked_at";
+                           spend_micros, created_at, revoked_at, user_name, role, budget_period";
+
+/// A stored period name; an unknown one (a newer build's) reads as a lifetime budget.
+fn period(v: Option<String>) -> Option<Period> {
+    v.as_deref().and_then(Period::parse)
+}
+
+fn period_text(p: Option<Period>) -> Option<&'static str> {
+    p.map(Period::as_str)
+}
 
 fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(KeyRecord, String)> {
     let models: String = row.get(5)?;
+    let role: String = row.get(13)?;
     Ok((
         KeyRecord {
             id: row.get(0)?,
@@ -150,9 +187,12 @@ fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(KeyRecord, String)
                 tpm: opt_u64(row.get(7)?),
             },
             budget_micros: row.get(8)?,
+            budget_period: period(row.get(14)?),
             spend_micros: row.get(9)?,
             created_at: row.get(10)?,
             revoked_at: row.get(11)?,
+            user: row.get(12)?,
+            role: Role::parse(&role).unwrap_or_default(),
         },
         models,
     ))
@@ -170,7 +210,7 @@ impl Store for SqliteStore {
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let conn = self.conn.lock();
         conn.execute(
-            &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)"),
+            &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
             params![
                 k.id,
                 k.tenant,
@@ -183,7 +223,10 @@ impl Store for SqliteStore {
                 k.budget_micros,
                 k.spend_micros,
                 k.created_at,
-                k.revoked_at
+                k.revoked_at,
+                k.user,
+                k.role.as_str(),
+                period_text(k.budget_period)
             ],
         )?;
         conn.execute(
@@ -230,20 +273,21 @@ impl Store for SqliteStore {
         &self,
         id: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
         allowed_models: &[String],
     ) -> Result<bool, StoreError> {
         let models = serde_json::to_string(allowed_models)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let n = self.conn.lock().execute(
-            "UPDATE api_keys SET rpm = ?2, tpm = ?3, budget_micros = ?4, allowed_models = ?5 \
-             WHERE id = ?1",
+            "UPDATE api_keys SET rpm = ?2, tpm = ?3, budget_micros = ?4, allowed_models = ?5, \
+             budget_period = ?6 WHERE id = ?1",
             params![
                 id,
                 opt_i64(limits.rpm),
                 opt_i64(limits.tpm),
                 budget_micros,
-                models
+                models,
+                period_text(budget_period)
             ],
         )?;
         Ok(n > 0)
@@ -253,25 +297,90 @@ impl Store for SqliteStore {
         &self,
         name: &str,
         limits: RateLimits,
-        budget_micros: Option<i64>,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
     ) -> Result<(), StoreError> {
         self.conn.lock().execute(
-            "INSERT INTO tenants (name, rpm, tpm, budget_micros) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT(name) DO UPDATE SET rpm = ?2, tpm = ?3, budget_micros = ?4",
+            "INSERT INTO tenants (name, rpm, tpm, budget_micros, budget_period) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET rpm = ?2, tpm = ?3, \
+             budget_micros = ?4, budget_period = ?5",
             params![
                 name,
                 opt_i64(limits.rpm),
                 opt_i64(limits.tpm),
-                budget_micros
+                budget_micros,
+                period_text(budget_period)
             ],
         )?;
         Ok(())
     }
 
+    fn upsert_user(
+        &self,
+        tenant: &str,
+        name: &str,
+        (budget_micros, budget_period): (Option<i64>, Option<Period>),
+    ) -> Result<(), StoreError> {
+        self.conn.lock().execute(
+            "INSERT INTO users (tenant, name, budget_micros, budget_period) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT(tenant, name) DO UPDATE SET budget_micros = ?3, budget_period = ?4",
+            params![tenant, name, budget_micros, period_text(budget_period)],
+        )?;
+        Ok(())
+    }
+
+    fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let mut stmt = conn.prepare(
+            "SELECT tenant, name, budget_micros, budget_period, spend_micros FROM users \
+             ORDER BY tenant, name",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(UserRecord {
+                tenant: r.get(0)?,
+                name: r.get(1)?,
+                budget_micros: r.get(2)?,
+                budget_period: period(r.get(3)?),
+                spend_micros: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn list_period_spend(&self) -> Result<Vec<PeriodSpend>, StoreError> {
+        let conn = self.conn.lock();
+        let mut stmt =
+            conn.prepare("SELECT holder, tenant, name, period, start, micros FROM period_spend")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (holder, tenant, name, p, start, micros) = row?;
+            if let (Some(holder), Some(period)) = (Holder::parse(&holder), Period::parse(&p)) {
+                out.push(PeriodSpend {
+                    holder,
+                    tenant,
+                    name,
+                    period,
+                    window: Window { start, micros },
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError> {
         let conn = self.conn.lock();
         let mut stmt = conn.prepare(
-            "SELECT name, rpm, tpm, budget_micros, spend_micros FROM tenants ORDER BY name",
+            "SELECT name, rpm, tpm, budget_micros, spend_micros, budget_period FROM tenants \
+             ORDER BY name",
         )?;
         let rows = stmt.query_map([], |r| {
             Ok(TenantRecord {
@@ -281,6 +390,7 @@ impl Store for SqliteStore {
                     tpm: opt_u64(r.get(2)?),
                 },
                 budget_micros: r.get(3)?,
+                budget_period: period(r.get(5)?),
                 spend_micros: r.get(4)?,
             })
         })?;
@@ -296,7 +406,22 @@ impl Store for SqliteStore {
         {
             let mut ins = tx.prepare_cached(
                 "INSERT INTO usage (ts, key_id, tenant, model, upstream, input_tokens, \
-                 output_tokens, cost_micros, cached, status) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+                 output_tokens, cost_micros, cached, status, user_name) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+            )?;
+            let mut user_spend = tx.prepare_cached(
+                "INSERT INTO users (tenant, name, spend_micros) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT(tenant, name) DO UPDATE SET spend_micros = spend_micros + ?3",
+            )?;
+            let mut window = tx.prepare_cached(
+                "INSERT INTO period_spend (holder, tenant, name, period, start, micros) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+                 ON CONFLICT(holder, tenant, name, period) DO UPDATE SET \
+                 micros = CASE WHEN excluded.start = period_spend.start \
+                                 THEN period_spend.micros + excluded.micros \
+                               WHEN excluded.start > period_spend.start THEN excluded.micros \
+                               ELSE period_spend.micros END, \
+                 start = MAX(period_spend.start, excluded.start)",
             )?;
             let mut key_spend = tx.prepare_cached(
                 "UPDATE api_keys SET spend_micros = spend_micros + ?2 WHERE id = ?1",
@@ -309,6 +434,7 @@ impl Store for SqliteStore {
             // rather than two per row.
             let mut keys: HashMap<&str, i64> = HashMap::new();
             let mut tenants: HashMap<&str, i64> = HashMap::new();
+            let mut users: HashMap<(&str, &str), i64> = HashMap::new();
             for e in events {
                 ins.execute(params![
                     e.ts,
@@ -320,12 +446,29 @@ impl Store for SqliteStore {
                     opt_i64(Some(e.output_tokens)),
                     e.cost_micros,
                     e.cached,
-                    e.status
+                    e.status,
+                    e.user
                 ])?;
                 if e.cost_micros != 0 {
                     *keys.entry(&e.key_id).or_default() += e.cost_micros;
                     *tenants.entry(&e.tenant).or_default() += e.cost_micros;
+                    if !e.user.is_empty() {
+                        *users.entry((&e.tenant, &e.user)).or_default() += e.cost_micros;
+                    }
                 }
+            }
+            for ((tenant, name), cost) in users {
+                user_spend.execute(params![tenant, name, cost])?;
+            }
+            for w in period_increments(events) {
+                window.execute(params![
+                    w.holder.as_str(),
+                    w.tenant,
+                    w.name,
+                    w.period.as_str(),
+                    w.window.start,
+                    w.window.micros
+                ])?;
             }
             for (id, cost) in keys {
                 key_spend.execute(params![id, cost])?;
@@ -342,16 +485,17 @@ impl Store for SqliteStore {
         let conn = self.conn.lock();
         let mut stmt = conn.prepare(
             "SELECT tenant, key_id, model, COUNT(*), SUM(input_tokens), SUM(output_tokens), \
-             SUM(cost_micros) FROM usage \
+             SUM(cost_micros), user_name FROM usage \
              WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR key_id = ?2) \
-               AND (?3 IS NULL OR ts >= ?3) \
-             GROUP BY tenant, key_id, model ORDER BY tenant, key_id, model",
+               AND (?3 IS NULL OR ts >= ?3) AND (?4 IS NULL OR user_name = ?4) \
+             GROUP BY tenant, key_id, user_name, model ORDER BY tenant, key_id, user_name, model",
         )?;
-        let rows = stmt.query_map(params![f.tenant, f.key_id, f.since], |r| {
+        let rows = stmt.query_map(params![f.tenant, f.key_id, f.since, f.user], |r| {
             let cost: i64 = r.get(6)?;
             Ok(UsageRow {
                 tenant: r.get(0)?,
                 key_id: r.get(1)?,
+                user: r.get(7)?,
                 model: r.get(2)?,
                 requests: opt_u64(r.get(3)?).unwrap_or(0),
                 input_tokens: opt_u64(r.get(4)?).unwrap_or(0),
@@ -406,9 +550,12 @@ mod tests {
                 tpm: None,
             },
             budget_micros: Some(5),
+            budget_period: Some(Period::Daily),
             spend_micros: 0,
             created_at: 1,
             revoked_at: None,
+            user: Some("alice".into()),
+            role: Role::TenantAdmin,
         }
     }
 
@@ -422,7 +569,9 @@ mod tests {
         assert!(!s.revoke_key("a", 100).unwrap(), "second revoke is a no-op");
         assert_eq!(s.get_key("a").unwrap().unwrap().revoked_at, Some(99));
         assert!(!s.revoke_key("missing", 1).unwrap());
-        assert!(s.update_key("a", RateLimits::default(), None, &[]).unwrap());
+        assert!(s
+            .update_key("a", RateLimits::default(), (None, None), &[])
+            .unwrap());
         let k = s.get_key("a").unwrap().unwrap();
         assert_eq!(k.limits, RateLimits::default());
         assert!(k.allowed_models.is_empty());
@@ -438,6 +587,7 @@ mod tests {
             ts: 10,
             key_id: "a".into(),
             tenant: "t1".into(),
+            user: "alice".into(),
             model: "m".into(),
             upstream: "u".into(),
             input_tokens: 3,
@@ -449,8 +599,14 @@ mod tests {
         s.record_usage(&[ev.clone(), ev.clone()]).unwrap();
         assert_eq!(s.get_key("a").unwrap().unwrap().spend_micros, 14);
         assert_eq!(s.list_tenants().unwrap()[0].spend_micros, 14);
+        let users = s.list_users().unwrap();
+        assert_eq!(
+            (users[0].name.as_str(), users[0].spend_micros),
+            ("alice", 14)
+        );
         let rows = s.usage(&UsageFilter::default()).unwrap();
         assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].user, "alice");
         assert_eq!(rows[0].requests, 2);
         assert_eq!(rows[0].output_tokens, 8);
         let none = s
@@ -460,6 +616,102 @@ mod tests {
             })
             .unwrap();
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn period_windows_add_and_roll_over() {
+        let s = SqliteStore::in_memory().unwrap();
+        s.insert_key(&key("a", "t1")).unwrap();
+        let day = 1_796_256_000; // 2026-12-03 00:00 UTC
+        let ev = |ts: i64, cost: i64| UsageEvent {
+            id: String::new(),
+            ts,
+            key_id: "a".into(),
+            tenant: "t1".into(),
+            user: "alice".into(),
+            model: "m".into(),
+            upstream: "u".into(),
+            input_tokens: 1,
+            output_tokens: 1,
+            cost_micros: cost,
+            cached: false,
+            status: 200,
+        };
+        s.record_usage(&[ev(day + 10, 5), ev(day + 20, 6)]).unwrap();
+        let find = |holder: Holder, period: Period| {
+            s.list_period_spend()
+                .unwrap()
+                .into_iter()
+                .find(|w| w.holder == holder && w.period == period)
+                .unwrap()
+                .window
+        };
+        assert_eq!(
+            find(Holder::Key, Period::Daily),
+            Window {
+                start: day,
+                micros: 11
+            }
+        );
+        assert_eq!(find(Holder::User, Period::Daily).micros, 11);
+        // The next day restarts the daily window; the month goes on.
+        s.record_usage(&[ev(day + 86_400 + 1, 2)]).unwrap();
+        assert_eq!(
+            find(Holder::Tenant, Period::Daily),
+            Window {
+                start: day + 86_400,
+                micros: 2
+            }
+        );
+        assert_eq!(find(Holder::Tenant, Period::Monthly).micros, 13);
+        // A late row of the day before counts in the lifetime only.
+        s.record_usage(&[ev(day + 30, 100)]).unwrap();
+        assert_eq!(find(Holder::Tenant, Period::Daily).micros, 2);
+        assert_eq!(s.list_tenants().unwrap()[0].spend_micros, 113);
+        s.upsert_user("t1", "alice", (Some(9), Some(Period::Weekly)))
+            .unwrap();
+        let u = &s.list_users().unwrap()[0];
+        assert_eq!(
+            (u.budget_micros, u.budget_period),
+            (Some(9), Some(Period::Weekly))
+        );
+        s.upsert_tenant(
+            "t1",
+            RateLimits::default(),
+            (Some(3), Some(Period::Monthly)),
+        )
+        .unwrap();
+        assert_eq!(
+            s.list_tenants().unwrap()[0].budget_period,
+            Some(Period::Monthly)
+        );
+    }
+
+    #[test]
+    fn a_version_1_database_opens_and_keeps_its_rows() {
+        let dir = std::env::temp_dir().join(format!("strata-gw-v1-{}", std::process::id()));
+        let path = dir.join("gw.db");
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO api_keys (id, tenant, name, salt, hash, budget_micros, spend_micros, \
+                 created_at) VALUES ('old', 't', 'n', '00', '11', 7, 3, 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let k = s.get_key("old").unwrap().unwrap();
+        assert_eq!((k.budget_micros, k.spend_micros), (Some(7), 3));
+        assert_eq!(
+            (k.budget_period, k.role, k.user),
+            (None, Role::Member, None)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -26,8 +26,24 @@ pub async fn mock(model: &str) -> MockEngine {
     .unwrap()
 }
 
+/// The metrics key every test gateway gets (unless its config sets `metrics:` itself), so
+/// tests that read the per-tenant series send it ([`metrics_text`]).
+pub const METRICS_KEY: &str = "metrics-key-for-tests";
+
 pub async fn gateway_with(yaml: &str, store: Option<Arc<SqliteStore>>) -> RunningGateway {
-    let config = Config::from_yaml(yaml).unwrap();
+    gateway_with_clock(yaml, store, None).await
+}
+
+/// A gateway whose wall clock (budget periods, ledger times) the test sets.
+pub async fn gateway_with_clock(
+    yaml: &str,
+    store: Option<Arc<SqliteStore>>,
+    clock: Option<Arc<dyn strata_gateway::clock::Clock>>,
+) -> RunningGateway {
+    let mut config = Config::from_yaml(yaml).unwrap();
+    if config.metrics == Default::default() {
+        config.metrics.key = Some(METRICS_KEY.into());
+    }
     let store = match store {
         Some(s) => s,
         None => Arc::new(SqliteStore::in_memory().unwrap()),
@@ -38,10 +54,24 @@ pub async fn gateway_with(yaml: &str, store: Option<Arc<SqliteStore>>) -> Runnin
         GatewayOptions {
             admin_key: Some(ADMIN.into()),
             seed: Some(7),
+            clock,
         },
     )
     .unwrap();
     strata_gateway::spawn(gw, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// A gateway's whole `/metrics` page, tenant series included (sent with [`METRICS_KEY`]).
+pub async fn metrics_text(gw: &RunningGateway) -> String {
+    client()
+        .get(format!("{}/metrics", gw.url()))
+        .bearer_auth(METRICS_KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
         .await
         .unwrap()
 }
