@@ -17,6 +17,9 @@
 //! pd: {prefill_timeout_ms: 15000}   # phase 1 of a disaggregated request
 //! scheduling: { ...EndpointPickerConfig... }   # default: PROTOCOLS §6
 //! endpoints: [ ...same as an endpoints file... ]
+//! api_key: KEY                  # callers send `Authorization: Bearer KEY` (or --api-key)
+//! engine_api_key: KEY           # sent to engines instead of the caller's header
+//! upstream_tls: {ca: ca.pem, cert: router.pem, key: router.key}   # https:// endpoints
 //! ```
 
 use std::collections::BTreeMap;
@@ -52,6 +55,14 @@ pub struct RouterConfig {
     pub endpoints: Vec<EndpointSpec>,
     /// Engine kind for endpoints given without one.
     pub default_kind: EngineKind,
+    /// Key callers must send as `Authorization: Bearer <key>` on every route but
+    /// `/health` and `/metrics`; `None` serves anyone.
+    pub api_key: Option<String>,
+    /// Key the router sends engines as `Authorization: Bearer <key>`, in place of the
+    /// caller's header (`strata engine --api-key`).
+    pub engine_api_key: Option<String>,
+    /// How `https://` endpoints are verified, and the certificate shown to them.
+    pub upstream_tls: crate::client::UpstreamTls,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -139,6 +150,9 @@ impl Default for RouterConfig {
             scheduling: None,
             endpoints: Vec::new(),
             default_kind: EngineKind::Vllm,
+            api_key: None,
+            engine_api_key: None,
+            upstream_tls: crate::client::UpstreamTls::default(),
         }
     }
 }
@@ -197,6 +211,8 @@ pub enum RouterConfigError {
     Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Scheduling(#[from] crate::scheduling::ConfigError),
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
 }
 
 impl RouterConfig {
@@ -237,6 +253,26 @@ impl RouterConfig {
             ));
         }
         self.picker_config().build()?;
+        self.validate_keys()?;
+        Ok(())
+    }
+
+    /// Keys are printable ASCII without spaces (they travel in a header), never empty;
+    /// a client certificate comes with its key.
+    fn validate_keys(&self) -> Result<(), RouterConfigError> {
+        for (name, key) in [
+            ("api_key", &self.api_key),
+            ("engine_api_key", &self.engine_api_key),
+        ] {
+            if let Some(k) = key {
+                if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(RouterConfigError::Invalid(format!(
+                        "{name} must be non-empty printable ASCII without spaces"
+                    )));
+                }
+            }
+        }
+        self.upstream_tls.identity()?;
         Ok(())
     }
 
@@ -310,15 +346,35 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_upstream_tls() {
+        let c = RouterConfig::from_yaml("{}").unwrap();
+        assert_eq!((c.api_key, c.engine_api_key), (None, None));
+        let y = "api_key: sk-router\nengine_api_key: sk-engine\nupstream_tls: {ca: /etc/ca.pem, cert: r.pem, key: r.key}\nendpoints: [{url: 'https://engine.internal:8443'}]\n";
+        let c = RouterConfig::from_yaml(y).unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("sk-router"));
+        assert_eq!(c.engine_api_key.as_deref(), Some("sk-engine"));
+        assert_eq!(
+            c.upstream_tls.ca.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert!(c.upstream_tls.identity().unwrap().is_some());
+        assert_eq!(c.endpoints[0].url, "https://engine.internal:8443");
+    }
+
+    #[test]
     fn bad_files_are_errors() {
         for y in [
             "bogus: 1",
             "scrape_interval_ms: 0",
-            "endpoints: [{url: 'https://x:1'}]",
+            "endpoints: [{url: 'ftp://x:1'}]",
             "scheduling: {plugins: [{type: nope}], schedulingProfiles: []}",
             "circuit: {failures: 0}",
             "pd: {prefill_timeout_ms: 0}",
             "pd: {timeout: 1}",
+            "api_key: ''",
+            "engine_api_key: 'two words'",
+            "upstream_tls: {cert: a.pem}",
+            "upstream_tls: {bogus: 1}",
             "- 1",
         ] {
             assert!(RouterConfig::from_yaml(y).is_err(), "{y}");

@@ -1,7 +1,8 @@
 //! Endpoints: what a replica is (URL, engine kind, labels) and how lists of them are parsed
 //! from flags and files.
 //!
-//! An endpoint is named by its base URL (`http://host:port`, no trailing slash). The
+//! An endpoint is named by its base URL (`http://host:port` or `https://host:port`, no
+//! trailing slash; `https://` endpoints are verified as `upstream_tls` says). The
 //! router gives each one a small integer slot ([`EndpointId`]) while it is registered;
 //! the prefix indexes and the scheduler work on slots, so slots are reused after removal
 //! only once every index has forgotten the old holder.
@@ -30,7 +31,7 @@ pub use strata_api::model_server::EngineKind;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointSpec {
-    /// Base URL, `http://host:port`.
+    /// Base URL, `http://host:port` or `https://host:port`.
     pub url: String,
     #[serde(default)]
     pub kind: EngineKind,
@@ -77,7 +78,7 @@ impl EndpointSpec {
         }
     }
 
-    /// Checks and normalises the URL (scheme `http`, host and port, no path).
+    /// Checks and normalises the URL (scheme `http` or `https`, host and port, no path).
     pub fn normalized(mut self) -> Result<Self, EndpointError> {
         self.url = normalize_url(&self.url)?;
         Ok(self)
@@ -85,7 +86,7 @@ impl EndpointSpec {
 
     /// `host:port` of the URL.
     pub fn authority(&self) -> &str {
-        self.url.trim_start_matches("http://")
+        strip_scheme(&self.url)
     }
 }
 
@@ -102,15 +103,28 @@ pub enum EndpointError {
     Duplicate(String),
 }
 
-/// `http://host:port` with no trailing slash; a bare `host:port` gets `http://`.
+/// `host:port` of a base URL (its `http://` or `https://` removed).
+pub fn strip_scheme(url: &str) -> &str {
+    url.strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url)
+}
+
+/// `http://host:port` or `https://host:port` with no trailing slash; a bare `host:port`
+/// gets `http://`.
 pub fn normalize_url(raw: &str) -> Result<String, EndpointError> {
     let raw = raw.trim();
-    let rest = if let Some(rest) = raw.strip_prefix("http://") {
-        rest
+    let (scheme, rest) = if let Some(rest) = raw.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = raw.strip_prefix("https://") {
+        ("https", rest)
     } else if raw.contains("://") {
-        return Err(EndpointError::Url(raw.into(), "only http:// is supported"));
+        return Err(EndpointError::Url(
+            raw.into(),
+            "only http:// and https:// are supported",
+        ));
     } else {
-        raw
+        ("http", raw)
     };
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() {
@@ -125,7 +139,7 @@ pub fn normalize_url(raw: &str) -> Result<String, EndpointError> {
     if host.is_empty() || port.parse::<u16>().is_err() {
         return Err(EndpointError::Url(raw.into(), "bad host or port"));
     }
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
 }
 
 /// Parses `--endpoints`: comma-separated `[kind=]URL` items, e.g.
@@ -224,9 +238,16 @@ mod tests {
             "http://h:1",
             "trailing slash dropped"
         );
+        assert_eq!(
+            normalize_url("https://engine.internal:8443/").unwrap(),
+            "https://engine.internal:8443"
+        );
+        assert_eq!(strip_scheme("https://h:1"), "h:1");
+        assert_eq!(strip_scheme("http://h:1"), "h:1");
         for bad in [
             "",
-            "https://h:1",
+            "ftp://h:1",
+            "https://h",
             "http://h",
             "http://h:x",
             "http://h:1/v1",

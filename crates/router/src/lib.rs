@@ -24,6 +24,7 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+pub mod auth;
 pub mod circuit;
 pub mod client;
 pub mod config;

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::circuit::Circuit;
-use crate::client::{http_client, HttpClient};
+use crate::client::{upstream_client, HttpClient};
 use crate::config::{RouterConfig, RouterConfigError};
 use crate::datalayer::{kv_events, scrape, PoolFeed};
 use crate::endpoint::{EndpointId, EndpointSpec};
@@ -264,7 +264,11 @@ impl Router {
             precise: RwLock::new(PreciseIndex::new()),
             seq: AtomicU64::new(0),
             metrics: RouterMetrics::new(),
-            client: http_client(Duration::from_millis(config.connect_timeout_ms)),
+            client: upstream_client(
+                Duration::from_millis(config.connect_timeout_ms),
+                &config.upstream_tls,
+                config.engine_api_key.as_deref(),
+            )?,
             capacity: Notify::new(),
             queued: AtomicUsize::new(0),
             tokens: Mutex::new(HashMap::new()),

@@ -48,9 +48,39 @@ pub struct RouterArgs {
     /// How long in-flight requests may take to finish after Ctrl-C.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_grace_s: u64,
-    /// The HTTP front's bounds (connections, head timeout and size, body rate).
+    /// The HTTP front's bounds (connections, head timeout and size, body rate) and TLS
+    /// (`--tls-cert`, `--tls-key`, `--tls-client-ca`; the picker's ext_proc port uses the
+    /// same certificate).
     #[command(flatten)]
     pub http: strata_api::edge::EdgeArgs,
+    /// Key callers must send as `Authorization: Bearer <key>`; every route but /health
+    /// and /metrics answers 401 without it (overrides the config file's `api_key`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STRATA_ROUTER_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Key sent to engines as `Authorization: Bearer <key>` in place of the caller's
+    /// header (`strata engine --api-key`; overrides `engine_api_key`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STRATA_ENGINE_API_KEY",
+        hide_env_values = true
+    )]
+    pub engine_api_key: Option<String>,
+    /// CA certificates (PEM) trusted for `https://` endpoints besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) the router presents to engines that require one (mutual
+    /// TLS); with `--upstream-tls-key`.
+    #[arg(long, value_name = "FILE", requires = "upstream_tls_key")]
+    pub upstream_tls_cert: Option<PathBuf>,
+    /// Private key of `--upstream-tls-cert` (PEM).
+    #[arg(long, value_name = "FILE", requires = "upstream_tls_cert")]
+    pub upstream_tls_key: Option<PathBuf>,
     /// Port of the OpenAI-compatible HTTP front (overrides `--port`); 0 turns it off, for
     /// a picker that only serves ext_proc.
     #[arg(long, value_name = "PORT", env = "STRATA_ROUTER_HTTP_PORT")]
@@ -117,8 +147,26 @@ pub fn load_config(args: &RouterArgs) -> anyhow::Result<RouterConfig> {
             .endpoints
             .extend(read_endpoints_file(path, config.default_kind)?);
     }
+    apply_security_flags(args, &mut config);
     config.validate()?;
     Ok(config)
+}
+
+/// Keys and upstream TLS from flags, over the config file's.
+fn apply_security_flags(args: &RouterArgs, config: &mut RouterConfig) {
+    if let Some(key) = &args.api_key {
+        config.api_key = Some(key.clone());
+    }
+    if let Some(key) = &args.engine_api_key {
+        config.engine_api_key = Some(key.clone());
+    }
+    if let Some(ca) = &args.upstream_tls_ca {
+        config.upstream_tls.ca = Some(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&args.upstream_tls_cert, &args.upstream_tls_key) {
+        config.upstream_tls.cert = Some(cert.clone());
+        config.upstream_tls.key = Some(key.clone());
+    }
 }
 
 fn read_endpoints_file(path: &Path, kind: EngineKind) -> anyhow::Result<Vec<EndpointSpec>> {
@@ -229,8 +277,11 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             let stop = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            Some(tokio::spawn(crate::extproc::serve::serve(
-                ext, listeners, stop,
+            Some(tokio::spawn(crate::extproc::serve::serve_tls(
+                ext,
+                listeners,
+                args.http.tls_files(),
+                stop,
             )))
         }
         None => None,
@@ -259,7 +310,13 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(addr = %listener.local_addr()?, endpoints = router.endpoints().len(), "router serving");
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        endpoints = router.endpoints().len(),
+        tls = args.http.tls_cert.is_some(),
+        api_key = router.config().api_key.is_some(),
+        "router serving"
+    );
     let grace = Duration::from_secs(args.shutdown_grace_s);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let app = crate::proxy::app(router.clone());
@@ -322,5 +379,31 @@ mod tests {
             Some(crate::scheduling::pd::SUGGESTED_NON_CACHED_TOKENS)
         );
         assert!(Cli::try_parse_from(["router", "--pd-threshold", "-1"]).is_err());
+    }
+
+    #[test]
+    fn key_and_upstream_tls_flags_override_the_file() {
+        let c = load(&[
+            "--api-key",
+            "sk-r",
+            "--engine-api-key",
+            "sk-e",
+            "--upstream-tls-ca",
+            "ca.pem",
+            "--upstream-tls-cert",
+            "r.pem",
+            "--upstream-tls-key",
+            "r.key",
+            "--endpoints",
+            "https://127.0.0.1:8443",
+        ]);
+        assert_eq!(c.api_key.as_deref(), Some("sk-r"));
+        assert_eq!(c.engine_api_key.as_deref(), Some("sk-e"));
+        assert_eq!(c.upstream_tls.ca, Some(PathBuf::from("ca.pem")));
+        assert_eq!(c.upstream_tls.key, Some(PathBuf::from("r.key")));
+        assert_eq!(c.endpoints[0].url, "https://127.0.0.1:8443");
+        assert!(Cli::try_parse_from(["router", "--upstream-tls-cert", "r.pem"]).is_err());
+        let cli = Cli::try_parse_from(["router", "--api-key", ""]).unwrap();
+        assert!(load_config(&cli.args).is_err(), "an empty key is refused");
     }
 }

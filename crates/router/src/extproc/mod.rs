@@ -39,6 +39,7 @@
 pub mod address;
 pub mod messages;
 pub mod serve;
+pub mod tls;
 
 use std::collections::VecDeque;
 use std::pin::Pin;

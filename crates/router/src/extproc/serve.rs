@@ -6,13 +6,21 @@
 //! `readiness`, `inference-extension`, the ext_proc service name and the empty name are
 //! SERVING while at least one endpoint is ready, re-checked every 250 ms, so a gateway or
 //! a kubelet can hold traffic back from a picker with nothing to pick.
+//!
+//! TLS ([`serve_tls`], the router's `--tls-cert`/`--tls-key`/`--tls-client-ca`): the
+//! ext_proc port, and the health services on it, speak gRPC over TLS (ALPN `h2`), the
+//! certificate reloaded when its file changes; with a client CA, Envoy must present a
+//! certificate it signed. The separate health port stays plain (a kubelet's gRPC probe
+//! speaks no TLS) and so does the metrics port (it serves only counters).
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::header;
 use axum::response::IntoResponse;
+use strata_api::tls::{ServerTls, TlsError, TlsFiles};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::health_server::HealthServer;
@@ -28,6 +36,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Health service names that follow readiness.
@@ -97,6 +107,21 @@ pub async fn serve(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_tls(ext, listeners, None, shutdown).await
+}
+
+/// [`serve`], with the ext_proc port over TLS when `tls` names certificate files (files
+/// that do not load are an error before anything is served).
+pub async fn serve_tls(
+    ext: ExtProc,
+    listeners: Listeners,
+    tls: Option<TlsFiles>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let tls = match tls {
+        Some(files) => Some(Arc::new(ServerTls::load(files, &[b"h2"])?)),
+        None => None,
+    };
     let reporter = HealthReporter::new();
     reporter
         .set_service_status("liveness", ServingStatus::Serving)
@@ -124,19 +149,31 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     let health_svc = || HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
     {
-        let svc = ext.clone().into_service();
-        let health = health_svc();
-        let incoming = TcpListenerStream::new(listeners.ext_proc);
+        let router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(ext.clone().into_service())
+            .add_service(health_svc());
         let stop = stopped(stop_rx.clone());
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                .add_service(svc)
-                .add_service(health)
-                .serve_with_incoming_shutdown(incoming, stop)
-                .await
-                .map_err(ServeError::from)
-        });
+        match tls {
+            None => {
+                let incoming = TcpListenerStream::new(listeners.ext_proc);
+                tasks.spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(incoming, stop)
+                        .await
+                        .map_err(ServeError::from)
+                });
+            }
+            Some(tls) => {
+                let incoming = super::tls::incoming(listeners.ext_proc, tls);
+                tasks.spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(incoming, stop)
+                        .await
+                        .map_err(ServeError::from)
+                });
+            }
+        }
     }
     if let Some(l) = listeners.health {
         let health = health_svc();

@@ -11,6 +11,9 @@
 //! multimodal parts, structured outputs, unknown fields) goes to it byte for byte, and its
 //! answer, success or error, comes back unchanged.
 //!
+//! Callers' key: with `api_key` set, [`crate::auth`] answers a request without it 401
+//! before anything else (`/health` and `/metrics` stay open).
+//!
 //! Routes: the router answers `GET /v1/models` (the union over the pool), `GET /health`,
 //! `GET /metrics` and `GET /debug/endpoints` itself ([`local`]). Every other path is
 //! forwarded: known APIs ([`crate::intake::routes`]) and unknown POSTs whose JSON body
@@ -65,6 +68,10 @@ pub fn app(router: Router) -> axum::Router {
         .route("/debug/endpoints", get(local::debug_endpoints))
         .fallback(routed)
         .method_not_allowed_fallback(strata_api::http::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            router.clone(),
+            crate::auth::require_api_key,
+        ))
         .with_state(router)
 }
 

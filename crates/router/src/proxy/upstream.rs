@@ -91,11 +91,11 @@ pub(super) fn relayed_headers(
         }
     }
     headers.insert(REQUEST_ID, rid.clone());
-    if let Ok(v) = HeaderValue::from_str(url.trim_start_matches("http://")) {
+    if let Ok(v) = HeaderValue::from_str(crate::endpoint::strip_scheme(url)) {
         headers.insert(SERVED_BY, v);
     }
     if let Some(p) = prefilled_by {
-        if let Ok(v) = HeaderValue::from_str(p.trim_start_matches("http://")) {
+        if let Ok(v) = HeaderValue::from_str(crate::endpoint::strip_scheme(p)) {
             headers.insert(PREFILLED_BY, v);
         }
     }
