@@ -268,6 +268,9 @@ fn counter(page: &str, name: &str, label: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The engines' key in the real-engine test.
+const ENGINE_KEY: &str = "up-pd-test-engine-key";
+
 #[test]
 fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engine() {
     let (port, logs) = (free_port(), log_dir("strata-up-pd-real"));
@@ -283,11 +286,15 @@ fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engi
             "--no-gateway",
             "--engine-arg=--num-blocks",
             "--engine-arg=256",
+            // The engines require a key (strata up generates one otherwise); this test
+            // also calls them directly with it.
+            &format!("--engine-arg=--api-key={ENGINE_KEY}"),
         ],
         port,
         &logs,
         Duration::from_secs(240),
     );
+    let bearer = format!("Bearer {ENGINE_KEY}");
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     // The banner can come before the router has seen both engines ready: wait (bounded)
     // until it routes to each role, or the first request may be served decode-only.
@@ -330,7 +337,7 @@ fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engi
             "POST",
             "/v1/completions",
             &body.to_string(),
-            &[("x-request-id", rid)],
+            &[("x-request-id", rid), ("authorization", &bearer)],
         )
         .expect("an answer");
         assert_eq!(status, 200, "{text}");
@@ -391,11 +398,21 @@ fn up_with_real_engines_gives_the_colocated_greedy_tokens_through_a_prefill_engi
     let mut reference = body.clone();
     reference["stream"] = json!(false);
     reference["cache_salt"] = json!("reference");
-    let (_, text) = http(
+    // The engine itself answers only its key.
+    let (status, _) = http(
         engine(&decode),
         "POST",
         "/v1/completions",
         &reference.to_string(),
+    )
+    .expect("an answer");
+    assert_eq!(status, 401);
+    let (_, text) = http_with_headers(
+        engine(&decode),
+        "POST",
+        "/v1/completions",
+        &reference.to_string(),
+        &[("authorization", &bearer)],
     )
     .expect("an answer");
     let reference: Value = serde_json::from_str(&text).expect("JSON");

@@ -1,7 +1,7 @@
 //! Building the stack: every piece made and wired together, in the order each needs the
 //! ones before it, and nothing serving yet. The KV tier first (every engine is told where
 //! it is), then the models (pulled once, before any replica could race to pull them), the
-//! router, one [`Pool`] per model with its control loop, canary rollouts over the first
+//! engines' keys and the router that sends them, one [`Pool`] per model with its control loop, canary rollouts over the first
 //! pool, the front port (bound, so the gateway knows its upstream), the gateway, and the
 //! app the front serves: the router's proxy behind the front layer, the dashboard at
 //! `/ui`, the controller at `/controller`.
@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 
 use super::banner::{self, Banner};
 use super::config::StackConfig;
+use super::engine_keys::EngineKeys;
 use super::gateway::StackGateway;
 use super::kv_tier::KvTier;
 use super::pool::{Pool, PoolBuilder, PoolController};
@@ -50,7 +51,11 @@ impl Stack {
         let tier = start_tier(cfg, &mut specs).await?;
         banner::print_pools(&specs);
         pull_models(&specs).await?;
-        let router = Router::new(routing::router_config(cfg)?)?;
+        // The engines require a key the router sends them (`engine_keys.rs`).
+        let mut router_cfg = routing::router_config(cfg)?;
+        let keys = EngineKeys::for_stack(&cfg.engine_args, router_cfg.engine_api_key.as_deref());
+        router_cfg.engine_api_key = Some(keys.api().to_string());
+        let router = Router::new(router_cfg)?;
         let groups = GroupMap::default();
         let metrics = Arc::new(ControllerMetrics::new());
         let (pools, controllers) = PoolBuilder {
@@ -58,6 +63,7 @@ impl Stack {
             router: &router,
             groups: &groups,
             metrics: &metrics,
+            keys: &keys,
         }
         .build_all(specs)?;
         let Some(first) = pools.first() else {

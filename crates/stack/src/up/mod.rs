@@ -23,7 +23,8 @@
 //! - [`config`] (with [`args`]): `strata.yaml` and the flags over it, checked once into a
 //!   [`StackConfig`];
 //! - [`build`]: every piece made and wired, nothing serving yet ([`pool`] for one pool,
-//!   [`routing`], [`kv_tier`], [`gateway`], [`view`] for the dashboard);
+//!   [`routing`], [`kv_tier`], [`gateway`], [`view`] for the dashboard, [`engine_keys`]: the
+//!   engines require an API key the router sends, and an admin key);
 //! - [`serve`]: the pieces started, the [`banner`] once ready, and on Ctrl-C or SIGTERM
 //!   shutdown done once ([`shutdown`]: the front drains within the grace period; then
 //!   [`control`]: the replicas stop).
@@ -33,6 +34,7 @@ mod banner;
 mod build;
 mod config;
 mod control;
+mod engine_keys;
 mod gateway;
 mod kv_tier;
 mod pool;

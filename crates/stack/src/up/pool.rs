@@ -15,6 +15,7 @@ use strata_controller::metrics::ControllerMetrics;
 use strata_router::Router;
 
 use super::config::StackConfig;
+use super::engine_keys::EngineKeys;
 use crate::fleet::{Fleet, FleetDriver, GroupMap, Member, RouterRegistrar};
 use crate::pools::{PoolRoute, PoolSpec};
 use crate::rollout::CanaryTemplate;
@@ -47,6 +48,8 @@ pub(super) struct PoolBuilder<'a> {
     pub groups: &'a GroupMap,
     /// The first pool's metrics are the controller's `/metrics`.
     pub metrics: &'a Arc<ControllerMetrics>,
+    /// Every replica's API and admin keys (its environment).
+    pub keys: &'a EngineKeys,
 }
 
 impl PoolBuilder<'_> {
@@ -92,6 +95,7 @@ impl PoolBuilder<'_> {
             stop_grace_secs: cfg.shutdown_grace_secs as f64 + 5.0,
             drain_timeout_secs: cfg.shutdown_grace_secs as f64,
             log_dir: log_dir.clone(),
+            env: self.keys.env(),
             ..LocalDriverConfig::default()
         };
         let driver = LocalDriver::new(driver_cfg.clone(), registrar.clone())?;
