@@ -26,7 +26,7 @@ use strata_bench::client::{Client, ClientConfig, Endpoint, Prompt, PromptMode};
 use strata_bench::prompt::{mix, Segment};
 
 use crate::error::SimError;
-use crate::profile::{HardwareProfile, ModelProfile, StepModel, StepShape};
+use crate::profile::{CalibratedOn, HardwareProfile, ModelProfile, StepModel, StepShape};
 
 /// `strata sim calibrate --url URL --output profile.json`.
 #[derive(Debug, Clone, Args)]
@@ -72,6 +72,12 @@ pub struct CalibrateArgs {
     /// simulated replicas hold as many blocks as the live one.
     #[arg(long, default_value_t = 1 << 30)]
     pub kv_cache_bytes: u64,
+    /// The engine's tokens per KV block (its `--block-size`), recorded in the profile.
+    #[arg(long, default_value_t = 16)]
+    pub kv_block_size: usize,
+    /// The engine's KV-cache element type (its `--kv-cache-dtype`), recorded in the profile.
+    #[arg(long, default_value = "f16")]
+    pub kv_cache_dtype: String,
     /// Bound on one request.
     #[arg(long, default_value = "120s", value_parser = strata_bench::args::parse_duration)]
     pub timeout: Duration,
@@ -491,6 +497,12 @@ pub fn calibrate_profile(
         kv_cache_bytes: Some(args.kv_cache_bytes as f64),
         prefill_row_exponent: 0.0,
         prefill_row_cap: 1.0,
+        calibrated_on: Some(CalibratedOn {
+            model_profile: model.name.clone(),
+            served_model: args.model.clone(),
+            kv_block_size: args.kv_block_size,
+            kv_cache_dtype: args.kv_cache_dtype.clone(),
+        }),
     };
     fit(&base, model, samples)
 }

@@ -17,7 +17,7 @@ use strata_router::RouterConfig;
 
 use crate::error::SimError;
 use crate::plan::{parse_objectives, plan};
-use crate::profile::{HardwareProfile, ModelProfile, StepModel};
+use crate::profile::{model_profile_for, HardwareProfile, ModelProfile, StepModel};
 use crate::replica::EngineShape;
 use crate::sim::{simulate, AutoscaleSetup, SimConfig};
 
@@ -64,9 +64,14 @@ pub struct FleetArgs {
     /// A profile written by `strata sim calibrate` (instead of --hardware).
     #[arg(long)]
     pub hardware_profile: Option<PathBuf>,
-    /// Named model: smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b.
-    #[arg(long, default_value = "llama-3.1-8b")]
-    pub model_profile: String,
+    /// Named model: smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b. Default: the
+    /// model a `--hardware-profile` was calibrated on, else llama-3.1-8b.
+    #[arg(long)]
+    pub model_profile: Option<String>,
+    /// Simulate another model than the one the `--hardware-profile` was calibrated on,
+    /// scaling the fitted step times by the two models' shapes.
+    #[arg(long)]
+    pub scale_across_models: bool,
     /// Tensor-parallel chips per replica.
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
@@ -184,6 +189,28 @@ pub fn autoscale_from_yaml(
 }
 
 impl FleetArgs {
+    /// The model to simulate on `hardware` ([`model_profile_for`]), saying on stderr when
+    /// the choice rests on a guess: a profile file that does not name its model, or a fit
+    /// scaled to another model.
+    fn model_profile_for(&self, hardware: &HardwareProfile) -> Result<String, SimError> {
+        let requested = self.model_profile.as_deref();
+        let chosen = model_profile_for(hardware, requested, self.scale_across_models)?;
+        match &hardware.calibrated_on {
+            Some(on) if on.model_profile != chosen => eprintln!(
+                "note: the hardware profile `{}` was calibrated on `{}`; its step times are \
+                 scaled to `{chosen}` by the models' shapes",
+                hardware.name, on.model_profile
+            ),
+            None if self.hardware_profile.is_some() => eprintln!(
+                "note: the hardware profile `{}` does not name the model it was calibrated on \
+                 (written by an older `strata sim calibrate`); simulating `{chosen}`",
+                hardware.name
+            ),
+            _ => {}
+        }
+        Ok(chosen)
+    }
+
     /// Builds the simulation's configuration from these flags and bench's.
     pub fn config(&self, run: &RunArgs, replicas: u32) -> Result<SimConfig, SimError> {
         if run.warmup > 0 {
@@ -200,13 +227,12 @@ impl FleetArgs {
             Some(p) => HardwareProfile::load(p)?,
             None => HardwareProfile::named(&self.hardware)?,
         };
-        let model = ModelProfile::named(&self.model_profile)?;
+        let model_profile = self.model_profile_for(&hardware)?;
+        let model = ModelProfile::named(&model_profile)?;
+        let calibrated_block_size = hardware.calibrated_on.as_ref().map(|c| c.kv_block_size);
         let step = StepModel::new(hardware, model, self.tp)?;
         let seed = run.seed.unwrap_or(1);
-        let model_name = run
-            .model
-            .clone()
-            .unwrap_or_else(|| self.model_profile.clone());
+        let model_name = run.model.clone().unwrap_or_else(|| model_profile.clone());
         let mut load = run.load_config(model_name, seed)?;
         if run.label.is_none() {
             load.label = format!(
@@ -230,7 +256,10 @@ impl FleetArgs {
         Ok(SimConfig {
             load,
             engine: EngineShape {
-                block_size: self.kv_block_size.unwrap_or(router.precise.block_size),
+                block_size: self
+                    .kv_block_size
+                    .or(calibrated_block_size)
+                    .unwrap_or(router.precise.block_size),
                 num_blocks: self.num_blocks,
                 max_num_seqs: self.max_num_seqs,
                 max_num_batched_tokens: self.max_num_batched_tokens,

@@ -51,7 +51,56 @@ pub struct HardwareProfile {
     /// Rows beyond which the gain stops growing (the widest step calibrated).
     #[serde(default = "one")]
     pub prefill_row_cap: f64,
+    /// What a calibrated profile was measured on; `None` for the named chips (and for
+    /// profiles written before calibration recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated_on: Option<CalibratedOn>,
 }
+
+/// The engine a calibration measured: the step times it fitted hold for that model and KV
+/// layout, not for another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalibratedOn {
+    /// The model profile whose shape the fit used (`--model-profile` of the calibration).
+    pub model_profile: String,
+    /// The model name the engine served, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
+    /// Tokens per KV block of the engine.
+    pub kv_block_size: usize,
+    /// The KV cache's element type (`f16`, `fp8`, `int8`).
+    pub kv_cache_dtype: String,
+}
+
+/// The model profile a simulation uses with `hardware`: the one it was calibrated on unless
+/// another is asked for, and another only with `scale_across_models` (the fit is then
+/// scaled by the two models' shapes, which the caller should say). Named chips default to
+/// `llama-3.1-8b`.
+pub fn model_profile_for(
+    hardware: &HardwareProfile,
+    requested: Option<&str>,
+    scale_across_models: bool,
+) -> Result<String, SimError> {
+    let Some(on) = &hardware.calibrated_on else {
+        return Ok(requested.unwrap_or(DEFAULT_MODEL_PROFILE).to_string());
+    };
+    match requested {
+        None => Ok(on.model_profile.clone()),
+        Some(r) if r == on.model_profile || scale_across_models => Ok(r.to_string()),
+        Some(r) => Err(SimError::config(
+            "--model-profile",
+            format!(
+                "the hardware profile `{}` was calibrated on `{}`, and step times fitted on \
+                 one model do not hold for `{r}`: calibrate against an engine serving `{r}`, \
+                 or pass --scale-across-models to scale the fit by the models' shapes",
+                hardware.name, on.model_profile
+            ),
+        )),
+    }
+}
+
+/// The model profile of a simulation on a named chip when none is given.
+pub const DEFAULT_MODEL_PROFILE: &str = "llama-3.1-8b";
 
 fn one() -> f64 {
     1.0
@@ -78,6 +127,7 @@ impl HardwareProfile {
             kv_cache_bytes: None,
             prefill_row_exponent: 0.0,
             prefill_row_cap: 1.0,
+            calibrated_on: None,
         };
         match name {
             "h100" => Ok(gpu("h100", 989.0, 3.35, 80.0)),
@@ -123,7 +173,11 @@ impl HardwareProfile {
             && self.prefill_row_exponent.is_finite()
             && (0.0..=4.0).contains(&self.prefill_row_exponent)
             && self.prefill_row_cap.is_finite()
-            && self.prefill_row_cap >= 1.0;
+            && self.prefill_row_cap >= 1.0
+            && self
+                .calibrated_on
+                .as_ref()
+                .is_none_or(|c| c.kv_block_size > 0);
         if ok {
             Ok(())
         } else {

@@ -24,6 +24,8 @@ fn args(url: &str, output: std::path::PathBuf) -> CalibrateArgs {
         decode_prompt: 16,
         repeats: 2,
         kv_cache_bytes: 1 << 28,
+        kv_block_size: 16,
+        kv_cache_dtype: "f16".into(),
         timeout: Duration::from_secs(20),
     }
 }
@@ -44,6 +46,7 @@ fn fit_recovers_a_known_roofline() {
         kv_cache_bytes: None,
         prefill_row_exponent: 0.0,
         prefill_row_cap: 1.0,
+        calibrated_on: None,
     };
     let sm = StepModel::new(truth.clone(), model.clone(), 1).unwrap();
     let mut samples = Vec::new();
@@ -111,6 +114,7 @@ fn fit_recovers_a_prefill_row_exponent_and_stays_neutral_without_wide_steps() {
         kv_cache_bytes: None,
         prefill_row_exponent: 0.6,
         prefill_row_cap: 8.0,
+        calibrated_on: None,
     };
     let sm = StepModel::new(truth.clone(), model.clone(), 1).unwrap();
     let sample = |s: StepShape, batch: u64| Sample {
@@ -218,4 +222,101 @@ async fn an_unreachable_engine_is_a_typed_error() {
     );
     let err = measure(&a).await.unwrap_err();
     assert!(matches!(err, strata_sim::SimError::Calibration(_)), "{err}");
+}
+
+/// `strata sim`'s flags, parsed as the CLI parses them.
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    sim: strata_sim::SimArgs,
+}
+
+fn sim_config(args: &[&str]) -> Result<strata_sim::SimConfig, strata_sim::SimError> {
+    use clap::Parser;
+    let cli = Cli::try_parse_from(std::iter::once("sim").chain(args.iter().copied()))
+        .expect("flags parse");
+    cli.sim.fleet.config(&cli.sim.run, cli.sim.replicas)
+}
+
+#[test]
+fn a_calibrated_profile_names_its_model_and_the_sim_holds_to_it() {
+    let model = ModelProfile::named("smollm2-135m").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("profile.json");
+    let mut a = args("http://127.0.0.1:9", path.clone());
+    a.kv_block_size = 32;
+    // Three synthetic steps are enough for the fit; what matters here is what it records.
+    let samples: Vec<Sample> = [(64u64, 0.004), (256, 0.009), (1024, 0.03)]
+        .into_iter()
+        .map(|(n, seconds)| {
+            let mut shape = StepShape::default();
+            shape.add(0, n, true);
+            Sample {
+                shape_tokens: n,
+                batch: 1,
+                seconds,
+                shape,
+            }
+        })
+        .collect();
+    let profile = calibrate_profile(&a, &model, &samples).unwrap();
+    let on = profile
+        .calibrated_on
+        .clone()
+        .expect("the profile names its model");
+    assert_eq!(on.model_profile, "smollm2-135m");
+    assert_eq!(on.served_model.as_deref(), Some("mock"));
+    assert_eq!((on.kv_block_size, on.kv_cache_dtype.as_str()), (32, "f16"));
+    std::fs::write(&path, serde_json::to_string(&profile).unwrap()).unwrap();
+    let file = path.to_str().unwrap();
+
+    // Without --model-profile the sim simulates the calibrated model and its block size.
+    let cfg = sim_config(&["--hardware-profile", file, "--requests", "10"]).unwrap();
+    assert_eq!(cfg.step.model.name, "smollm2-135m");
+    assert_eq!(cfg.engine.block_size, 32);
+    // The same model named explicitly is fine.
+    let cfg = sim_config(&[
+        "--hardware-profile",
+        file,
+        "--model-profile",
+        "smollm2-135m",
+    ])
+    .unwrap();
+    assert_eq!(cfg.step.model.name, "smollm2-135m");
+    // Another model is refused, naming both, unless scaling across models is asked for.
+    let err = sim_config(&[
+        "--hardware-profile",
+        file,
+        "--model-profile",
+        "llama-3.1-8b",
+    ])
+    .expect_err("a different model is refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--model-profile")
+            && msg.contains("`smollm2-135m`")
+            && msg.contains("llama-3.1-8b")
+            && msg.contains("--scale-across-models"),
+        "{msg}"
+    );
+    let cfg = sim_config(&[
+        "--hardware-profile",
+        file,
+        "--model-profile",
+        "llama-3.1-8b",
+        "--scale-across-models",
+    ])
+    .unwrap();
+    assert_eq!(cfg.step.model.name, "llama-3.1-8b");
+
+    // A profile written before calibrations named their model still loads; the named chips
+    // keep their default model.
+    let mut old: serde_json::Value = serde_json::to_value(&profile).unwrap();
+    old.as_object_mut().unwrap().remove("calibrated_on");
+    std::fs::write(&path, old.to_string()).unwrap();
+    let cfg = sim_config(&["--hardware-profile", file]).unwrap();
+    assert_eq!(cfg.step.model.name, "llama-3.1-8b");
+    assert_eq!(cfg.engine.block_size, 16);
+    let cfg = sim_config(&["--hardware", "h100"]).unwrap();
+    assert_eq!(cfg.step.model.name, "llama-3.1-8b");
 }
