@@ -231,7 +231,9 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
     if args.mock {
         return mock_engine(args, addr).await;
     }
+    // Flags that cannot work stop the start before any model is pulled.
     let kv_peers = KvPeers::parse(&args.kv_peers).map_err(anyhow::Error::msg)?;
+    auth_options(&args).validate().map_err(anyhow::Error::msg)?;
     let path = model_file(&args).await?;
     let model_name = served_name(&args, &path);
     let config = ServerConfig {
@@ -292,6 +294,7 @@ fn served_name(args: &EngineArgs, path: &std::path::Path) -> String {
 
 /// The flags as the engine's options.
 fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
+    let auth = auth_options(&args);
     EngineOptions {
         weights: args.weights,
         exact_decode: args.exact_decode,
@@ -321,11 +324,7 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
         kv_transfer_timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
         kv_tier: args.kv_tier,
         kv_peers,
-        auth: AuthOptions {
-            api_keys: args.api_key,
-            admin_key: args.admin_key,
-            protect_metrics: args.protect_metrics,
-        },
+        auth,
         speculative: args.speculative_config,
         generation_config: args.generation_config,
         lora: args.enable_lora.then_some(LoraOptions {
@@ -336,6 +335,15 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
             dirs: args.lora_dir,
         }),
         step_time_budget_ms: args.step_time_budget_ms,
+    }
+}
+
+/// `--api-key`, `--admin-key` and `--protect-metrics`.
+fn auth_options(args: &EngineArgs) -> AuthOptions {
+    AuthOptions {
+        api_keys: args.api_key.clone(),
+        admin_key: args.admin_key.clone(),
+        protect_metrics: args.protect_metrics,
     }
 }
 
