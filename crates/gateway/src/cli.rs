@@ -210,6 +210,15 @@ pub enum KeysCommand {
         tpm: Option<u64>,
         #[arg(long)]
         budget_usd: Option<f64>,
+        /// How often the budget resets: daily, weekly or monthly (UTC); default: never.
+        #[arg(long, value_parser = parse_period)]
+        budget_period: Option<crate::budget::Period>,
+        /// The user the key belongs to (whose user budget it also spends).
+        #[arg(long)]
+        user: Option<String>,
+        /// `member` (default) or `tenant_admin` (manages its own tenant's keys).
+        #[arg(long, value_parser = parse_role)]
+        role: Option<crate::role::Role>,
     },
     /// List keys (ids, tenants, limits, spend; never secrets).
     List,
@@ -220,6 +229,17 @@ pub enum KeysCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+}
+
+fn parse_period(s: &str) -> Result<crate::budget::Period, String> {
+    crate::budget::Period::parse(s).ok_or_else(|| format!("`{s}`: daily, weekly or monthly"))
+}
+
+fn parse_role(s: &str) -> Result<crate::role::Role, String> {
+    match crate::role::Role::parse(s) {
+        Some(r @ (crate::role::Role::Member | crate::role::Role::TenantAdmin)) => Ok(r),
+        _ => Err(format!("`{s}`: member or tenant_admin")),
+    }
 }
 
 /// Runs `strata keys ...`, printing JSON.
@@ -245,9 +265,13 @@ pub async fn keys_request(args: &KeysArgs) -> anyhow::Result<Value> {
             rpm,
             tpm,
             budget_usd,
+            budget_period,
+            user,
+            role,
         } => client.post(format!("{base}/admin/keys")).json(&json!({
             "tenant": tenant, "name": name, "allowed_models": models,
             "rpm": rpm, "tpm": tpm, "budget_usd": budget_usd,
+            "budget_period": budget_period, "user": user, "role": role,
         })),
         KeysCommand::List => client.get(format!("{base}/admin/keys")),
         KeysCommand::Revoke { id } => client.delete(format!("{base}/admin/keys/{id}")),
@@ -311,6 +335,10 @@ mod tests {
             "t",
             "--rpm",
             "5",
+            "--budget-period",
+            "weekly",
+            "--role",
+            "tenant_admin",
             "--url",
             "http://x:1",
         ])
@@ -319,8 +347,17 @@ mod tests {
         assert_eq!(k.url, "http://x:1");
         assert!(matches!(
             k.command,
-            KeysCommand::Create { rpm: Some(5), .. }
+            KeysCommand::Create {
+                rpm: Some(5),
+                budget_period: Some(crate::budget::Period::Weekly),
+                role: Some(crate::role::Role::TenantAdmin),
+                ..
+            }
         ));
+        for bad in [["--budget-period", "hourly"], ["--role", "platform_admin"]] {
+            let args = ["strata", "keys", "create", "--tenant", "t", bad[0], bad[1]];
+            assert!(Top::try_parse_from(args).is_err(), "{bad:?}");
+        }
         let top = Top::try_parse_from(["strata", "keys", "revoke", "abc"]).unwrap();
         let Cmd::Keys(k) = top.cmd else { panic!() };
         assert!(matches!(k.command, KeysCommand::Revoke { ref id } if id == "abc"));

@@ -9,7 +9,8 @@
 //! * [`auth`]: who is calling (API key, JWT bearer token verified against a JWKS, admin
 //!   key) as a [`auth::Caller`] with a [`role::Role`].
 //! * [`budget`]: pure budget policy (UTC daily/weekly/monthly windows, spend, exhaustion);
-//!   [`clock`]: the injected wall clock it is read with.
+//!   [`clock`]: the injected wall clock it is read with; [`caller_budgets`]: the budgets
+//!   of a caller and whether one is spent.
 //! * [`ratelimit`]: pure GCRA plus in-memory and Redis (Lua) backends.
 //! * [`cache`]: exact-match response cache, keyed per tenant (memory LRU or Redis).
 //! * [`semantic`]: the semantic cache (similar last user message, exact context, per
@@ -37,6 +38,7 @@ pub mod admin;
 pub mod auth;
 pub mod budget;
 pub mod cache;
+pub mod caller_budgets;
 pub mod cascade;
 pub mod cli;
 pub mod clock;

@@ -320,6 +320,9 @@ fn postgres_store_keeps_the_store_contract() {
         key_budget_micros: None,
         tenant_period: None,
         key_period: None,
+        user: String::new(),
+        user_budget_micros: None,
+        user_period: None,
         now,
         expires_at: now + 60,
     };
@@ -340,7 +343,7 @@ fn postgres_store_keeps_the_store_contract() {
     assert_eq!(
         s.hold_budget(&hold("h4", 1, 10)).unwrap(),
         HoldOutcome::Spent {
-            tenant: true,
+            holder: Holder::Tenant,
             spent_micros: 1023,
             budget_micros: 1000
         }
@@ -416,13 +419,16 @@ fn postgres_store_keeps_users_and_period_windows() {
         key_budget_micros: None,
         tenant_period: Some(Period::Daily),
         key_period: None,
+        user: String::new(),
+        user_budget_micros: None,
+        user_period: None,
         now,
         expires_at: now + 60,
     };
     assert!(matches!(
         s.hold_budget(&hold("today", day + 100)).unwrap(),
         HoldOutcome::Spent {
-            tenant: true,
+            holder: Holder::Tenant,
             spent_micros: 1100,
             ..
         }
@@ -431,6 +437,40 @@ fn postgres_store_keeps_users_and_period_windows() {
         s.hold_budget(&hold("tomorrow", day + 86_400 + 1)).unwrap(),
         HoldOutcome::Held,
         "a new day: the daily budget is whole again"
+    );
+    // A user's weekly budget of 1200: 1100 spent this week, then holds count until it is
+    // reached; one user's holds are not another's.
+    let user_hold = |id: &str, user: &str, amount: i64| BudgetHold {
+        id: id.into(),
+        tenant: "t1".into(),
+        key_id: "a".into(),
+        amount_micros: amount,
+        tenant_budget_micros: None,
+        key_budget_micros: None,
+        tenant_period: None,
+        key_period: None,
+        user: user.into(),
+        user_budget_micros: Some(1200),
+        user_period: Some(Period::Weekly),
+        now: day + 200,
+        expires_at: day + 900,
+    };
+    assert_eq!(
+        s.hold_budget(&user_hold("u1", "alice", 150)).unwrap(),
+        HoldOutcome::Held
+    );
+    assert_eq!(
+        s.hold_budget(&user_hold("u2", "alice", 1)).unwrap(),
+        HoldOutcome::Spent {
+            holder: Holder::User,
+            spent_micros: 1250,
+            budget_micros: 1200
+        }
+    );
+    assert_eq!(
+        s.hold_budget(&user_hold("u3", "bob", 1)).unwrap(),
+        HoldOutcome::Held,
+        "bob has spent nothing"
     );
 }
 

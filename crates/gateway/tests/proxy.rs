@@ -700,10 +700,22 @@ async fn keys_cli_talks_to_the_admin_api() {
         models: vec![],
         rpm: None,
         tpm: None,
-        budget_usd: None,
+        budget_usd: Some(5.0),
+        budget_period: Some(strata_gateway::budget::Period::Daily),
+        user: Some("ursula".into()),
+        role: Some(strata_gateway::role::Role::TenantAdmin),
     }))
     .await
     .unwrap();
+    assert_eq!(
+        (
+            created["budget_period"].as_str(),
+            created["user"].as_str(),
+            created["role"].as_str()
+        ),
+        (Some("daily"), Some("ursula"), Some("tenant_admin")),
+        "{created}"
+    );
     let key = created["key"].as_str().unwrap().to_string();
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(post(&url, Some(&key), &chat_body("m")).await.0, 200);

@@ -23,7 +23,7 @@ use crate::auth::{AuthError, Caller};
 use crate::config::{FailureMode, Resolved};
 use crate::ratelimit::{LimitCheck, LimitDecision, LimitKind};
 use crate::state::{Gateway, KeyEntry};
-use crate::store::{BudgetHold, HoldOutcome, StoreError};
+use crate::store::{BudgetHold, HoldOutcome, Holder, StoreError};
 
 /// Output tokens assumed when a request sets no `max_tokens` (reconciled afterwards).
 pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
@@ -306,7 +306,13 @@ async fn hold_budget(
         return Ok(false);
     }
     let (key_budget, tenant_budget) = gw.budgets(key);
-    if key_budget.is_none() && tenant_budget.is_none() {
+    let user = key.record.user.clone().unwrap_or_default();
+    let user_budget = key
+        .record
+        .user
+        .as_deref()
+        .and_then(|u| gw.user_budget(&key.record.tenant, u));
+    if key_budget.is_none() && tenant_budget.is_none() && user_budget.is_none() {
         return Ok(false);
     }
     let resolved = gw.config.get();
@@ -321,6 +327,9 @@ async fn hold_budget(
         key_budget_micros: key_budget.map(|b| b.limit_micros),
         tenant_period: tenant_budget.and_then(|b| b.period),
         key_period: key_budget.and_then(|b| b.period),
+        user_budget_micros: user_budget.map(|b| b.limit_micros),
+        user_period: user_budget.and_then(|b| b.period),
+        user,
         now,
         expires_at: now.saturating_add(store_cfg.hold_ttl_secs as i64),
     };
@@ -331,14 +340,18 @@ async fn hold_budget(
     match res {
         Ok(HoldOutcome::Held) => Ok(true),
         Ok(HoldOutcome::Spent {
-            tenant,
+            holder,
             spent_micros,
             budget_micros,
         }) => {
-            let whose = if tenant {
-                format!("tenant `{}`", key.record.tenant)
-            } else {
-                format!("API key {}", key.record.id)
+            let whose = match holder {
+                Holder::Tenant => format!("tenant `{}`", key.record.tenant),
+                Holder::Key => format!("API key {}", key.record.id),
+                Holder::User => format!(
+                    "user `{}` of tenant `{}`",
+                    key.record.user.as_deref().unwrap_or_default(),
+                    key.record.tenant
+                ),
             };
             Err(Refusal::BudgetExceeded(format!(
                 "Budget exceeded for {whose}: spent ${:.6} of ${:.6}.",

@@ -231,6 +231,10 @@ pub struct BudgetHold {
     pub key_budget_micros: Option<i64>,
     pub tenant_period: Option<Period>,
     pub key_period: Option<Period>,
+    /// The user charged (empty: none), with that user's budget and period.
+    pub user: String,
+    pub user_budget_micros: Option<i64>,
+    pub user_period: Option<Period>,
     /// Unix seconds now, and when the hold lapses if its request never settles (a
     /// crashed gateway).
     pub now: i64,
@@ -243,8 +247,8 @@ pub enum HoldOutcome {
     Held,
     /// A budget is spent: spend plus other requests' holds reached it.
     Spent {
-        /// True for the tenant's budget, false for the key's.
-        tenant: bool,
+        /// Whose budget: the key's, the user's or the tenant's.
+        holder: Holder,
         spent_micros: i64,
         budget_micros: i64,
     },

@@ -109,6 +109,7 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE api_keys ADD COLUMN budget_period TEXT;
     ALTER TABLE tenants ADD COLUMN budget_period TEXT;
     ALTER TABLE usage ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+    ALTER TABLE budget_holds ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
     CREATE TABLE users (
         tenant TEXT NOT NULL,
         name TEXT NOT NULL,
@@ -445,6 +446,34 @@ async fn window_spend(
         )
         .await?;
     Ok(row.map(|r| r.try_get(0)).transpose()?.unwrap_or(0))
+}
+
+/// The spend that counts against the hold's user budget (its window's, or the user's
+/// lifetime spend), with the user's row locked after the tenant's and the key's, as the
+/// ledger writes lock them; 0 without a user budget.
+async fn user_spend_locked(
+    tx: &tokio_postgres::Transaction<'_>,
+    h: &BudgetHold,
+) -> Result<i64, StoreError> {
+    if h.user.is_empty() || h.user_budget_micros.is_none() {
+        return Ok(0);
+    }
+    tx.execute(
+        "INSERT INTO users (tenant, name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        &[&h.tenant, &h.user],
+    )
+    .await?;
+    let lifetime: i64 = tx
+        .query_one(
+            "SELECT spend_micros FROM users WHERE tenant = $1 AND name = $2 FOR UPDATE",
+            &[&h.tenant, &h.user],
+        )
+        .await?
+        .try_get(0)?;
+    match h.user_period {
+        Some(p) => window_spend(tx, Holder::User, &h.tenant, &h.user, p, h.now).await,
+        None => Ok(lifetime),
+    }
 }
 
 /// Runs one query body against a connection, emptying the slot when the server went
@@ -993,17 +1022,21 @@ impl Store for PgStore {
                         .map(|r| r.try_get(0))
                         .transpose()?
                         .unwrap_or(0);
+                    let user_spend = user_spend_locked(&tx, &h).await?;
                     let held = tx
                         .query_one(
                             "SELECT \
                              COALESCE(SUM(amount_micros) FILTER (WHERE tenant = $1), 0)::int8, \
-                             COALESCE(SUM(amount_micros) FILTER (WHERE key_id = $2), 0)::int8 \
+                             COALESCE(SUM(amount_micros) FILTER (WHERE key_id = $2), 0)::int8, \
+                             COALESCE(SUM(amount_micros) \
+                               FILTER (WHERE tenant = $1 AND user_name = $4 AND $4 <> ''), 0)::int8 \
                              FROM budget_holds \
                              WHERE (tenant = $1 OR key_id = $2) AND expires_at > $3",
-                            &[&h.tenant, &h.key_id, &h.now],
+                            &[&h.tenant, &h.key_id, &h.now, &h.user],
                         )
                         .await?;
-                    let (tenant_held, key_held): (i64, i64) = (held.try_get(0)?, held.try_get(1)?);
+                    let (tenant_held, key_held, user_held): (i64, i64, i64) =
+                        (held.try_get(0)?, held.try_get(1)?, held.try_get(2)?);
                     // A budget with a period counts the current window's spend only.
                     let tenant_spend = match h.tenant_period {
                         Some(p) => {
@@ -1018,15 +1051,16 @@ impl Store for PgStore {
                         None => key_spend,
                     };
                     let checks = [
-                        (false, key_spend + key_held, h.key_budget_micros),
-                        (true, tenant_spend + tenant_held, h.tenant_budget_micros),
+                        (Holder::Key, key_spend + key_held, h.key_budget_micros),
+                        (Holder::User, user_spend + user_held, h.user_budget_micros),
+                        (Holder::Tenant, tenant_spend + tenant_held, h.tenant_budget_micros),
                     ];
-                    for (tenant, spent, budget) in checks {
+                    for (holder, spent, budget) in checks {
                         if let Some(b) = budget {
                             if spent >= b {
                                 tx.rollback().await?;
                                 return Ok(HoldOutcome::Spent {
-                                    tenant,
+                                    holder,
                                     spent_micros: spent,
                                     budget_micros: b,
                                 });
@@ -1034,9 +1068,9 @@ impl Store for PgStore {
                         }
                     }
                     tx.execute(
-                        "INSERT INTO budget_holds (id, tenant, key_id, amount_micros, expires_at) \
-                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
-                        &[&h.id, &h.tenant, &h.key_id, &h.amount_micros, &h.expires_at],
+                        "INSERT INTO budget_holds (id, tenant, key_id, amount_micros, expires_at, \
+                         user_name) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                        &[&h.id, &h.tenant, &h.key_id, &h.amount_micros, &h.expires_at, &h.user],
                     )
                     .await?;
                     tx.commit().await?;
