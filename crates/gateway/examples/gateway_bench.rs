@@ -207,7 +207,7 @@ async fn load(
     concurrency: usize,
     seconds: f64,
 ) -> anyhow::Result<()> {
-    let client = http_client(Duration::from_secs(5));
+    let client = http_client(Duration::from_secs(5))?;
     let body = Bytes::from(serde_json::to_vec(&serde_json::json!({
         "model": model,
         "messages": [{"role": "user", "content": "Say hello in four words."}],

@@ -49,7 +49,7 @@ impl std::fmt::Debug for UpstreamClient {
 impl UpstreamClient {
     pub fn new(connect_timeout: Duration) -> Result<UpstreamClient, SendError> {
         Ok(UpstreamClient {
-            http: http_client(connect_timeout),
+            http: http_client(connect_timeout).map_err(|e| SendError::Connect(e.to_string()))?,
             #[cfg(feature = "tls")]
             tls: reqwest::Client::builder()
                 .no_proxy()
