@@ -11,6 +11,7 @@
 //! session_header: x-session-id
 //! saturation: {queue_threshold: 5, kv_threshold: 0.8}
 //! admission: {max_queue: 1024, queue_timeout_ms: 10000, objectives: {batch: -1, chat: 10}}
+//! flow_control: {flow_headers: [x-gateway-inference-fairness-id], flows: {gold: {weight: 3}}}
 //! circuit: {failures: 5, open_ms: 5000}
 //! precise: {block_size: 16, hash_seed: vllm-none-hash, tokenize_timeout_ms: 200, tokenize_cache: 4096}
 //! approx: {block_size_tokens: 16, capacity_per_endpoint: 65536, max_blocks: 512}
@@ -52,6 +53,8 @@ pub struct RouterConfig {
     pub approx: Option<ApproxSection>,
     pub pd: PdSection,
     pub scheduling: Option<EndpointPickerConfig>,
+    /// Flow control: bands, flows, bounds and time to live of waiting requests.
+    pub flow_control: FlowControlSection,
     pub endpoints: Vec<EndpointSpec>,
     /// Engine kind for endpoints given without one.
     pub default_kind: EngineKind,
@@ -84,6 +87,67 @@ pub struct AdmissionSection {
     pub queue_timeout_ms: u64,
     /// `x-gateway-inference-objective` names → priority.
     pub objectives: BTreeMap<String, i32>,
+    /// Model (or adapter) name → objective name, for requests that name no objective.
+    pub model_objectives: BTreeMap<String, String>,
+}
+
+/// `flow_control`: how waiting requests are ordered, shared and bounded
+/// ([`crate::scheduling::flow`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowControlSection {
+    /// Request headers naming a request's flow (its fairness id), the first present
+    /// wins; a request with none shares the flow `""`.
+    pub flow_headers: Vec<String>,
+    /// Header carrying the request's own deadline in milliseconds (Envoy's expected
+    /// timeout); its time to live when shorter than the default.
+    pub deadline_header: Option<String>,
+    /// Time to live of a waiting request (default: `admission.queue_timeout_ms`).
+    pub default_ttl_ms: Option<u64>,
+    /// Requests waiting at once, over every band (default: `admission.max_queue`).
+    pub max_requests: Option<usize>,
+    /// Bytes of waiting request bodies at once, over every band.
+    pub max_bytes: Option<u64>,
+    /// Per band, unless `bands` names it.
+    pub band_max_requests: Option<usize>,
+    pub band_max_bytes: Option<u64>,
+    /// Per-band bounds by priority.
+    pub bands: BTreeMap<i32, FlowBoundsSection>,
+    /// Per-flow settings by fairness id.
+    pub flows: BTreeMap<String, FlowSection>,
+    /// The pool's name on the held-requests gauge.
+    pub pool: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowBoundsSection {
+    pub max_requests: Option<usize>,
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowSection {
+    /// Requests served per round-robin turn (at least 1).
+    pub weight: u32,
+}
+
+impl Default for FlowControlSection {
+    fn default() -> Self {
+        FlowControlSection {
+            flow_headers: vec![crate::headers::FAIRNESS_ID.to_string()],
+            deadline_header: Some(crate::headers::ENVOY_TIMEOUT.to_string()),
+            default_ttl_ms: None,
+            max_requests: None,
+            max_bytes: Some(1 << 30),
+            band_max_requests: None,
+            band_max_bytes: None,
+            bands: BTreeMap::new(),
+            flows: BTreeMap::new(),
+            pool: "default".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -148,6 +212,7 @@ impl Default for RouterConfig {
             approx: None,
             pd: PdSection::default(),
             scheduling: None,
+            flow_control: FlowControlSection::default(),
             endpoints: Vec::new(),
             default_kind: EngineKind::Vllm,
             api_key: None,
@@ -174,6 +239,7 @@ impl Default for AdmissionSection {
             max_queue: 1024,
             queue_timeout_ms: 10_000,
             objectives: BTreeMap::new(),
+            model_objectives: BTreeMap::new(),
         }
     }
 }
@@ -252,6 +318,7 @@ impl RouterConfig {
                 "circuit.failures must be at least 1".into(),
             ));
         }
+        self.validate_flow_control()?;
         self.picker_config().build()?;
         self.validate_keys()?;
         Ok(())
@@ -274,6 +341,67 @@ impl RouterConfig {
         }
         self.upstream_tls.identity()?;
         Ok(())
+    }
+
+    fn validate_flow_control(&self) -> Result<(), RouterConfigError> {
+        let f = &self.flow_control;
+        let bad = |m: String| Err(RouterConfigError::Invalid(format!("flow_control: {m}")));
+        if f.default_ttl_ms == Some(0) {
+            return bad("default_ttl_ms must be at least 1".into());
+        }
+        if let Some((name, _)) = f.flows.iter().find(|(_, s)| s.weight == 0) {
+            return bad(format!("flow `{name}` has weight 0; weights start at 1"));
+        }
+        let headers = f.flow_headers.iter().chain(&f.deadline_header);
+        if let Some(h) = headers
+            .into_iter()
+            .find(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).is_err())
+        {
+            return bad(format!("`{h}` is not a header name"));
+        }
+        for (model, objective) in &self.admission.model_objectives {
+            if !self.admission.objectives.contains_key(objective)
+                && objective.parse::<i32>().is_err()
+            {
+                return Err(RouterConfigError::Invalid(format!(
+                    "admission.model_objectives: model `{model}` names objective `{objective}`, which admission.objectives does not define"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The flow controller's settings: `flow_control` over `admission`'s queue bounds.
+    pub fn flow_config(&self) -> crate::scheduling::flow::FlowConfig {
+        use crate::scheduling::flow::{FlowConfig, Limits};
+        let f = &self.flow_control;
+        FlowConfig {
+            total: Limits {
+                max_requests: Some(f.max_requests.unwrap_or(self.admission.max_queue)),
+                max_bytes: f.max_bytes,
+            },
+            per_band: Limits {
+                max_requests: f.band_max_requests,
+                max_bytes: f.band_max_bytes,
+            },
+            bands: f
+                .bands
+                .iter()
+                .map(|(p, b)| {
+                    let l = Limits {
+                        max_requests: b.max_requests,
+                        max_bytes: b.max_bytes,
+                    };
+                    (*p, l)
+                })
+                .collect(),
+            default_ttl: Duration::from_millis(
+                f.default_ttl_ms
+                    .unwrap_or(self.admission.queue_timeout_ms)
+                    .max(1),
+            ),
+            weights: f.flows.iter().map(|(k, s)| (k.clone(), s.weight)).collect(),
+        }
     }
 
     pub fn picker_config(&self) -> EndpointPickerConfig {
@@ -346,6 +474,32 @@ mod tests {
     }
 
     #[test]
+    fn flow_control_section() {
+        // Defaults: admission's bounds, the fairness header, Envoy's deadline.
+        let c =
+            RouterConfig::from_yaml("admission: {max_queue: 7, queue_timeout_ms: 900}").unwrap();
+        let f = c.flow_config();
+        assert_eq!(f.total.max_requests, Some(7));
+        assert_eq!(f.default_ttl, Duration::from_millis(900));
+        assert_eq!(
+            c.flow_control.flow_headers,
+            ["x-gateway-inference-fairness-id"]
+        );
+        let y = "admission: {objectives: {chat: 10}, model_objectives: {m: chat}}\nflow_control:\n  flow_headers: [x-tenant]\n  default_ttl_ms: 250\n  max_requests: 9\n  max_bytes: 4096\n  band_max_requests: 3\n  bands: {10: {max_bytes: 100}}\n  flows: {gold: {weight: 3}}\n  pool: chat-pool\n";
+        let c = RouterConfig::from_yaml(y).unwrap();
+        let f = c.flow_config();
+        assert_eq!(f.total.max_requests, Some(9));
+        assert_eq!(f.total.max_bytes, Some(4096));
+        assert_eq!(f.default_ttl, Duration::from_millis(250));
+        assert_eq!(f.band_limits(0).max_requests, Some(3));
+        assert_eq!(f.band_limits(10).max_bytes, Some(100));
+        assert_eq!(f.band_limits(10).max_requests, None);
+        assert_eq!((f.weight("gold"), f.weight("other")), (3, 1));
+        assert_eq!(c.flow_control.pool, "chat-pool");
+        assert_eq!(c.admission.model_objectives["m"], "chat");
+    }
+
+    #[test]
     fn keys_and_upstream_tls() {
         let c = RouterConfig::from_yaml("{}").unwrap();
         assert_eq!((c.api_key, c.engine_api_key), (None, None));
@@ -375,6 +529,11 @@ mod tests {
             "engine_api_key: 'two words'",
             "upstream_tls: {cert: a.pem}",
             "upstream_tls: {bogus: 1}",
+            "flow_control: {flows: {a: {weight: 0}}}",
+            "flow_control: {default_ttl_ms: 0}",
+            "flow_control: {flow_headers: ['bad header']}",
+            "flow_control: {bogus: 1}",
+            "admission: {model_objectives: {m: nope}}",
             "- 1",
         ] {
             assert!(RouterConfig::from_yaml(y).is_err(), "{y}");

@@ -17,8 +17,11 @@ pub const PREFILLED_BY: &str = "x-strata-prefilled-by";
 pub const PREFILLER: &str = "x-prefiller-host-port";
 /// GIE header naming a model to send instead of the body's `model`.
 pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
-/// GIE fairness key (flow control); logged with the request.
+/// GIE fairness key: the request's flow in flow control (`flow_control.flow_headers`).
 pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
+/// Envoy's expected request timeout in milliseconds: a request's deadline in flow control
+/// (`flow_control.deadline_header`).
+pub const ENVOY_TIMEOUT: &str = "x-envoy-expected-rq-timeout-ms";
 /// Conformance header restricting the pick to `ip[,ip]` (or `ip:port`).
 pub const TEST_SELECTION: &str = "test-epp-endpoint-selection";
 /// Every header of the prefill protocol starts with this; a client never sets one.

@@ -10,7 +10,8 @@
 //! - **scheduling** ([`scheduling`]): filters → weighted scorers → picker in named
 //!   profiles, configured in llm-d's `EndpointPickerConfig` shape; pure (no clock, I/O or
 //!   tokio), so the simulator runs it in virtual time;
-//! - **request control** ([`router`], [`circuit`]): admission and shedding, traffic
+//! - **request control** ([`router`], [`admission`], [`circuit`]): flow control (priority
+//!   bands, fair shares between flows, bounded queues, held requests), traffic
 //!   splits, circuit breakers, in-flight accounting: the [`Router`] handle the gateway
 //!   embeds and the controller drives;
 //! - **transport** ([`proxy`], [`server`]): the OpenAI-compatible HTTP front that streams
@@ -24,6 +25,7 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+pub mod admission;
 pub mod auth;
 pub mod circuit;
 pub mod client;

@@ -13,16 +13,16 @@
 //! index has its own read-write lock because KV events write it at their own pace.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::Serialize;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::admission::gate::{FlowGate, Ticket};
 use crate::circuit::Circuit;
 use crate::client::{upstream_client, HttpClient};
 use crate::config::{RouterConfig, RouterConfigError};
@@ -32,7 +32,8 @@ use crate::prefix::approx::ApproxIndex;
 use crate::prefix::hashing::BlockHasher;
 use crate::prefix::precise::PreciseIndex;
 use crate::response_homes::ResponseHomes;
-use crate::scheduling::saturation::{admit, pool_saturated, Admission};
+use crate::scheduling::flow::{Eviction, PoolView, Refusal};
+use crate::scheduling::saturation::{pool_room, pool_saturated};
 use crate::scheduling::{
     Candidate, Context, EndpointMetrics, EndpointPicker, PdChoice, PickDecision, PreciseBlocks,
     SchedRequest, ScheduleError, TrafficSplit,
@@ -50,6 +51,12 @@ pub enum RouteError {
     Shed,
     #[error("too many requests are waiting for capacity")]
     QueueFull,
+    /// Flow control refused it on arrival.
+    #[error("flow control refused the request: {}", .0.as_str())]
+    Refused(Refusal),
+    /// Flow control evicted it from its queue.
+    #[error("the request waited past its time to live ({})", .0.as_str())]
+    Evicted(Eviction),
 }
 
 impl RouteError {
@@ -59,8 +66,17 @@ impl RouteError {
             RouteError::Shed => ApiError::rate_limited(
                 "The service is saturated; this request is sheddable. Retry later.",
             ),
-            RouteError::QueueFull => {
-                ApiError::unavailable("Too many requests are waiting for capacity.")
+            RouteError::QueueFull | RouteError::Refused(Refusal::Capacity) => {
+                ApiError::rate_limited("Too many requests are waiting for capacity. Retry later.")
+            }
+            RouteError::Refused(Refusal::Shed) => ApiError::rate_limited(
+                "The service is saturated; this request is sheddable. Retry later.",
+            ),
+            RouteError::Evicted(Eviction::Ttl) => {
+                ApiError::unavailable("The request waited for capacity past its time to live.")
+            }
+            RouteError::Evicted(Eviction::HeldTtl) => {
+                ApiError::unavailable("No replica became ready within the request's time to live.")
             }
             RouteError::Schedule(ScheduleError::UnknownModel(m)) => ApiError::model_not_found(m),
             RouteError::Schedule(ScheduleError::UnknownProfile(p)) => ApiError::invalid(
@@ -136,8 +152,8 @@ pub(crate) struct Inner {
     seq: AtomicU64,
     pub(crate) metrics: RouterMetrics,
     pub(crate) client: HttpClient,
-    capacity: Notify,
-    queued: AtomicUsize,
+    /// Flow control: the requests waiting for room.
+    pub(crate) flow: Arc<FlowGate>,
     tokens: Mutex<HashMap<u64, Arc<Vec<u32>>>>,
     homes: Mutex<ResponseHomes>,
 }
@@ -205,6 +221,7 @@ impl Drop for Lease {
         if let Some(i) = pool.index_of_id(self.id, &self.url) {
             let c = &mut pool.cands[i];
             c.in_flight = c.in_flight.saturating_sub(1);
+            c.done_since_scrape = c.done_since_scrape.saturating_add(1);
             let n = c.in_flight;
             drop(pool);
             self.inner
@@ -213,7 +230,8 @@ impl Drop for Lease {
                 .get_or_create(&RouterMetrics::endpoint(&self.url))
                 .set(i64::from(n));
         }
-        self.inner.capacity.notify_waiters();
+        // A finished request: room for a waiting one.
+        self.inner.pump_flows();
     }
 }
 
@@ -246,6 +264,12 @@ impl Router {
         config.validate()?;
         let picker = config.picker_config();
         let scheduler = picker.build()?;
+        let metrics = RouterMetrics::new();
+        let flow = FlowGate::new(
+            config.flow_config(),
+            config.flow_control.pool.clone(),
+            metrics.flow.clone(),
+        );
         let inner = Arc::new(Inner {
             uses_precise: picker.uses_precise(),
             hasher: BlockHasher::new(&config.precise.hash_seed, config.precise.block_size),
@@ -263,14 +287,13 @@ impl Router {
             }),
             precise: RwLock::new(PreciseIndex::new()),
             seq: AtomicU64::new(0),
-            metrics: RouterMetrics::new(),
+            metrics,
             client: upstream_client(
                 Duration::from_millis(config.connect_timeout_ms),
                 &config.upstream_tls,
                 config.engine_api_key.as_deref(),
             )?,
-            capacity: Notify::new(),
-            queued: AtomicUsize::new(0),
+            flow,
             tokens: Mutex::new(HashMap::new()),
             homes: Mutex::new(ResponseHomes::default()),
             config,
@@ -447,42 +470,13 @@ impl Router {
         pool_saturated(&pool.cands, now, &self.inner.config.saturation_config())
     }
 
-    /// Admission control: returns when the request may be scheduled. Sheddable requests
-    /// fail at once while the pool is saturated; others wait (bounded in number and
-    /// time) for capacity, and are let through when the wait times out, since the
-    /// engines queue too.
+    /// Admission of a request known only by its priority (the embedding gateway's):
+    /// flow control with the shared flow and the default time to live
+    /// ([`Router::admit_flow`]).
     pub async fn admit(&self, priority: i32) -> Result<(), RouteError> {
-        // With no ready endpoint at all there is nothing to wait for: let scheduling
-        // answer 503 at once.
-        if !self.any_ready() {
-            return Ok(());
-        }
-        match admit(priority, self.saturated()) {
-            Admission::Dispatch => Ok(()),
-            Admission::Shed => {
-                self.inner.metrics.shed.inc();
-                Err(RouteError::Shed)
-            }
-            Admission::Queue => {
-                let cfg = &self.inner.config.admission;
-                if self.inner.queued.fetch_add(1, Ordering::AcqRel) >= cfg.max_queue {
-                    self.inner.queued.fetch_sub(1, Ordering::AcqRel);
-                    return Err(RouteError::QueueFull);
-                }
-                self.inner.metrics.queued.inc();
-                let deadline =
-                    tokio::time::Instant::now() + Duration::from_millis(cfg.queue_timeout_ms);
-                // Re-check at every capacity change (a scrape, a finished request), and at
-                // least every scrape interval.
-                let tick = Duration::from_millis(self.inner.config.scrape_interval_ms.max(1));
-                while self.saturated() && tokio::time::Instant::now() < deadline {
-                    let wake = self.inner.capacity.notified();
-                    let _ = tokio::time::timeout(tick, wake).await;
-                }
-                self.inner.queued.fetch_sub(1, Ordering::AcqRel);
-                Ok(())
-            }
-        }
+        self.admit_flow(&Ticket::priority_only(priority))
+            .await
+            .map(drop)
     }
 
     /// Whether scheduling uses token-level block hashes (a precise-prefix scorer is
@@ -638,6 +632,10 @@ impl Router {
             }
         };
         let first = decision.pick();
+        if let Some(c) = cands.iter_mut().find(|c| c.id == first) {
+            // Until its next scrape shows it, the request counts against the room.
+            c.sent_since_scrape = c.sent_since_scrape.saturating_add(1);
+        }
         // Hit-ratio bookkeeping for whichever index the request used.
         let (index, requested, matched) = match &req.precise_blocks {
             Some(b) if self.inner.uses_precise => {
@@ -728,7 +726,11 @@ impl Router {
         let now = self.now();
         let mut pool = self.inner.lock_pool();
         refresh_ready(&mut pool, now);
-        let c = pool.cands.iter().find(|c| *c.spec.url == *url && c.ready)?;
+        let c = pool
+            .cands
+            .iter_mut()
+            .find(|c| *c.spec.url == *url && c.ready)?;
+        c.sent_since_scrape = c.sent_since_scrape.saturating_add(1);
         let id = c.id;
         drop(pool);
         self.inner
@@ -854,7 +856,7 @@ impl Router {
             "split": split,
             "approx_index_blocks": approx,
             "precise_index_blocks": precise,
-            "queued": self.inner.queued.load(Ordering::Relaxed),
+            "queued": self.inner.flow.snapshot(self.now()).requests,
             "saturated": self.saturated(),
         })
     }
@@ -886,6 +888,28 @@ fn refresh_ready(pool: &mut Pool, now: Duration) {
 impl Inner {
     pub(crate) fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    /// The pool as flow control sees it at `now`: whether an endpoint is ready, and the
+    /// room ([`pool_room`]).
+    pub(crate) fn pool_view(&self, now: Duration) -> PoolView {
+        let mut pool = self.lock_pool();
+        refresh_ready(&mut pool, now);
+        PoolView {
+            ready: pool.cands.iter().any(|c| c.ready && !c.draining),
+            room: pool_room(&pool.cands, now, &self.config.saturation_config()),
+        }
+    }
+
+    /// Re-runs flow control (evictions, then dispatches while there is room): on every
+    /// scrape, readiness change and finished request, and at a waiter's deadline.
+    pub(crate) fn pump_flows(&self) {
+        if !self.flow.has_queued() {
+            return;
+        }
+        let now = self.now();
+        let view = self.pool_view(now);
+        self.flow.pump(now, &view);
     }
 
     fn lock_pool(&self) -> MutexGuard<'_, Pool> {
@@ -951,7 +975,7 @@ impl PoolFeed for Inner {
                     .ep_kv_usage
                     .get_or_create(&label)
                     .set(m.kv_use.unwrap_or(0.0));
-                pool.cands[i].metrics = Some(m);
+                pool.cands[i].scraped(m);
                 pool.runtime[i].last_error = None;
             }
             Err(e) => {
@@ -969,7 +993,7 @@ impl PoolFeed for Inner {
             }
         }
         drop(pool);
-        self.capacity.notify_waiters();
+        self.pump_flows();
     }
 
     /// Stores a readiness result.
@@ -990,7 +1014,7 @@ impl PoolFeed for Inner {
             .ep_ready
             .get_or_create(&RouterMetrics::endpoint(url))
             .set(i64::from(ok));
-        self.capacity.notify_waiters();
+        self.pump_flows();
     }
 
     /// Records the block size an endpoint's KV events carry (the size its block hashes

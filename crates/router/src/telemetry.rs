@@ -88,6 +88,8 @@ pub struct RouterMetrics {
     pub prompt_tokens: Family<EndpointLabel, Counter>,
     /// Completion tokens served, likewise.
     pub completion_tokens: Family<EndpointLabel, Counter>,
+    /// Flow control's series (`strata_router_flow_*`).
+    pub flow: crate::admission::metrics::FlowMetrics,
 }
 
 impl Default for RouterMetrics {
@@ -125,8 +127,10 @@ impl RouterMetrics {
             pd_prefill_seconds: Histogram::new(PREFILL_BUCKETS.iter().copied()),
             prompt_tokens: Family::default(),
             completion_tokens: Family::default(),
+            flow: crate::admission::metrics::FlowMetrics::default(),
             registry: Registry::default(),
         };
+        m.flow.register(&mut registry);
         registry.register(
             "picks",
             "Requests sent to each endpoint (first pick)",

@@ -30,7 +30,7 @@ mod envoy;
 use envoy::{free_port, try_send, wait_for, Envoy, Picker, Reply};
 
 fn fast_config(engines: &[String]) -> RouterConfig {
-    RouterConfig {
+    let mut c = RouterConfig {
         scrape_interval_ms: 10,
         health_interval_ms: 20,
         scrape_timeout_ms: 200,
@@ -40,7 +40,10 @@ fn fast_config(engines: &[String]) -> RouterConfig {
             .map(|a| EndpointSpec::new(format!("http://{a}"), EngineKind::Vllm))
             .collect(),
         ..RouterConfig::default()
-    }
+    };
+    // Requests held for an empty pool wait at most this long.
+    c.flow_control.default_ttl_ms = Some(500);
+    c
 }
 
 /// Mock engines on 127.0.0.2, 127.0.0.3, ...
@@ -303,7 +306,7 @@ async fn errors_are_openai_shaped_and_the_selection_header_is_obeyed() {
     assert_eq!(openai_error(&shed)["error"]["type"], "rate_limit_error");
     assert_eq!(shed.1["retry-after"], "1");
 
-    // No ready replica: 503.
+    // No ready replica: held up to its time to live, then 503.
     for m in &mocks {
         m.set_gauges(0, 0, 0.0);
         m.set_fault(Fault::NotReady);

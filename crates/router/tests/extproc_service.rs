@@ -577,7 +577,8 @@ async fn bad_bodies_are_answered_400_and_never_reach_an_engine() {
 
 #[tokio::test]
 async fn no_ready_endpoint_is_503_and_shed_is_429() {
-    let h = harness(2, |_| {}).await;
+    // Held requests wait at most 300 ms here.
+    let h = harness(2, |c| c.flow_control.default_ttl_ms = Some(300)).await;
     // Saturated pool: a sheddable request is refused with 429.
     for m in &h.mocks {
         m.set_gauges(20, 0, 0.1);
@@ -596,20 +597,61 @@ async fn no_ready_endpoint_is_503_and_shed_is_429() {
     assert_eq!(code, 429);
     assert_eq!(err["error"]["type"], "rate_limit_error", "{err}");
     assert!(headers.contains(&("retry-after".into(), "1".into())));
-    // No replica ready: 503.
+    // No replica ready: held up to its time to live, then 503.
     for m in &h.mocks {
         m.set_gauges(0, 0, 0.0);
         m.set_fault(Fault::NotReady);
     }
     wait_for("nothing ready", || !r.any_ready()).await;
     let mut x = h.open().await;
+    let sent = std::time::Instant::now();
     x.request("/v1/completions", &[], &completion("hi"), 100)
         .await;
     let (code, err, headers) = x.immediate().await;
     assert_eq!(code, 503);
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_millis(250),
+        "held first"
+    );
     assert!(err["error"]["message"].as_str().unwrap().contains("ready"));
     assert!(headers.contains(&("retry-after".into(), "1".into())));
     assert_eq!(h.mocks.iter().map(|m| m.requests()).sum::<u64>(), 0);
+    let text = r.metrics().encode();
+    assert!(
+        text.contains("strata_router_flow_evicted_total{reason=\"held_ttl\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_to_an_empty_pool_is_held_and_picked_once_a_replica_is_ready() {
+    let h = harness(1, |c| c.flow_control.default_ttl_ms = Some(10_000)).await;
+    h.mocks[0].set_fault(Fault::NotReady);
+    let r = h.router.clone();
+    wait_for("nothing ready", || !r.any_ready()).await;
+    let mut x = h.open().await;
+    x.request(
+        "/v1/completions",
+        &[("x-gateway-inference-fairness-id", "tenant-a")],
+        &completion("hi"),
+        100,
+    )
+    .await;
+    wait_for("held", || r.held_requests() == 1).await;
+    let text = r.metrics().encode();
+    assert!(
+        text.contains("strata_router_flow_held_requests{pool=\"default\"} 1"),
+        "{text}"
+    );
+    assert_eq!(
+        r.flows_json()["flows"]["bands"][0]["flows"][0]["flow"],
+        "tenant-a"
+    );
+    // The replica becomes ready: the held request is picked at once.
+    h.mocks[0].set_fault(Fault::None);
+    let p = x.picked().await;
+    assert_eq!(p.destination(), h.addr_of(0));
+    assert_eq!(r.held_requests(), 0);
 }
 
 #[tokio::test]

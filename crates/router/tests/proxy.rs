@@ -515,12 +515,22 @@ async fn sheddable_requests_get_429_while_saturated_others_wait() {
     sheddable["priority"] = json!(-5);
     assert_openai_error(&h.chat(sheddable).await, 429);
     assert_eq!(a.requests(), 0);
-    // Priority 0 waits out the (short) queue timeout, then is sent anyway.
+    // Priority 0 waits out its time to live (the queue timeout, short here), then is
+    // evicted with 503: the engines never see it.
     let r = h.chat(chat_body("m", false)).await;
-    assert_eq!(r.status, StatusCode::OK);
+    assert_openai_error(&r, 503);
+    assert_eq!(a.requests(), 0);
     let text = h.router.metrics().encode();
     assert!(text.contains("strata_router_shed_total 2"), "{text}");
     assert!(text.contains("strata_router_queued_total 1"), "{text}");
+    assert!(
+        text.contains("strata_router_flow_evicted_total{reason=\"ttl\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("strata_router_flow_refused_total{reason=\"shed\"} 2"),
+        "{text}"
+    );
     // Capacity returns: sheddable requests pass again.
     a.set_gauges(0, 0, 0.1);
     let r = h.router.clone();

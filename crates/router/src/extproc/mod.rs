@@ -61,8 +61,9 @@ use rand::Rng;
 use strata_api::ApiError;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::admission::Ticket;
 use crate::endpoint::EndpointId;
-use crate::headers::{FAIRNESS_ID, MODEL_REWRITE, TEST_SELECTION};
+use crate::headers::{MODEL_REWRITE, TEST_SELECTION};
 use crate::intake::{self, Api, Headers, Incoming, Intake};
 use crate::response_homes::ResponseIdScan;
 use crate::router::{Lease, Router};
@@ -466,22 +467,36 @@ impl StreamState {
                 return self.fail(e);
             }
         };
-        if let Some(f) = self.headers.header(FAIRNESS_ID) {
-            tracing::debug!(request_id = %self.request_id, fairness_id = %f, model = %intake.model, "request");
-        }
         self.api = intake.api;
-        let priority =
-            intake::priority(&self.router, self.headers.as_slice(), intake.view.priority);
-        // Admission is for work a model runs; a request naming none is not held back.
-        if !intake.model.is_empty() {
-            if let Err(e) = self.router.admit(priority).await {
-                return self.fail(e.to_api_error());
+        let ticket = Ticket::read(
+            &self.router,
+            self.headers.as_slice(),
+            &intake.model,
+            intake.view.priority,
+            intake.body.len(),
+        );
+        tracing::debug!(request_id = %self.request_id, flow = %ticket.flow, priority = ticket.priority, model = %intake.model, "request");
+        // Flow control is for work a model runs; a request naming none is not held back.
+        let admitted = if intake.model.is_empty() {
+            None
+        } else {
+            match self.router.admit_flow(&ticket).await {
+                Ok(a) => Some(a),
+                Err(e) => return self.fail(e.to_api_error()),
             }
-        }
-        let sreq =
-            intake::sched_request(&self.router, self.headers.as_slice(), &intake, priority).await;
+        };
+        let sreq = intake::sched_request(
+            &self.router,
+            self.headers.as_slice(),
+            &intake,
+            ticket.priority,
+        )
+        .await;
         let body = had_body.then(|| intake.body.clone());
-        self.answer(sreq, &intake, body, end_of_stream).await
+        let out = self.answer(sreq, &intake, body, end_of_stream).await;
+        // Picked (or refused): the pool's room counts it from here on.
+        drop(admitted);
+        out
     }
 
     /// Picks inside the allowed set, takes the lease, and builds the header response (and

@@ -15,6 +15,7 @@ use super::upstream::{
     collect_limited, is_event_stream, relayed_headers, respond, upstream_request, Upstream,
 };
 use super::{error_response, Traced, REQUEST_ID};
+use crate::admission::Admitted;
 use crate::intake::{Api, Intake};
 use crate::response_homes::ResponseIdScan;
 use crate::router::{Lease, Picked, RouteError, Router};
@@ -40,9 +41,13 @@ pub(super) async fn forward(
     mut sreq: SchedRequest,
     rid: HeaderValue,
     traced: Traced,
+    admitted: Option<Admitted>,
 ) -> Response {
     let home = intake.home.as_deref().and_then(|id| router.pick_home(id));
-    let picked = match home.map_or_else(|| pick(router, &mut sreq, &traced.span), Ok) {
+    let picked = home.map_or_else(|| pick(router, &mut sreq, &traced.span), Ok);
+    // Picked: the pool's room counts the request from here on.
+    drop(admitted);
+    let picked = match picked {
         Ok(p) => p,
         Err(e) => return error_response(&e.to_api_error(), Some(&rid)),
     };

@@ -1,5 +1,5 @@
 //! What the router answers itself: `GET /v1/models` (the union over the pool),
-//! `GET /health`, `GET /metrics`, `GET /debug/endpoints`.
+//! `GET /health`, `GET /metrics`, `GET /debug/endpoints`, `GET /debug/flows`.
 
 use std::time::Duration;
 
@@ -103,4 +103,9 @@ pub(super) async fn metrics(State(router): State<Router>) -> Response {
 
 pub(super) async fn debug_endpoints(State(router): State<Router>) -> Response {
     axum::Json(router.debug_json()).into_response()
+}
+
+/// `GET /debug/flows`: flow control's queues, by band and flow.
+pub(super) async fn debug_flows(State(router): State<Router>) -> Response {
+    axum::Json(router.flows_json()).into_response()
 }

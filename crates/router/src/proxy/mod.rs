@@ -3,8 +3,9 @@
 //!
 //! Request flow, one way: read the body (bounded: 413) → [`crate::intake`] (the routing
 //! view; only a body that is not JSON, or no `model` where the API runs one, is answered
-//! here, 400, no replica touched) → priority and admission for requests that name a model
-//! (shed with 429, or wait for capacity) → prefix keys (prompt-text chunks; token blocks
+//! here, 400, no replica touched) → flow control for requests that name a model
+//! ([`Router::admit_flow`]: refused with 429, or queued in its band and flow until the
+//! pool has room, 503 past its time to live) → prefix keys (prompt-text chunks; token blocks
 //! when a precise scorer is configured) → the pick ([`Router::pick`], or the replica that
 //! holds the stored response the request needs) → attempts in ranked order
 //! ([`forward`]). Everything the engine validates (sampling values, message roles,
@@ -15,8 +16,8 @@
 //! before anything else (`/health` and `/metrics` stay open).
 //!
 //! Routes: the router answers `GET /v1/models` (the union over the pool), `GET /health`,
-//! `GET /metrics` and `GET /debug/endpoints` itself ([`local`]). Every other path is
-//! forwarded: known APIs ([`crate::intake::routes`]) and unknown POSTs whose JSON body
+//! `GET /metrics`, `GET /debug/endpoints` and `GET /debug/flows` itself ([`local`]).
+//! Every other path is forwarded: known APIs ([`crate::intake::routes`]) and unknown POSTs whose JSON body
 //! names a `model` are routed by it; anything else (a `GET`, a body without a model on a
 //! path that needs none) goes to any ready replica, or to the one holding the stored
 //! response its path names. The five routes the router has always served
@@ -49,6 +50,7 @@ use rand::Rng;
 use strata_api::trace::{self, TraceParent};
 use strata_api::ApiError;
 
+use crate::admission::Ticket;
 use crate::intake::{self, Incoming, Intake};
 use crate::router::Router;
 
@@ -66,6 +68,7 @@ pub fn app(router: Router) -> axum::Router {
         .route("/health", get(local::health))
         .route("/metrics", get(local::metrics))
         .route("/debug/endpoints", get(local::debug_endpoints))
+        .route("/debug/flows", get(local::debug_flows))
         .fallback(routed)
         .method_not_allowed_fallback(strata_api::http::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -133,16 +136,25 @@ async fn routed(State(router): State<Router>, req: Request) -> Response {
             return error_response(&e, Some(&rid));
         }
     };
-    let priority = intake::priority(&router, &parts.headers, intake.view.priority);
-    // Admission is for work a model runs; a request naming none (a `GET`, an operation
-    // on the replica) is not held back.
-    if !intake.model.is_empty() {
-        if let Err(e) = router.admit(priority).await {
-            return error_response(&e.to_api_error(), Some(&rid));
+    let ticket = Ticket::read(
+        &router,
+        &parts.headers,
+        &intake.model,
+        intake.view.priority,
+        intake.body.len(),
+    );
+    // Flow control is for work a model runs; a request naming none (a `GET`, an
+    // operation on the replica) is not held back.
+    let admitted = if intake.model.is_empty() {
+        None
+    } else {
+        match router.admit_flow(&ticket).await {
+            Ok(a) => Some(a),
+            Err(e) => return error_response(&e.to_api_error(), Some(&rid)),
         }
-    }
-    let sreq = intake::sched_request(&router, &parts.headers, &intake, priority).await;
-    forward::forward(&router, &parts, intake, sreq, rid, traced).await
+    };
+    let sreq = intake::sched_request(&router, &parts.headers, &intake, ticket.priority).await;
+    forward::forward(&router, &parts, intake, sreq, rid, traced, admitted).await
 }
 
 /// The body, bounded by `max_body_bytes`, and its routing view.
