@@ -255,7 +255,11 @@ async fn bad_router_configs_are_refused_at_load() {
             "bad endpoint URL",
         ),
         (
-            router_yaml(&["https://127.0.0.1:9".into()]),
+            router_yaml(&["ftp://127.0.0.1:9".into()]),
+            "bad endpoint URL",
+        ),
+        (
+            router_yaml(&["https://127.0.0.1".into()]),
             "bad endpoint URL",
         ),
         (
@@ -281,7 +285,9 @@ async fn bad_router_configs_are_refused_at_load() {
         let err = Config::from_yaml(&yaml).expect_err(&yaml).to_string();
         assert!(err.contains(needle), "{needle:?} not in {err:?}");
     }
-    // A structured endpoint spec is accepted.
+    // An https endpoint (TLS to the engine, verified as the router's upstream_tls says) is
+    // accepted, and so is a structured endpoint spec.
+    Config::from_yaml(&router_yaml(&["https://127.0.0.1:9".into()])).unwrap();
     let ok = router_yaml(&[]).replace(
         "endpoints: []",
         "endpoints: [{url: '127.0.0.1:9', kind: sglang, labels: {zone: a}}]",
