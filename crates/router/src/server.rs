@@ -109,6 +109,10 @@ pub struct RouterArgs {
     /// service account or kubeconfig).
     #[arg(long, value_name = "NAME", env = "STRATA_POOL_NAME")]
     pub pool_name: Option<String>,
+    /// The pods of `--pool-name` serve `https://` (verified against the system roots and
+    /// `--upstream-tls-ca`; their certificates must name the pod IP).
+    #[arg(long)]
+    pub pool_https: bool,
     /// Namespace of `--pool-name`.
     #[arg(
         long,
@@ -248,6 +252,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         let client = crate::k8s::Discovery::infer_client().await?;
         let mut cfg = crate::k8s::DiscoveryConfig::new(pool.clone(), args.pool_namespace.clone());
         cfg.default_kind = router.config().default_kind;
+        cfg.https = args.pool_https;
         let fixed = router.config().endpoints.clone();
         crate::k8s::spawn(crate::k8s::Discovery::new(
             cfg,

@@ -73,6 +73,9 @@ pub struct DiscoveryConfig {
     pub max_backoff: Duration,
     /// Kind of pods without the engine-type label.
     pub default_kind: EngineKind,
+    /// Pods serve `https://` (verified as the router's `upstream_tls` says: their
+    /// certificates must name the pod IP); default `http://`.
+    pub https: bool,
 }
 
 impl DiscoveryConfig {
@@ -84,6 +87,7 @@ impl DiscoveryConfig {
             watch_timeout_s: 240,
             max_backoff: Duration::from_secs(5),
             default_kind: EngineKind::Vllm,
+            https: false,
         }
     }
 }
@@ -236,6 +240,17 @@ impl PoolView {
         }
     }
 
+    /// [`PoolView::endpoints`], their URLs `https://` when `https`.
+    pub fn endpoints_over(&self, default_kind: EngineKind, https: bool) -> Vec<EndpointSpec> {
+        let mut out = self.endpoints(default_kind);
+        if https {
+            for s in &mut out {
+                s.url = format!("https://{}", crate::endpoint::strip_scheme(&s.url));
+            }
+        }
+        out
+    }
+
     /// The endpoints of the serving pods, one per target port, sorted by URL.
     pub fn endpoints(&self, default_kind: EngineKind) -> Vec<EndpointSpec> {
         let Some(pool) = &self.pool else {
@@ -341,7 +356,10 @@ impl Discovery {
 
     fn sync(&self) {
         let mut all = self.fixed.clone();
-        for s in self.view.endpoints(self.cfg.default_kind) {
+        for s in self
+            .view
+            .endpoints_over(self.cfg.default_kind, self.cfg.https)
+        {
             if !all.iter().any(|f| f.url == s.url) {
                 all.push(s);
             }
@@ -587,6 +605,9 @@ mod tests {
             .map(|s| s.url)
             .collect();
         assert_eq!(urls, vec!["http://10.0.0.2:8000"]);
+        let over_tls = v.endpoints_over(EngineKind::Vllm, true);
+        assert_eq!(over_tls[0].url, "https://10.0.0.2:8000");
+        assert_eq!(over_tls[0].authority(), "10.0.0.2:8000");
     }
 
     #[test]
