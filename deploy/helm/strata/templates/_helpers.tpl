@@ -6,6 +6,9 @@
 {{- define "strata.engineName" -}}{{ include "strata.fullname" . }}-engine{{- end -}}
 {{- define "strata.pickerName" -}}{{ include "strata.fullname" . }}-epp{{- end -}}
 {{- define "strata.controllerName" -}}{{ include "strata.fullname" . }}-controller{{- end -}}
+{{- define "strata.apiGatewayName" -}}{{ include "strata.fullname" . }}-strata-gateway{{- end -}}
+{{- define "strata.redisName" -}}{{ include "strata.fullname" . }}-redis{{- end -}}
+{{- define "strata.postgresName" -}}{{ include "strata.fullname" . }}-postgres{{- end -}}
 
 {{- define "strata.poolName" -}}
 {{- default (printf "%s-pool" (include "strata.fullname" .)) .Values.pool.name -}}
@@ -15,7 +18,7 @@
 {{- if .Values.gateway.enabled -}}
 {{ include "strata.fullname" . }}-gateway
 {{- else -}}
-{{ required "gateway.existingName is needed when gateway.enabled is false" .Values.gateway.existingName }}
+{{ required "gateway.existingName is needed when gateway.enabled is false (or set httpRoute.enabled: false with strataGateway.enabled: true)" .Values.gateway.existingName }}
 {{- end -}}
 {{- end -}}
 
@@ -34,114 +37,177 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "strata.labels" . }}
 {{- end -}}
 
-{{/* The labels the InferencePool selects the engine pods by. */}}
-{{- define "strata.engineSelector" -}}
-app.kubernetes.io/name: {{ include "strata.engineName" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{/* Selector labels of one component: (dict "root" $ "name" NAME). */}}
+{{- define "strata.selector" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- end -}}
 
 {{- define "strata.pickerSelector" -}}
-app.kubernetes.io/name: {{ include "strata.pickerName" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "strata.selector" (dict "root" . "name" (include "strata.pickerName" .)) }}
 {{- end -}}
 
 {{- define "strata.controllerSelector" -}}
-app.kubernetes.io/name: {{ include "strata.controllerName" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "strata.selector" (dict "root" . "name" (include "strata.controllerName" .)) }}
 {{- end -}}
 
-{{/* The engine pod template (shared by the Deployment and the LeaderWorkerSet leader). */}}
-{{- define "strata.enginePod" -}}
-metadata:
-  labels:
-    {{- include "strata.engineSelector" . | nindent 4 }}
-    {{- include "strata.labels" . | nindent 4 }}
-    inference.networking.k8s.io/engine-type: {{ .Values.engine.kind }}
-  {{- if .Values.engine.kvEvents.enabled }}
-  annotations:
-    strata.dev/kv-events: {{ .Values.engine.kvEvents.port | quote }}
-  {{- end }}
-spec:
-  {{- with .Values.engine.nodeSelector }}
-  nodeSelector:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  {{- with .Values.engine.tolerations }}
-  tolerations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-  terminationGracePeriodSeconds: 60
-  containers:
-  - name: engine
-    {{- if eq .Values.engine.kind "strata" }}
-    image: {{ include "strata.image" . }}
-    imagePullPolicy: {{ .Values.image.pullPolicy }}
-    args:
-    - engine
-    - --host
-    - 0.0.0.0
-    - --port
-    - {{ .Values.engine.port | quote }}
-    - --model
-    - {{ .Values.model | quote }}
-    {{- range .Values.engine.strataArgs }}
-    - {{ . | quote }}
-    {{- end }}
-    {{- else }}
-    image: {{ .Values.engine.image }}
-    args:
-    {{- range .Values.engine.args }}
-    - {{ . | quote }}
-    {{- end }}
-    - --model
-    - {{ .Values.model | quote }}
-    - --port
-    - {{ .Values.engine.port | quote }}
-    {{- if and .Values.engine.kvEvents.enabled (eq .Values.engine.kind "vllm") }}
-    - --kv-events-config
-    - {{ printf "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:%v\", \"topic\": \"kv@$(POD_IP)@%s\"}" .Values.engine.kvEvents.port .Values.model | quote }}
-    {{- end }}
-    {{- end }}
-    env:
-    - name: POD_IP
-      valueFrom:
-        fieldRef:
-          fieldPath: status.podIP
-    {{- with .Values.engine.env }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-    ports:
-    - name: http
-      containerPort: {{ .Values.engine.port }}
-      protocol: TCP
-    {{- if .Values.engine.kvEvents.enabled }}
-    - name: kv-events
-      containerPort: {{ .Values.engine.kvEvents.port }}
-      protocol: TCP
-    {{- end }}
-    readinessProbe:
-      httpGet:
-        path: /health
-        port: http
-      periodSeconds: 5
-      failureThreshold: 3
-    startupProbe:
-      httpGet:
-        path: /health
-        port: http
-      periodSeconds: 10
-      failureThreshold: 60
-    {{- with .Values.engine.resources }}
-    resources:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+{{/* The role label llm-d's prefill/decode profile reads on a pod. */}}
+{{- define "strata.roleLabel" -}}llm-d.ai/role{{- end -}}
+
+{{/* The served models, as a YAML list of dicts with every name resolved. Without
+`models`, one model from the top-level `model` and `engine` values, under the names the
+chart always used (<release>-engine, <release>-pool, <release>-epp, <release>-controller,
+the route <release>); with `models`, one set per entry, named <release>-<name>-... . */}}
+{{- define "strata.models" -}}
+{{- $full := include "strata.fullname" . -}}
+{{- $out := list -}}
+{{- if not .Values.models -}}
+{{- $e := deepCopy .Values.engine -}}
+{{- $out = append $out (dict "key" "" "model" .Values.model "engineName" (printf "%s-engine" $full) "poolName" (include "strata.poolName" .) "pickerName" (printf "%s-epp" $full) "controllerName" (printf "%s-controller" $full) "routeName" $full "engine" $e "gateway" (deepCopy .Values.strataGateway.modelDefaults)) -}}
+{{- else -}}
+{{- $seen := dict -}}
+{{- range $i, $m := .Values.models -}}
+{{- $name := required (printf "models[%d].name is required" $i) $m.name -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "models[%d].name %q must be a DNS label (lower-case letters, digits, '-')" $i $name) -}}
+{{- end -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "models: the name %q is used twice" $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name true -}}
+{{- $served := required (printf "models[%d].model (the model id clients send) is required" $i) $m.model -}}
+{{- $e := mergeOverwrite (deepCopy $.Values.engine) (deepCopy ($m.engine | default dict)) -}}
+{{- if hasKey $m "adapters" }}{{ $_ := set $e "adapters" $m.adapters }}{{ end -}}
+{{- if hasKey $m "replicas" }}{{ $_ := set $e "replicas" $m.replicas }}{{ end -}}
+{{- $gw := mergeOverwrite (deepCopy $.Values.strataGateway.modelDefaults) (deepCopy ($m.gateway | default dict)) -}}
+{{- $d := dict "key" $name "model" $served "engineName" (printf "%s-%s-engine" $full $name) "poolName" (default (printf "%s-%s-pool" $full $name) $m.poolName) "pickerName" (printf "%s-%s-epp" $full $name) "controllerName" (printf "%s-%s-controller" $full $name) "routeName" (printf "%s-%s" $full $name) "engine" $e "gateway" $gw -}}
+{{- range $k := list "engineName" "poolName" "pickerName" "controllerName" -}}
+{{- if gt (len (get $d $k)) 63 -}}
+{{- fail (printf "models[%d]: %s %q is longer than 63 characters; use a shorter release or model name" $i $k (get $d $k)) -}}
+{{- end -}}
+{{- end -}}
+{{- $out = append $out $d -}}
+{{- end -}}
+{{- end -}}
+{{- range $out -}}
+{{- $e := .engine -}}
+{{- if not (has $e.workload (list "Deployment" "LeaderWorkerSet")) -}}
+{{- fail "engine.workload must be Deployment or LeaderWorkerSet" -}}
+{{- end -}}
+{{- if $e.pd.enabled -}}
+{{- if not (has $e.kind (list "vllm" "strata")) -}}
+{{- fail "engine.pd needs engine.kind vllm or strata (the engines with a KV-transfer path the chart wires)" -}}
+{{- end -}}
+{{- if ne $e.workload "Deployment" -}}
+{{- fail "engine.pd needs engine.workload Deployment" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The engine pods' selector labels of one model: (dict "root" $ "m" MODEL). */}}
+{{- define "strata.engineSelector" -}}
+{{ include "strata.selector" (dict "root" .root "name" .m.engineName) }}
 {{- end -}}
 
 {{/* The InferencePool's selector: the engine pods; for a LeaderWorkerSet only the group
-leaders (worker index 0), which serve. */}}
+leaders (worker index 0), which serve. Prefill and decode pods are both in the pool: the
+picker tells them apart by their role label. */}}
 {{- define "strata.poolSelector" -}}
 {{ include "strata.engineSelector" . }}
-{{- if eq .Values.engine.workload "LeaderWorkerSet" }}
+{{- if eq .m.engine.workload "LeaderWorkerSet" }}
 leaderworkerset.sigs.k8s.io/worker-index: "0"
 {{- end }}
+{{- end -}}
+
+{{/* The restrictive container securityContext every container gets. */}}
+{{- define "strata.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: {{ .Values.security.uid }}
+runAsGroup: {{ .Values.security.uid }}
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "strata.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.security.uid }}
+runAsGroup: {{ .Values.security.uid }}
+fsGroup: {{ .Values.security.uid }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The Strata gateway's upstream for one model: (dict "root" $ "m" MODEL). */}}
+{{- define "strata.upstreamUrl" -}}
+{{- $r := .root -}}
+{{- if eq $r.Values.strataGateway.upstream "router" -}}
+http://{{ .m.pickerName }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.picker.httpPort }}
+{{- else -}}
+{{- $svc := default (include "strata.gatewayName" $r) $r.Values.strataGateway.gatewayApiService.name -}}
+http://{{ $svc }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.strataGateway.gatewayApiService.port }}{{ if .m.key }}/models/{{ .m.key }}{{ end }}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the pickers serve the HTTP front (the Strata gateway's "router" upstream). */}}
+{{- define "strata.pickerHttp" -}}
+{{- if and .Values.strataGateway.enabled (eq .Values.strataGateway.upstream "router") -}}true{{- end -}}
+{{- end -}}
+
+{{/* A generated secret value that stays the same across upgrades and is generated once
+per render: (dict "root" $ "secret" NAME "key" KEY). */}}
+{{- define "strata.generated" -}}
+{{- $memo := printf "__generated/%s/%s" .secret .key -}}
+{{- $cache := .root.Values -}}
+{{- if not (hasKey $cache $memo) -}}
+{{- $value := randAlphaNum 32 -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret -}}
+{{- if and $existing $existing.data (hasKey $existing.data .key) -}}
+{{- $value = index $existing.data .key | b64dec -}}
+{{- end -}}
+{{- $_ := set $cache $memo $value -}}
+{{- end -}}
+{{- index $cache $memo -}}
+{{- end -}}
+
+{{- define "strata.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+redis://{{ include "strata.redisName" . }}.{{ .Release.Namespace }}.svc:{{ .Values.redis.port }}/
+{{- else -}}
+{{- .Values.redis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "strata.postgresPassword" -}}
+{{- include "strata.generated" (dict "root" . "secret" (include "strata.postgresName" .) "key" "password") -}}
+{{- end -}}
+
+{{- define "strata.postgresUrl" -}}
+{{- if .Values.postgres.enabled -}}
+postgres://{{ .Values.postgres.user }}:{{ include "strata.postgresPassword" . }}@{{ include "strata.postgresName" . }}.{{ .Release.Namespace }}.svc:{{ .Values.postgres.port }}/{{ .Values.postgres.database }}
+{{- else -}}
+{{- .Values.postgres.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Readiness and liveness probes on an HTTP /health port name: (dict "port" NAME). */}}
+{{- define "strata.httpProbes" -}}
+readinessProbe:
+  httpGet:
+    path: /health
+    port: {{ .port }}
+  periodSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  httpGet:
+    path: /health
+    port: {{ .port }}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
 {{- end -}}
