@@ -7,13 +7,16 @@
 //! of whatever the client sent: the router's scrapes, tokenize calls and forwarded requests
 //! alike.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION};
-use hyper::{Method, Request, StatusCode};
+use hyper::{Method, Request, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
@@ -24,7 +27,7 @@ use strata_api::tls::{Identity, TlsError};
 /// Requests carry a fully read body; responses stream.
 #[derive(Clone)]
 pub struct HttpClient {
-    inner: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    inner: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
     /// `Bearer <engine_api_key>`, set on every request.
     engine_auth: Option<HeaderValue>,
 }
@@ -44,6 +47,43 @@ impl HttpClient {
             req.headers_mut().insert(AUTHORIZATION, auth.clone());
         }
         self.inner.request(req)
+    }
+}
+
+/// A connector whose whole connect (TCP, then the TLS handshake for `https://`) must finish
+/// within `within`: an endpoint that accepts and then says nothing fails the attempt like a
+/// refused connection instead of holding it.
+#[derive(Clone)]
+pub struct Bounded<C> {
+    inner: C,
+    within: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<C> tower_service::Service<Uri> for Bounded<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let within = self.within;
+        Box::pin(async move {
+            match tokio::time::timeout(within, connecting).await {
+                Ok(done) => done.map_err(Into::into),
+                Err(_) => Err(format!("no connection (TCP and TLS) within {within:?}").into()),
+            }
+        })
     }
 }
 
@@ -86,8 +126,9 @@ impl UpstreamTls {
     }
 }
 
-/// A pooled client for `http://` and `https://` endpoints with a connect timeout and
-/// `TCP_NODELAY`, verifying servers as `tls` says and sending `engine_api_key`.
+/// A pooled client for `http://` and `https://` endpoints with a connect timeout (TCP and
+/// TLS handshake together) and `TCP_NODELAY`, verifying servers as `tls` says and sending
+/// `engine_api_key`.
 pub fn upstream_client(
     connect_timeout: Duration,
     tls: &UpstreamTls,
@@ -112,10 +153,14 @@ pub fn upstream_client(
         .https_or_http()
         .enable_http1()
         .wrap_connector(conn);
+    let bounded = Bounded {
+        inner: https,
+        within: connect_timeout,
+    };
     let inner = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(256)
-        .build(https);
+        .build(bounded);
     Ok(HttpClient { inner, engine_auth })
 }
 

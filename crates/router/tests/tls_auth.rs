@@ -363,3 +363,38 @@ fn upstream_tls_files_that_do_not_load_fail_the_router_at_start() {
     };
     assert!(Router::new(config("https://127.0.0.1:1", garbage)).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_never_finishes_the_handshake_fails_at_the_connect_timeout() {
+    // Accepts TCP connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            open.push(s);
+        }
+    });
+    let client =
+        upstream_client(Duration::from_millis(300), &UpstreamTls::default(), None).unwrap();
+    let started = std::time::Instant::now();
+    let r = strata_router::client::fetch(
+        &client,
+        Method::GET,
+        &format!("https://{addr}/health"),
+        None,
+        Duration::from_secs(10),
+        1024,
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(strata_router::client::FetchError::Connect(_))),
+        "{r:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    held.abort();
+}
