@@ -64,5 +64,19 @@ mod tests {
             changed_restart_only_key(&a, &d).as_deref(),
             Some("cache.semantic.redis_url")
         );
+        // The identity section and the edge bounds are read at start.
+        let e = json!({"limits": {"backend": "memory"}, "auth": {"jwt": {"issuer": "x"}}});
+        assert_eq!(changed_restart_only_key(&a, &e).as_deref(), Some("auth"));
+        let f = json!({"limits": {"backend": "memory"}, "server": {"max_connections": 9}});
+        assert_eq!(
+            changed_restart_only_key(&a, &f).as_deref(),
+            Some("server.max_connections")
+        );
+        let g = json!({"limits": {"backend": "memory"}, "metrics": {"key": "k"}});
+        assert_eq!(
+            changed_restart_only_key(&a, &g),
+            None,
+            "the metrics key reloads"
+        );
     }
 }

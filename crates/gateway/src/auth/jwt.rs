@@ -84,6 +84,23 @@ impl JwtVerifier {
     /// URL is fetched on first use and refreshed by [`JwtVerifier::refresh`].
     pub fn new(cfg: &JwtConfig, base_dir: Option<&Path>) -> Result<JwtVerifier, String> {
         cfg.validate()?;
+        let secret = match &cfg.hs256_secret_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                format!("auth.jwt.hs256_secret_env: environment variable `{var}` is not set")
+            })?),
+            None => None,
+        };
+        Self::with_secret(cfg, base_dir, secret.as_deref())
+    }
+
+    /// [`JwtVerifier::new`] with the HS256 secret given rather than read from the
+    /// environment (`None` when HS256 is not configured).
+    pub fn with_secret(
+        cfg: &JwtConfig,
+        base_dir: Option<&Path>,
+        hs256_secret: Option<&str>,
+    ) -> Result<JwtVerifier, String> {
+        cfg.validate()?;
         let algorithms: Vec<Algorithm> =
             cfg.algorithms.iter().filter_map(|a| algorithm(a)).collect();
         let asymmetric: Vec<Algorithm> = algorithms
@@ -91,19 +108,13 @@ impl JwtVerifier {
             .copied()
             .filter(|a| *a != Algorithm::HS256)
             .collect();
-        let hs_key = match &cfg.hs256_secret_env {
-            Some(var) => {
-                let secret = std::env::var(var).map_err(|_| {
-                    format!("auth.jwt.hs256_secret_env: environment variable `{var}` is not set")
-                })?;
-                if secret.len() < 32 {
-                    return Err(format!(
-                        "auth.jwt.hs256_secret_env: the secret in `{var}` is shorter than 32 bytes"
-                    ));
-                }
-                Some(DecodingKey::from_secret(secret.as_bytes()))
+        let hs_key = match (algorithms.contains(&Algorithm::HS256), hs256_secret) {
+            (false, _) => None,
+            (true, None) => return Err("auth.jwt: HS256 needs a secret".into()),
+            (true, Some(secret)) if secret.len() < 32 => {
+                return Err("auth.jwt.hs256_secret_env: the secret is shorter than 32 bytes".into())
             }
-            None => None,
+            (true, Some(secret)) => Some(DecodingKey::from_secret(secret.as_bytes())),
         };
         let (source, keys) = match (&cfg.jwks_file, &cfg.jwks_url) {
             (Some(file), _) => {
@@ -148,10 +159,15 @@ impl JwtVerifier {
 
     /// Fetches the JWKS URL and replaces the keys; on failure the old keys stay.
     pub async fn refresh(&self) -> Result<(), String> {
+        let _one = self.fetching.lock().await;
+        self.fetch_keys().await
+    }
+
+    /// The fetch itself; the caller holds `fetching`.
+    async fn fetch_keys(&self) -> Result<(), String> {
         let Source::Url(url) = &self.source else {
             return Ok(());
         };
-        let _one = self.fetching.lock().await;
         *self.fetched.lock() = Some(Instant::now());
         let asymmetric: Vec<Algorithm> = self
             .algorithms
@@ -166,19 +182,23 @@ impl JwtVerifier {
     }
 
     /// Refreshes for a token whose key is unknown, at most once per
-    /// `jwks_min_refetch_secs` (so a flood of bogus `kid`s costs one fetch a period).
+    /// `jwks_min_refetch_secs` (so a flood of bogus `kid`s costs one fetch a period: the
+    /// period is checked under the fetch lock, so requests that waited on a fetch do not
+    /// each fetch again).
     async fn refetch_for_unknown_kid(&self) -> bool {
         if !matches!(self.source, Source::Url(_)) {
             return false;
         }
+        let _one = self.fetching.lock().await;
         let due = self
             .fetched
             .lock()
             .is_none_or(|t| t.elapsed() >= Duration::from_secs(self.cfg.jwks_min_refetch_secs));
         if !due {
-            return false;
+            // Another request just fetched: its keys are worth a second look.
+            return true;
         }
-        match self.refresh().await {
+        match self.fetch_keys().await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "JWKS fetch failed");
@@ -353,6 +373,51 @@ async fn fetch(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SECRET: &str = "an-hs256-secret-of-32-bytes-or-more!";
+
+    fn hs_config() -> JwtConfig {
+        serde_yaml::from_str(
+            "{issuer: iss, audience: [aud], algorithms: [HS256], hs256_secret_env: UNUSED, \
+              claims: {tenant: org, user: email, role: realm_access.roles}, \
+              roles: {platform_admin: ops, tenant_admin: lead}}",
+        )
+        .unwrap()
+    }
+
+    fn hs_token(claims: serde_json::Value, secret: &str) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn hs256_with_the_operators_secret_and_configured_claim_names() {
+        let v = JwtVerifier::with_secret(&hs_config(), None, Some(SECRET)).unwrap();
+        let exp = crate::state::unix_now() + 600;
+        let claims = serde_json::json!({"iss": "iss", "aud": "aud", "exp": exp, "sub": "u-1",
+            "org": "acme", "email": "a@acme.test", "realm_access": {"roles": ["x", "lead"]}});
+        let who = v.verify(&hs_token(claims.clone(), SECRET)).await.unwrap();
+        assert_eq!(
+            who,
+            TokenIdentity {
+                tenant: "acme".into(),
+                user: "a@acme.test".into(),
+                role: Role::TenantAdmin,
+                subject: "u-1".into(),
+            }
+        );
+        let e = v
+            .verify(&hs_token(claims, "another-secret-of-32-bytes-or-more!!"))
+            .await
+            .unwrap_err();
+        assert!(e.0.contains("signature"), "{e}");
+        assert!(JwtVerifier::with_secret(&hs_config(), None, Some("short")).is_err());
+        assert!(JwtVerifier::with_secret(&hs_config(), None, None).is_err());
+    }
 
     #[test]
     fn claims_by_dotted_path() {
