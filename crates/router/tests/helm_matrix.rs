@@ -309,6 +309,30 @@ fn multi_model_renders_one_stack_per_model() {
         .find(|m| m["name"] == "meta-llama/Llama-3.1-8B-Instruct")
         .unwrap();
     assert_eq!(llama["aliases"][0], "default");
+    // The canary shares llama's public name: 90 % stable, 10 % canary, by weight.
+    let targets = llama["targets"].as_sequence().unwrap();
+    assert_eq!(targets.len(), 2);
+    assert_eq!(
+        (&targets[0]["upstream"], &targets[0]["weight"]),
+        (&"llama".into(), &90.into())
+    );
+    assert_eq!(
+        (&targets[1]["upstream"], &targets[1]["weight"]),
+        (&"llama-next".into(), &10.into())
+    );
+    assert!(
+        !cfg["models"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|m| m["targets"][0]["upstream"] == "llama-next"),
+        "a canary is no public model of its own"
+    );
+    let canary = container(&pods, "Deployment/t-llama-next-engine", "engine");
+    assert_eq!(canary.image.as_deref(), Some("vllm/vllm-openai:v0.33.0"));
+    // Its route has no header rule: BBR clients of that model name reach the stable pool.
+    let r = find(&objs, "HTTPRoute", "t-llama-next");
+    assert_eq!(r["spec"]["rules"].as_array().unwrap().len(), 1);
     // Routes for clients of the Gateway API gateway match the body's model by BBR's header.
     let r = find(&objs, "HTTPRoute", "t-qwen");
     assert_eq!(
@@ -429,6 +453,26 @@ fn generated_secrets_are_generated_once_per_render() {
 #[test]
 fn contradictory_values_are_refused() {
     for (sets, says) in [
+        (
+            vec![
+                "models[0].name=a",
+                "models[0].model=m",
+                "models[0].canary.of=b",
+                "models[0].canary.weight=5",
+            ],
+            "names no model entry",
+        ),
+        (
+            vec![
+                "models[0].name=a",
+                "models[0].model=m",
+                "models[1].name=b",
+                "models[1].model=m",
+                "models[1].canary.of=a",
+                "models[1].canary.weight=101",
+            ],
+            "0 to 100",
+        ),
         (
             vec![
                 "models[0].name=a",

@@ -80,7 +80,22 @@ the route <release>); with `models`, one set per entry, named <release>-<name>-.
 {{- if hasKey $m "adapters" }}{{ $_ := set $e "adapters" $m.adapters }}{{ end -}}
 {{- if hasKey $m "replicas" }}{{ $_ := set $e "replicas" $m.replicas }}{{ end -}}
 {{- $gw := mergeOverwrite (deepCopy $.Values.strataGateway.modelDefaults) (deepCopy ($m.gateway | default dict)) -}}
-{{- $d := dict "key" $name "model" $served "engineName" (printf "%s-%s-engine" $full $name) "poolName" (default (printf "%s-%s-pool" $full $name) $m.poolName) "pickerName" (printf "%s-%s-epp" $full $name) "controllerName" (printf "%s-%s-controller" $full $name) "routeName" (printf "%s-%s" $full $name) "engine" $e "gateway" $gw -}}
+{{- $canary := $m.canary | default dict -}}
+{{- if $canary -}}
+{{- $of := required (printf "models[%d].canary.of (the model it is a canary of) is required" $i) $canary.of -}}
+{{- $w := int (required (printf "models[%d].canary.weight (0 to 100) is required" $i) (toString $canary.weight)) -}}
+{{- if or (lt $w 0) (gt $w 100) -}}
+{{- fail (printf "models[%d].canary.weight must be 0 to 100" $i) -}}
+{{- end -}}
+{{- $found := false -}}
+{{- range $.Values.models -}}
+{{- if and (eq .name $of) (not .canary) }}{{ $found = true }}{{ end -}}
+{{- end -}}
+{{- if not $found -}}
+{{- fail (printf "models[%d].canary.of %q names no model entry that is not itself a canary" $i $of) -}}
+{{- end -}}
+{{- end -}}
+{{- $d := dict "key" $name "canary" $canary "model" $served "engineName" (printf "%s-%s-engine" $full $name) "poolName" (default (printf "%s-%s-pool" $full $name) $m.poolName) "pickerName" (printf "%s-%s-epp" $full $name) "controllerName" (printf "%s-%s-controller" $full $name) "routeName" (printf "%s-%s" $full $name) "engine" $e "gateway" $gw -}}
 {{- range $k := list "engineName" "poolName" "pickerName" "controllerName" -}}
 {{- if gt (len (get $d $k)) 63 -}}
 {{- fail (printf "models[%d]: %s %q is longer than 63 characters; use a shorter release or model name" $i $k (get $d $k)) -}}
