@@ -35,7 +35,7 @@ enum Cmd {
         ports: Vec<u16>,
     },
     /// Run the Strata router.
-    Router(strata_router::RouterArgs),
+    Router(Box<strata_router::RouterArgs>),
     /// Send chat completions and report latency and throughput.
     Load {
         #[arg(long)]
@@ -92,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.cmd {
             Cmd::Mock { ports } => mock(ports).await,
-            Cmd::Router(args) => strata_router::run(args).await,
+            Cmd::Router(args) => strata_router::run(*args).await,
             Cmd::Load {
                 url,
                 rate,
