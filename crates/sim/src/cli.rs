@@ -110,6 +110,16 @@ pub struct FleetArgs {
     /// Drop per-token times (no ITL percentiles; saves memory at a million requests).
     #[arg(long)]
     pub no_token_times: bool,
+    /// The router runs flow control (the routing config's `flow_control`): requests wait
+    /// in its priority bands and per-tenant flows for room, instead of going straight to a
+    /// replica's queue.
+    #[arg(long)]
+    pub flow_control: bool,
+    /// Tenants sharing the workload by weight, e.g. `noisy=10,quiet=1`: each session's
+    /// tenant is drawn by weight, each tenant is its own flow, and the report gives each
+    /// tenant's TTFT.
+    #[arg(long, value_parser = crate::tenants::parse_tenant_spec)]
+    pub tenants: Option<crate::tenants::TenantSpec>,
 }
 
 /// `strata plan`: the cheapest fleet meeting latency objectives. `--slo` here is the
@@ -275,6 +285,8 @@ impl FleetArgs {
             kv_event_delay: self.kv_event_delay,
             autoscale,
             keep_token_times: !self.no_token_times,
+            flow_control: self.flow_control,
+            tenants: self.tenants.clone().map(|t| t.0).unwrap_or_default(),
         })
     }
 }
@@ -300,6 +312,18 @@ pub fn run_sim(args: SimArgs) -> Result<(), SimError> {
         s.replica_seconds,
         s.max_replicas
     );
+    for t in &s.tenants {
+        let ms = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.0} ms", x * 1e3));
+        println!(
+            "  tenant {:<12} {:>7} requests ({} failed)  TTFT p50 {}  p90 {}  e2e p90 {}",
+            t.tenant,
+            t.requests,
+            t.failed,
+            ms(t.ttft_p50_s),
+            ms(t.ttft_p90_s),
+            ms(t.e2e_p90_s)
+        );
+    }
     for d in &s.decisions {
         println!(
             "  t={:>8.1}s  {} -> {} replicas ({} ready): {}",

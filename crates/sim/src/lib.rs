@@ -21,6 +21,7 @@ pub mod profile;
 pub mod replica;
 pub mod routing;
 pub mod sim;
+pub mod tenants;
 
 pub use cli::{run_plan, run_sim, FleetArgs, PlanArgs, SimArgs};
 pub use error::SimError;

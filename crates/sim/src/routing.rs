@@ -5,6 +5,7 @@
 //! Only the glue a live `Router` has around the picker lives here, done the same way: the
 //! candidates list, in-flight counts, the request number for round-robin, recording the
 //! request's prompt chunks on the chosen endpoint in the approximate index after the pick,
+//! the counts flow control's room is measured by (sent and finished since each scrape),
 //! and applying KV events to the precise index. Every choice is the library's.
 
 use std::collections::VecDeque;
@@ -16,6 +17,8 @@ use strata_api::kv_events::KvEvent;
 use strata_router::endpoint::{EndpointId, EndpointSpec, EngineKind};
 use strata_router::prefix::approx::{hash_text, ApproxConfig, ApproxIndex};
 use strata_router::prefix::precise::PreciseIndex;
+use strata_router::scheduling::flow::PoolView;
+use strata_router::scheduling::saturation::{pool_room, SaturationConfig};
 use strata_router::scheduling::{
     Candidate, Context, EndpointMetrics, PickDecision, SchedRequest, ScheduleError,
 };
@@ -46,6 +49,8 @@ pub struct SimRouter {
     uses_precise: bool,
     approx_config: ApproxConfig,
     stale_after: Duration,
+    /// The saturation thresholds flow control's room is measured by.
+    saturation: SaturationConfig,
     cands: Vec<Candidate>,
     /// Endpoint slot → its position in `cands` (a thousand replicas scrape every 50 ms:
     /// a linear search per update would dominate the run).
@@ -77,6 +82,7 @@ impl SimRouter {
             uses_precise: picker_config.uses_precise(),
             approx_config: config.approx_config(),
             stale_after: config.stale_after(),
+            saturation: config.saturation_config(),
             cands: Vec::new(),
             pos: Vec::new(),
             approx: ApproxIndex::new(config.approx_config()),
@@ -191,6 +197,9 @@ impl SimRouter {
                     })
                 }
             }
+            // The scrape shows what was sent and finished before it.
+            c.sent_since_scrape = 0;
+            c.done_since_scrape = 0;
         }
     }
 
@@ -271,6 +280,7 @@ impl SimRouter {
         self.approx.record(first, &req.approx_blocks);
         if let Some(c) = self.cand_mut(first) {
             c.in_flight += 1;
+            c.sent_since_scrape += 1;
         }
         Ok(decision)
     }
@@ -279,6 +289,15 @@ impl SimRouter {
     pub fn finished(&mut self, id: EndpointId) {
         if let Some(c) = self.cand_mut(id) {
             c.in_flight = c.in_flight.saturating_sub(1);
+            c.done_since_scrape = c.done_since_scrape.saturating_add(1);
+        }
+    }
+
+    /// The pool as flow control sees it at `now`, as the live router measures it.
+    pub fn pool_view(&self, now: Duration) -> PoolView {
+        PoolView {
+            ready: self.any_ready(),
+            room: pool_room(&self.cands, now, &self.saturation),
         }
     }
 

@@ -9,7 +9,7 @@
 //! its configuration and seed.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -23,6 +23,7 @@ use strata_bench::{LoadConfig, Report, RequestRecord};
 use strata_controller::autoscale::{self, AutoscaleConfig, Load, Signals, State};
 use strata_engine::sequence::SeqEvent;
 use strata_router::endpoint::EndpointId;
+use strata_router::scheduling::flow::FlowController;
 use strata_router::scheduling::{PreciseBlocks, SchedRequest, ScheduleError};
 use strata_router::RouterConfig;
 
@@ -30,6 +31,9 @@ use crate::error::SimError;
 use crate::profile::StepModel;
 use crate::replica::{wire_hashes, EngineShape, SimEngine, StepResult};
 use crate::routing::{Scrape, SimRouter};
+use crate::tenants::{tenant_lines, TenantDraw, TenantLine};
+
+mod flow;
 
 /// The autoscaler's part: its policy settings, how often the controller ticks, and how
 /// long a new replica takes to become ready.
@@ -57,6 +61,11 @@ pub struct SimConfig {
     pub autoscale: Option<AutoscaleSetup>,
     /// Keep every token's time (ITL percentiles); off saves memory at scale.
     pub keep_token_times: bool,
+    /// The router runs flow control (`router.flow_control`): requests wait in its queues
+    /// for room instead of going straight to a replica's queue.
+    pub flow_control: bool,
+    /// Tenants sharing the workload by weight (empty: one), each its own flow.
+    pub tenants: Vec<(String, f64)>,
 }
 
 /// What the run looked like from inside.
@@ -76,6 +85,8 @@ pub struct SimStats {
     pub num_blocks_per_replica: usize,
     /// Autoscaler decisions that changed the count or its reason.
     pub decisions: Vec<DecisionLine>,
+    /// Per tenant, when the run names tenants.
+    pub tenants: Vec<TenantLine>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -108,6 +119,8 @@ enum Ev {
     Scrape,
     Autoscale,
     Ready(u32),
+    /// A request in flow control reaches its time to live.
+    FlowDeadline,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +150,7 @@ struct Req {
     cached: u32,
     replica: u32,
     session: u32,
+    tenant: u16,
     failure: Option<Failure>,
 }
 
@@ -155,6 +169,7 @@ struct SessionSlot {
     user: Option<u32>,
     /// Holds one of `--max-concurrency`'s slots.
     permit: bool,
+    tenant: u16,
 }
 
 const NS: f64 = 1e9;
@@ -193,6 +208,12 @@ struct Sim<'a> {
     in_flight: usize,
     /// Requests the router holds while no replica is ready (activation).
     held: VecDeque<Held>,
+    /// The router's flow control, when on, and the requests waiting in it by id.
+    flow: Option<FlowController>,
+    flow_waiting: HashMap<u32, Held>,
+    /// The deadline a [`Ev::FlowDeadline`] is queued for.
+    flow_armed: Option<Duration>,
+    tenants: TenantDraw,
     result: StepResult,
     // Autoscaling.
     scale_state: Option<State>,
@@ -276,6 +297,12 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimOutcome, SimError> {
         open_sessions: 0,
         in_flight: 0,
         held: VecDeque::new(),
+        flow: cfg
+            .flow_control
+            .then(|| FlowController::new(cfg.router.flow_config())),
+        flow_waiting: HashMap::new(),
+        flow_armed: None,
+        tenants: TenantDraw::new(&cfg.tenants, cfg.load.seed),
         result: StepResult::default(),
         scale_state: cfg.autoscale.as_ref().map(|_| State::new(initial)),
         ttfts: Vec::new(),
@@ -321,7 +348,12 @@ impl Sim<'_> {
                     if self.replicas[r as usize].phase == Phase::Starting {
                         self.make_ready(r);
                         self.release_held();
+                        self.pump_flow();
                     }
+                }
+                Ev::FlowDeadline => {
+                    self.flow_armed = None;
+                    self.pump_flow();
                 }
             }
         }
@@ -332,10 +364,11 @@ impl Sim<'_> {
         self.in_flight > 0
             || self.open_sessions > 0
             || !self.held.is_empty()
+            || self.flow.as_ref().is_some_and(|f| f.queued() > 0)
             || self.queue.iter().any(|Reverse((_, _, e))| {
                 !matches!(
                     e,
-                    Ev::Scrape | Ev::Autoscale | Ev::StepDone(_) | Ev::Ready(_)
+                    Ev::Scrape | Ev::Autoscale | Ev::StepDone(_) | Ev::Ready(_) | Ev::FlowDeadline
                 )
             })
     }
@@ -444,6 +477,8 @@ impl Sim<'_> {
         }
         self.result = result;
         self.kick(r);
+        // Finished requests: room for waiting ones.
+        self.pump_flow();
     }
 
     fn scrape(&mut self) {
@@ -460,6 +495,7 @@ impl Sim<'_> {
                 self.router.scraped(rep.slot, now, &m);
             }
         }
+        self.pump_flow();
         if self.active() {
             self.push(now + self.cfg.scrape_interval, Ev::Scrape);
         }
@@ -502,7 +538,10 @@ impl Sim<'_> {
             ready,
             load: Some(load),
             partial: None,
-            held_requests: u32::try_from(self.held.len()).unwrap_or(u32::MAX),
+            held_requests: u32::try_from(
+                self.held.len() + self.flow.as_ref().map_or(0, FlowController::held),
+            )
+            .unwrap_or(u32::MAX),
         };
         let previous_reason = self.stats.decisions.last().map(|d| d.reason.clone());
         let (decision, state) = autoscale::decide(&setup.config, &state, &signals, now);
@@ -613,6 +652,7 @@ impl Sim<'_> {
             history,
             user,
             permit,
+            tenant: self.tenants.draw(),
         };
         let id = match self.free_sessions.pop() {
             Some(i) => {
@@ -704,7 +744,7 @@ impl Sim<'_> {
         if later_turn && !self.take_ticket() {
             return self.close_session(s);
         }
-        let (prompt, max_tokens, planned, session_key) = {
+        let (prompt, max_tokens, planned, session_key, tenant) = {
             let Some(slot) = self.sessions[s as usize].as_ref() else {
                 return;
             };
@@ -720,7 +760,13 @@ impl Sim<'_> {
                     .map(|t| t.user.iter().map(|x| x.len).sum::<u32>())
                     .sum::<u32>();
             prompt.extend_from_slice(&user);
-            (prompt, turn.max_tokens, planned, slot.session.id)
+            (
+                prompt,
+                turn.max_tokens,
+                planned,
+                slot.session.id,
+                slot.tenant,
+            )
         };
         let id = self.reqs.len() as u32;
         self.reqs.push(Req {
@@ -734,6 +780,7 @@ impl Sim<'_> {
             cached: 0,
             replica: u32::MAX,
             session: s,
+            tenant,
             failure: None,
         });
         self.in_flight += 1;
@@ -755,7 +802,7 @@ impl Sim<'_> {
             let bs = self.cfg.engine.block_size;
             req.precise_blocks = Some(PreciseBlocks::single(bs as u32, wire_hashes(&prompt, bs)));
         }
-        self.pending_submit(id, req, prompt, max_tokens as usize);
+        self.admit(id, req, prompt, max_tokens as usize);
     }
 
     fn pending_submit(
@@ -872,6 +919,19 @@ impl Sim<'_> {
             self.stats.preemptions += rep.engine.preemptions;
         }
         self.stats.gpu_seconds = gpu_tp;
+        if !self.cfg.tenants.is_empty() {
+            self.stats.tenants = tenant_lines(
+                &self.tenants,
+                self.reqs.iter().map(|r| {
+                    (
+                        r.tenant,
+                        r.first.map(|f| (f - r.start).as_secs_f64()),
+                        (r.last - r.start).as_secs_f64(),
+                        r.failure.is_some(),
+                    )
+                }),
+            );
+        }
         self.stats.events = self.events;
         self.stats.virtual_s = end.as_secs_f64();
         let records: Vec<RequestRecord> = self
@@ -927,6 +987,8 @@ impl Sim<'_> {
             },
             "scrape_interval_s": self.cfg.scrape_interval.as_secs_f64(),
             "kv_event_delay_s": self.cfg.kv_event_delay.as_secs_f64(),
+            "flow_control": self.cfg.flow_control,
+            "tenants": self.stats.tenants,
             "autoscale": self.cfg.autoscale.as_ref().map(|a| serde_json::json!({
                 "config": a.config,
                 "interval_s": a.interval.as_secs_f64(),

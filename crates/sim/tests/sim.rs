@@ -246,3 +246,48 @@ fn plan_finds_the_smallest_fleet_meeting_the_objective() {
     assert!(!fewer.met);
     assert_eq!(fewer.replicas, best.replicas - 1, "{}", p.render_text());
 }
+
+#[test]
+fn flow_control_same_seed_same_report_and_fair_shares_for_a_quiet_tenant() {
+    // One replica of 8 sequences at most, a noisy tenant at 10x a quiet one's rate: the
+    // replica is saturated and a queue builds.
+    let flags = "--hardware l4 --model-profile llama-3.1-8b --workload random \
+                 --input-len 256 --output-len 64 --rate 12 --requests 300 --seed 5 \
+                 --max-num-seqs 8 --tenants noisy=10,quiet=1";
+    let tenant = |o: &strata_sim::SimOutcome, name: &str| {
+        o.stats
+            .tenants
+            .iter()
+            .find(|t| t.tenant == name)
+            .cloned()
+            .unwrap()
+    };
+    // Requests wait as long as it takes (the default time to live would evict them).
+    let dir = tempfile::tempdir().unwrap();
+    let routing = dir.path().join("router.yaml");
+    std::fs::write(&routing, "flow_control: {default_ttl_ms: 3600000}\n").unwrap();
+    let flags = format!("{flags} --routing-config {}", routing.display());
+    let fc = config(&format!("{flags} --flow-control"), 1);
+    assert!(fc.flow_control);
+    let a = simulate(&fc).unwrap();
+    let b = simulate(&fc).unwrap();
+    assert_eq!(json(&a.report), json(&b.report));
+    assert_eq!(a.stats.events, b.stats.events);
+    assert_eq!(a.report.requests.completed, 300);
+    let (quiet, noisy) = (tenant(&a, "quiet"), tenant(&a, "noisy"));
+    assert!(
+        quiet.requests > 10 && noisy.requests > 200,
+        "{quiet:?} {noisy:?}"
+    );
+    // The same load without flow control: every request in the replica's own FCFS queue.
+    let plain = simulate(&config(&flags, 1)).unwrap();
+    let fcfs_quiet = tenant(&plain, "quiet");
+    let (q, f) = (quiet.ttft_p90_s.unwrap(), fcfs_quiet.ttft_p90_s.unwrap());
+    assert!(
+        q * 3.0 < f,
+        "quiet TTFT p90: {q} s with flow control, {f} s without"
+    );
+    // The noisy tenant keeps the rest: nothing is lost, everything is served.
+    assert_eq!(plain.report.requests.completed, 300);
+    assert!(json(&a.report)["config"]["sim"]["tenants"].is_array());
+}
