@@ -165,7 +165,7 @@ seccompProfile:
 http://{{ .m.pickerName }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.picker.httpPort }}
 {{- else -}}
 {{- $svc := default (include "strata.gatewayName" $r) $r.Values.strataGateway.gatewayApiService.name -}}
-http://{{ $svc }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.strataGateway.gatewayApiService.port }}{{ if .m.key }}/models/{{ .m.key }}{{ end }}
+http://{{ $svc }}.{{ default $r.Release.Namespace $r.Values.strataGateway.gatewayApiService.namespace }}.svc:{{ $r.Values.strataGateway.gatewayApiService.port }}{{ if .m.key }}/models/{{ .m.key }}{{ end }}
 {{- end -}}
 {{- end -}}
 
