@@ -15,7 +15,7 @@
 //! circuit: {failures: 5, open_ms: 5000}
 //! precise: {block_size: 16, hash_seed: vllm-none-hash, tokenize_timeout_ms: 200, tokenize_cache: 4096}
 //! approx: {block_size_tokens: 16, capacity_per_endpoint: 65536, max_blocks: 512}
-//! pd: {prefill_timeout_ms: 15000}   # phase 1 of a disaggregated request
+//! pd: {prefill_timeout_ms: 15000, trust_client_kv_transfer: false}   # P/D phase 1; see below
 //! scheduling: { ...EndpointPickerConfig... }   # default: PROTOCOLS §6
 //! endpoints: [ ...same as an endpoints file... ]
 //! api_key: KEY                  # callers send `Authorization: Bearer KEY` (or --api-key)
@@ -176,12 +176,18 @@ pub struct PdSection {
     /// Bound on phase 1 (the prefill engine computing the prompt and answering); past it
     /// the decode pick computes the prompt itself.
     pub prefill_timeout_ms: u64,
+    /// Pass a client's `kv_transfer_params` that name a peer (`remote_host` or
+    /// `remote_port`) to the engine as sent. Off (the default), such a member is replaced
+    /// by `null`, so no client can make an engine connect to a host it names; turn it on
+    /// only when every caller is a trusted proxy running the P/D protocol itself.
+    pub trust_client_kv_transfer: bool,
 }
 
 impl Default for PdSection {
     fn default() -> Self {
         PdSection {
             prefill_timeout_ms: 15_000,
+            trust_client_kv_transfer: false,
         }
     }
 }
@@ -346,6 +352,15 @@ impl RouterConfig {
     fn validate_flow_control(&self) -> Result<(), RouterConfigError> {
         let f = &self.flow_control;
         let bad = |m: String| Err(RouterConfigError::Invalid(format!("flow_control: {m}")));
+        // A pool whose room is never above 0 would dispatch nothing, ever.
+        let q = self.saturation.queue_threshold;
+        if q.is_nan() || q <= 0.0 || self.saturation.unknown_load_max_in_flight == 0 {
+            return Err(RouterConfigError::Invalid(
+                "saturation.queue_threshold and unknown_load_max_in_flight must be above 0: \
+                 flow control dispatches only while an endpoint has room"
+                    .into(),
+            ));
+        }
         if f.default_ttl_ms == Some(0) {
             return bad("default_ttl_ms must be at least 1".into());
         }
@@ -531,6 +546,8 @@ mod tests {
             "upstream_tls: {bogus: 1}",
             "flow_control: {flows: {a: {weight: 0}}}",
             "flow_control: {default_ttl_ms: 0}",
+            "saturation: {queue_threshold: 0}",
+            "saturation: {unknown_load_max_in_flight: 0}",
             "flow_control: {flow_headers: ['bad header']}",
             "flow_control: {bogus: 1}",
             "admission: {model_objectives: {m: nope}}",
