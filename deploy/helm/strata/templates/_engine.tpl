@@ -118,6 +118,12 @@ spec:
     # filesystem is read-only).
     - name: HOME
       value: /cache
+    # The uid has no /etc/passwd entry: Python's getpass.getuser() (torch's compile
+    # caches) reads these first.
+    - name: USER
+      value: strata
+    - name: LOGNAME
+      value: strata
     - name: XDG_CACHE_HOME
       value: /cache
     - name: HF_HOME
