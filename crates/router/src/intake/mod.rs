@@ -153,6 +153,16 @@ pub fn read(
         }
         _ => body,
     };
+    let body = if view.kv_transfer_names_peer && !limits.trust_client_kv_transfer {
+        // A client may not name a host an engine connects to (docs/SECURITY.md): the
+        // member becomes `null` and the request is routed as any other.
+        view.own_kv_transfer = false;
+        view.kv_transfer_names_peer = false;
+        set_member(&body, "kv_transfer_params", "null")
+            .ok_or_else(|| not_json_text("kv_transfer_params"))?
+    } else {
+        body
+    };
     if model.is_empty() && req.has_body && api.needs_model() {
         return Err(missing_model());
     }
@@ -180,6 +190,7 @@ pub fn probe_model(content_type: Option<&str>, body: &[u8]) -> Option<ModelField
     let limits = ReadLimits {
         prefix_window: 0,
         want_tokenize: false,
+        trust_client_kv_transfer: true,
     };
     view::read_json(Shape::ModelOnly, body, limits)
         .ok()
@@ -198,14 +209,20 @@ fn not_json_text(what: &str) -> ApiError {
 /// `body` (a JSON object) with its top-level `model` set to `model`: the old value's
 /// bytes replaced, or the member added first. Nothing else changes.
 pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
+    set_member(body, "model", &serde_json::to_string(model).ok()?)
+}
+
+/// `body` (a JSON object) with its top-level member `key` set to the JSON text `value`: the
+/// old value's bytes replaced, or the member added first. Nothing else changes.
+fn set_member(body: &[u8], key: &str, value: &str) -> Option<Bytes> {
     let mut s = json::Scanner::new(body).ok()?;
     let mut span: Option<(usize, usize)> = None;
     let mut open = None;
     if s.kind().ok()? == json::Kind::Object {
         open = Some(s.offset());
     }
-    s.object(|s, key| {
-        if key.is("model") {
+    s.object(|s, name| {
+        if name.is(key) {
             s.kind()?;
             let start = s.offset();
             s.skip()?;
@@ -216,8 +233,7 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
         Ok(())
     })
     .ok()?;
-    let value = serde_json::to_string(model).ok()?;
-    let mut out = Vec::with_capacity(body.len() + value.len() + 10);
+    let mut out = Vec::with_capacity(body.len() + key.len() + value.len() + 4);
     match (span, open) {
         (Some((start, end)), _) => {
             out.extend_from_slice(&body[..start]);
@@ -227,7 +243,9 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
         (None, Some(open)) => {
             let empty = body[open + 1..].iter().find(|c| !c.is_ascii_whitespace()) == Some(&b'}');
             out.extend_from_slice(&body[..=open]);
-            out.extend_from_slice(b"\"model\":");
+            out.push(b'"');
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b"\":");
             out.extend_from_slice(value.as_bytes());
             if !empty {
                 out.push(b',');
@@ -243,6 +261,7 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
 /// a precise prefix scorer is configured.
 pub fn limits(router: &Router) -> ReadLimits {
     ReadLimits {
+        trust_client_kv_transfer: router.config().pd.trust_client_kv_transfer,
         prefix_window: router.prefix_window(),
         want_tokenize: router.uses_precise(),
     }

@@ -4,6 +4,7 @@ fn limits() -> ReadLimits {
     ReadLimits {
         prefix_window: 1 << 20,
         want_tokenize: false,
+        trust_client_kv_transfer: false,
     }
 }
 
@@ -203,6 +204,7 @@ fn the_prefix_text_is_bounded_but_its_length_is_counted() {
         ReadLimits {
             prefix_window: 64,
             want_tokenize: false,
+            trust_client_kv_transfer: false,
         },
         None,
     )
@@ -224,6 +226,7 @@ fn the_tokenize_body_is_built_from_the_request_text() {
             ReadLimits {
                 prefix_window: 1024,
                 want_tokenize: true,
+                trust_client_kv_transfer: false,
             },
             None,
         )
@@ -339,4 +342,47 @@ fn a_role_after_its_content_still_leads_the_message() {
     .unwrap();
     assert_eq!(a.view.prefix_text, "user\nu\nassistant\na\n");
     assert_eq!(a.view.prompt_bytes, a.view.prefix_text.len());
+}
+
+#[test]
+fn client_kv_transfer_params_that_name_a_peer_become_null_unless_trusted() {
+    let chat = Incoming {
+        has_body: true,
+        path: "/v1/chat/completions",
+        content_type: Some("application/json"),
+    };
+    let named = |host: &str, port: &str| {
+        format!(
+            r#"{{"model":"m", "kv_transfer_params": {{"do_remote_prefill": true, "remote_host": {host}, "remote_port": {port}, "remote_block_ids": [1]}}, "messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    for (host, port) in [(r#""10.0.0.9""#, "7000"), ("null", "7000"), (r#""evil""#, "null")] {
+        let body = named(host, port);
+        let got = read(chat, Bytes::from(body.clone()), limits(), None).unwrap();
+        let sent: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+        assert!(sent["kv_transfer_params"].is_null(), "{host}/{port}: {sent}");
+        assert!(!got.view.own_kv_transfer, "routed as any other request");
+        // Every other byte is as sent: only the member's value changed.
+        let start = body.find("{\"do_remote").unwrap();
+        let end = body.find("]}").unwrap() + 2;
+        let expected = format!("{}null{}", &body[..start], &body[end..]);
+        assert_eq!(std::str::from_utf8(&got.body).unwrap(), expected);
+        // Trusted callers (a P/D proxy of the operator's) keep them byte for byte.
+        let trusted = ReadLimits {
+            trust_client_kv_transfer: true,
+            ..limits()
+        };
+        let kept = read(chat, Bytes::from(body.clone()), trusted, None).unwrap();
+        assert_eq!(&kept.body[..], body.as_bytes());
+        assert!(kept.view.own_kv_transfer);
+    }
+    // Parameters that name no peer (a proxy's phase-1 request) pass as sent.
+    let phase1 = r#"{"model":"m","messages":[],"kv_transfer_params":{"do_remote_decode":true,"remote_host":null,"remote_port":null}}"#;
+    let got = read(chat, Bytes::from(phase1), limits(), None).unwrap();
+    assert_eq!(&got.body[..], phase1.as_bytes());
+    assert!(got.view.own_kv_transfer);
+    // Parameters that are not an object name nothing; unreadable ones count as naming one.
+    assert!(!view::read_json(Shape::Chat, br#"{"kv_transfer_params": 5}"#, limits())
+        .unwrap()
+        .kv_transfer_names_peer);
 }

@@ -67,10 +67,26 @@ pub struct RoutingView {
     pub tokenize_body: Option<Bytes>,
     /// The client sent its own `kv_transfer_params` (it runs the protocol itself).
     pub own_kv_transfer: bool,
+    /// Those `kv_transfer_params` name a peer (a non-null `remote_host` or `remote_port`):
+    /// an engine would connect there.
+    pub kv_transfer_names_peer: bool,
     /// Responses: the stored response this one continues.
     pub previous_response_id: Option<String>,
     /// Non-text parts keyed into the prompt text.
     pub parts: usize,
+}
+
+/// Whether a `kv_transfer_params` value names a place an engine would connect to: an
+/// object with a non-null `remote_host` or `remote_port`. Anything unreadable counts as
+/// naming one (it is small, and only a client's own parameters are read).
+fn names_peer(value: &[u8]) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(value) {
+        Ok(serde_json::Value::Object(o)) => ["remote_host", "remote_port"]
+            .iter()
+            .any(|k| o.get(*k).is_some_and(|v| !v.is_null())),
+        Ok(_) => false,
+        Err(_) => true,
+    }
 }
 
 /// What a reader is asked for.
@@ -80,6 +96,8 @@ pub struct ReadLimits {
     pub prefix_window: usize,
     /// Build the `/tokenize` body (a precise prefix scorer is configured).
     pub want_tokenize: bool,
+    /// Keep a client's `kv_transfer_params` that name a peer (`pd.trust_client_kv_transfer`).
+    pub trust_client_kv_transfer: bool,
 }
 
 /// The prompt text as it is built: `head` (system text) and `body` (the conversation or
@@ -181,7 +199,7 @@ pub fn read_json(shape: Shape, body: &[u8], limits: ReadLimits) -> Scan<RoutingV
             "cache_salt" => view.salt = s.str_or_skip()?.map(|v| v.decode().into_owned()),
             "kv_transfer_params" => {
                 view.own_kv_transfer = s.kind()? != Kind::Null;
-                s.skip()?;
+                view.kv_transfer_names_peer = names_peer(s.span()?);
             }
             "add_generation_prompt" => add_generation_prompt = s.bool_or_skip()?,
             "add_special_tokens" => add_special_tokens = s.bool_or_skip()?,
