@@ -147,6 +147,10 @@ pub struct UpstreamConfig {
     /// `Authorization: Bearer`. Read at load time; never written to logs.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// `https://` upstreams: a PEM file of CAs trusted besides the system's roots
+    /// (relative paths are read from the gateway config's directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// `router` only: the engine replicas, each a URL (`[kind=]http://host:port`) or the
     /// router's endpoint spec (`{url, kind, model, lora, group, labels, ...}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -619,9 +623,9 @@ impl Config {
                     u.name
                 )));
             }
-            if url.starts_with("https://") && !cfg!(feature = "tls") {
+            if u.ca_file.is_some() && !url.starts_with("https://") {
                 return Err(invalid(format!(
-                    "upstream `{}`: https needs a build with the `tls` feature of strata-gateway",
+                    "upstream `{}`: `ca_file` needs an https:// base_url",
                     u.name
                 )));
             }
@@ -833,6 +837,11 @@ fn validate_router_upstream(u: &UpstreamConfig) -> Result<(), ConfigError> {
             "upstream `{name}`: `api_key_env` is not used by `kind: router`"
         )));
     }
+    if u.ca_file.is_some() {
+        return Err(invalid(format!(
+            "upstream `{name}`: `kind: router` takes its CA in `router: {{upstream_tls: {{ca}}}}`, not `ca_file`"
+        )));
+    }
     if u.config.is_some() && u.router.is_some() {
         return Err(invalid(format!(
             "upstream `{name}`: give router settings either in `config` (a file) or inline \
@@ -978,6 +987,9 @@ pub struct ResolvedUpstream {
     pub route_urls: Vec<axum::http::Uri>,
     /// `Authorization: Bearer <api_key>`, built once at load.
     pub auth_header: Option<axum::http::HeaderValue>,
+    /// A client of its own trusting `ca_file` too; `None` uses the gateway's (system
+    /// roots).
+    pub client: Option<crate::upstream::UpstreamClient>,
 }
 
 impl Resolved {
@@ -1039,6 +1051,7 @@ impl Resolved {
                         router: Some(embedded),
                         route_urls: Vec::new(),
                         auth_header: None,
+                        client: None,
                     },
                 );
                 continue;
@@ -1067,6 +1080,22 @@ impl Resolved {
                 })?),
                 None => None,
             };
+            let client = match &u.ca_file {
+                Some(ca) => {
+                    let ca = match base_dir {
+                        Some(dir) if ca.is_relative() => dir.join(ca),
+                        _ => ca.clone(),
+                    };
+                    Some(
+                        crate::upstream::UpstreamClient::new(
+                            crate::upstream::CONNECT_TIMEOUT,
+                            Some(&ca),
+                        )
+                        .map_err(|e| invalid(format!("upstream `{}`: ca_file: {e}", u.name)))?,
+                    )
+                }
+                None => None,
+            };
             upstreams.insert(
                 u.name.clone(),
                 ResolvedUpstream {
@@ -1076,6 +1105,7 @@ impl Resolved {
                     router: None,
                     route_urls,
                     auth_header,
+                    client,
                 },
             );
         }

@@ -26,8 +26,8 @@
 //! * [`stream_guard`]: output guardrails on streamed answers (hold-back window).
 //! * [`state`]: [`state::Gateway`], the shared state and in-memory mirror of keys and spend.
 //! * [`server`]: routes, admin API, serving and config watching.
-//! * [`upstream`]: the upstream HTTP client (hyper's pooled HTTP/1.1 client; reqwest for
-//!   `https://` with the `tls` feature), URIs and auth parsed at load.
+//! * [`upstream`]: the upstream HTTP client (hyper's pooled HTTP/1.1 client, `https://`
+//!   over rustls: system roots plus a per-upstream `ca_file`), URIs and auth parsed at load.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`cli`]: [`GatewayArgs`], [`run`], [`KeysArgs`], [`run_keys`].
 

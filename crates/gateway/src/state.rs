@@ -195,7 +195,7 @@ impl Gateway {
             )?),
             _ => None,
         };
-        let client = crate::upstream::UpstreamClient::new(Duration::from_secs(5))
+        let client = crate::upstream::UpstreamClient::new(crate::upstream::CONNECT_TIMEOUT, None)
             .map_err(|e| StateError::Client(e.to_string()))?;
         let (tx, rx) = std_mpsc::sync_channel(LEDGER_QUEUE);
         let writer_store = store.clone();

@@ -1,19 +1,21 @@
 //! The upstream HTTP client: hyper's pooled HTTP/1.1 client (the router's, with
-//! keep-alive and `TCP_NODELAY`) for `http://` upstreams, and reqwest with rustls for
-//! `https://` ones when the crate is built with the `tls` feature.
+//! keep-alive and `TCP_NODELAY`) for `http://` and `https://` upstreams alike. TLS is
+//! rustls on `ring`, verifying servers against the system's roots plus, per upstream, the
+//! CAs of its `ca_file` (an upstream with one gets a client of its own).
 //!
 //! Requests go to a URI parsed once when the config is loaded, with a prebuilt
 //! `Authorization` value, so a try builds no strings. Answers come back as an
-//! `http::Response` over a boxed body whatever the client, so the request path has one
-//! way to read or stream them.
+//! `http::Response` over a boxed body, so the request path has one way to read or stream
+//! them.
 
+use std::path::Path;
 use std::time::Duration;
 
 use axum::http::{header, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use strata_router::client::{http_client, HttpClient};
+use strata_router::client::{upstream_client, HttpClient, UpstreamTls};
 
 /// Errors of an upstream body (connection cut, malformed chunk).
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -21,10 +23,14 @@ pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 /// An upstream answer's body, whichever client fetched it.
 pub type UpstreamBody = UnsyncBoxBody<Bytes, BodyError>;
 
+/// How long a connect (TCP and the TLS handshake together) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why a try got no response headers.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    /// Could not connect, or the connection broke before the response headers.
+    /// Could not connect (refused, TLS handshake or certificate refused), or the connection
+    /// broke before the response headers.
     #[error("upstream unreachable: {0}")]
     Connect(String),
     /// The connect timeout passed.
@@ -32,12 +38,10 @@ pub enum SendError {
     Timeout,
 }
 
-/// Both clients, built once per gateway.
+/// The pooled client, built once per gateway (and once per upstream with a `ca_file`).
 #[derive(Clone)]
 pub struct UpstreamClient {
     http: HttpClient,
-    #[cfg(feature = "tls")]
-    tls: reqwest::Client,
 }
 
 impl std::fmt::Debug for UpstreamClient {
@@ -47,17 +51,18 @@ impl std::fmt::Debug for UpstreamClient {
 }
 
 impl UpstreamClient {
-    pub fn new(connect_timeout: Duration) -> Result<UpstreamClient, SendError> {
+    /// A client trusting the system's roots and, when given, every CA in `ca_file` (PEM);
+    /// an unreadable or empty file is an error here, at load, never at request time.
+    pub fn new(
+        connect_timeout: Duration,
+        ca_file: Option<&Path>,
+    ) -> Result<UpstreamClient, SendError> {
+        let tls = UpstreamTls {
+            ca: ca_file.map(Path::to_path_buf),
+            ..Default::default()
+        };
         Ok(UpstreamClient {
-            http: http_client(connect_timeout).map_err(|e| SendError::Connect(e.to_string()))?,
-            #[cfg(feature = "tls")]
-            tls: reqwest::Client::builder()
-                .no_proxy()
-                .tcp_nodelay(true)
-                .pool_max_idle_per_host(1024)
-                .pool_idle_timeout(Duration::from_secs(90))
-                .connect_timeout(connect_timeout)
-                .build()
+            http: upstream_client(connect_timeout, &tls, None)
                 .map_err(|e| SendError::Connect(e.to_string()))?,
         })
     }
@@ -73,12 +78,6 @@ impl UpstreamClient {
         auth: Option<&HeaderValue>,
         traceparent: Option<&HeaderValue>,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        #[cfg(feature = "tls")]
-        if uri.scheme_str() == Some("https") {
-            return self
-                .post_tls(uri, body, request_id, auth, traceparent)
-                .await;
-        }
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri.clone();
@@ -100,40 +99,24 @@ impl UpstreamClient {
         match self.http.request(req).await {
             Ok(resp) => Ok(resp.map(|b| b.map_err(BodyError::from).boxed_unsync())),
             Err(e) if is_timeout(&e) => Err(SendError::Timeout),
-            Err(e) => Err(SendError::Connect(e.to_string())),
+            Err(e) => Err(SendError::Connect(error_chain(&e))),
         }
     }
+}
 
-    #[cfg(feature = "tls")]
-    async fn post_tls(
-        &self,
-        uri: &Uri,
-        body: Bytes,
-        request_id: (&'static str, &HeaderValue),
-        auth: Option<&HeaderValue>,
-        traceparent: Option<&HeaderValue>,
-    ) -> Result<Response<UpstreamBody>, SendError> {
-        let mut rb = self
-            .tls
-            .post(uri.to_string())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(request_id.0, request_id.1.clone())
-            .body(body);
-        if let Some(a) = auth {
-            rb = rb.header(header::AUTHORIZATION, a.clone());
+/// An error with its causes, `: `-joined (the TLS reason sits deep in hyper's chain).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
         }
-        if let Some(tp) = traceparent {
-            rb = rb.header(strata_api::trace::TRACEPARENT, tp.clone());
-        }
-        match rb.send().await {
-            Ok(resp) => {
-                let resp: Response<reqwest::Body> = resp.into();
-                Ok(resp.map(|b| b.map_err(BodyError::from).boxed_unsync()))
-            }
-            Err(e) if e.is_timeout() => Err(SendError::Timeout),
-            Err(e) => Err(SendError::Connect(e.to_string())),
-        }
+        cur = err.source();
     }
+    out
 }
 
 /// True when an error's cause chain holds an I/O timeout (the connect timeout).

@@ -191,12 +191,6 @@ impl JwtConfig {
                     "auth.jwt.jwks_url `{url}` is not an http:// or https:// URL"
                 ));
             }
-            if url.starts_with("https://") && !cfg!(feature = "tls") {
-                return Err(
-                    "auth.jwt.jwks_url: https needs a build with the `tls` feature of strata-gateway"
-                        .into(),
-                );
-            }
         }
         if self.jwks_refresh_secs == 0 {
             return Err("auth.jwt.jwks_refresh_secs must be > 0".into());

@@ -60,6 +60,7 @@ impl Drop for Replica {
 }
 
 fn classify_send_error(e: &SendError) -> Failure {
+    tracing::warn!(error = %e, "upstream try failed before an answer");
     match e {
         SendError::Timeout => Failure::Timeout,
         SendError::Connect(_) => Failure::Connect,
@@ -87,7 +88,8 @@ pub(crate) async fn send_direct(
             &parsed
         }
     };
-    let send = gw.client.post_json(
+    let client = up.client.as_ref().unwrap_or(&gw.client);
+    let send = client.post_json(
         uri,
         payload.clone(),
         (REQUEST_ID_HEADER, request_id),
