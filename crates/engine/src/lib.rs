@@ -33,3 +33,4 @@ pub mod spec_decode;
 pub mod stop;
 pub mod structured;
 pub mod tokenizer;
+pub mod tools;

@@ -155,6 +155,22 @@ impl GrammarCompiler {
                 TopLevelGrammar::from_regex(&format!("(?:{})", alternatives.join("|")))
             }
         };
+        self.compile_grammar(grammar)
+    }
+
+    /// Compiles a grammar in llguidance's lark syntax (the tool-call grammars).
+    pub fn compile_lark(&self, lark: &str) -> Result<GrammarState, StructuredError> {
+        self.compile_grammar(TopLevelGrammar::from_lark(lark.to_string()))
+    }
+
+    /// Whether `schema` is a JSON schema this compiler can enforce (the error says why
+    /// not).
+    pub fn check_json_schema(&self, schema: &Value) -> Result<(), StructuredError> {
+        self.compile_grammar(json_grammar(schema.clone()))
+            .map(|_| ())
+    }
+
+    fn compile_grammar(&self, grammar: TopLevelGrammar) -> Result<GrammarState, StructuredError> {
         let parser = self
             .factory
             .create_parser(grammar)
@@ -175,7 +191,13 @@ impl GrammarCompiler {
 
 /// A JSON-schema grammar with compact separators and no free whitespace: the model cannot
 /// spend its token budget on blank lines, and outputs look like `json.dumps` writes them.
-fn json_grammar(mut schema: Value) -> TopLevelGrammar {
+fn json_grammar(schema: Value) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(with_json_options(schema))
+}
+
+/// `schema` with the JSON options every grammar here uses (compact separators, no free
+/// whitespace, `oneOf` as `anyOf`), as llguidance reads them from `x-guidance`.
+pub(crate) fn with_json_options(mut schema: Value) -> Value {
     if let Some(obj) = schema.as_object_mut() {
         // The options are ours to choose, not the client's.
         obj.insert(
@@ -190,7 +212,7 @@ fn json_grammar(mut schema: Value) -> TopLevelGrammar {
             }),
         );
     }
-    TopLevelGrammar::from_json_schema(schema)
+    schema
 }
 
 /// Escapes regex metacharacters so `s` matches itself literally.
