@@ -836,6 +836,11 @@ async fn health_follows_readiness() {
         body.contains("strata_router_") && body.contains("strata_epp_"),
         "{body}"
     );
+    // And flow control's queues.
+    let flows = fetch(&format!("http://{}/debug/flows", h.addrs.metrics.unwrap())).await;
+    let flows: serde_json::Value = serde_json::from_str(&flows).unwrap();
+    assert_eq!(flows["pool"], "default", "{flows}");
+    assert_eq!(flows["flows"]["requests"], 0, "{flows}");
 }
 
 async fn fetch(url: &str) -> String {

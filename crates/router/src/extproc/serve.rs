@@ -189,22 +189,32 @@ pub async fn serve_tls(
     }
     if let Some(l) = listeners.metrics {
         let ext = ext.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let ext = ext.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        ext.encode_metrics(),
-                    )
-                        .into_response()
-                }
-            }),
-        );
+        let flows = ext.router().clone();
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let ext = ext.clone();
+                    async move {
+                        (
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            ext.encode_metrics(),
+                        )
+                            .into_response()
+                    }
+                }),
+            )
+            // Flow control's queues, as the HTTP front serves them.
+            .route(
+                "/debug/flows",
+                axum::routing::get(move || {
+                    let flows = flows.clone();
+                    async move { axum::Json(flows.flows_json()).into_response() }
+                }),
+            );
         let stop = stopped(stop_rx.clone());
         tasks.spawn(async move {
             strata_api::edge::serve(l, app, strata_api::edge::EdgeLimits::default(), stop)
