@@ -63,6 +63,26 @@ fn every_values_file_lints_and_lines_up() {
 }
 
 #[test]
+fn leader_worker_sets_line_up_too() {
+    // Multi-node models: every model of the multi-model file as LeaderWorkerSet groups
+    // (pods of a group admit each other; the pools select the leaders).
+    let objs = render(
+        &[values_file("multi-model")],
+        &["engine.workload=LeaderWorkerSet", "keda.enabled=true"],
+    );
+    check_render(&objs, &[]);
+    let lws = find(&objs, "LeaderWorkerSet", "t-llama-engine");
+    assert_eq!(lws["spec"]["leaderWorkerTemplate"]["size"], 2);
+    let pool = find(&objs, "InferencePool", "t-llama-pool");
+    assert_eq!(
+        pool["spec"]["selector"]["matchLabels"]["leaderworkerset.sigs.k8s.io/worker-index"],
+        "0"
+    );
+    let so = find(&objs, "ScaledObject", "t-llama-engine");
+    assert_eq!(so["spec"]["scaleTargetRef"]["kind"], "LeaderWorkerSet");
+}
+
+#[test]
 fn default_values_render_the_objects_they_always_did() {
     let objs = render(&[], &[]);
     let mut got = kinds(&objs);

@@ -3,6 +3,37 @@
 
 use super::*;
 
+/// `o` deserializes into `T`, and nothing of it is lost on the way: `k8s-openapi` types
+/// ignore fields they do not know, so a misspelt or misplaced key (or a null where an
+/// object belongs) would pass a plain deserialization; serialized back, it is missing.
+fn exact<T: serde::de::DeserializeOwned + serde::Serialize>(o: &Value) {
+    let back = serde_json::to_value(typed::<T>(o)).unwrap();
+    nothing_lost(o, &back, &format!("{} {}", o["kind"], name(o)));
+}
+
+fn nothing_lost(orig: &Value, back: &Value, at: &str) {
+    match orig {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let b = back
+                    .get(k)
+                    .unwrap_or_else(|| panic!("{at}.{k} is not a field of its type (or is null)"));
+                nothing_lost(v, b, &format!("{at}.{k}"));
+            }
+        }
+        Value::Array(items) => {
+            let b = back.as_array().unwrap_or_else(|| panic!("{at} is no list"));
+            assert_eq!(items.len(), b.len(), "{at}");
+            for (i, (v, w)) in items.iter().zip(b).enumerate() {
+                nothing_lost(v, w, &format!("{at}[{i}]"));
+            }
+        }
+        Value::Null => assert!(!back.is_null() || at.is_empty(), "{at} is null"),
+        // Scalars: a quantity or a port may come back as a string.
+        _ => {}
+    }
+}
+
 /// Every object parses as its type; the CRDs have what their schemas require.
 pub fn check_all_typed(objs: &[Value]) {
     let mut seen = BTreeSet::new();
@@ -16,16 +47,16 @@ pub fn check_all_typed(objs: &[Value]) {
         assert_eq!(o["metadata"]["namespace"], NS, "{}", name(o));
         assert!(name(o).len() <= 63, "{} is too long for a name", name(o));
         match o["kind"].as_str().unwrap() {
-            "Deployment" => drop(typed::<Deployment>(o)),
-            "StatefulSet" => drop(typed::<StatefulSet>(o)),
-            "Service" => drop(typed::<Service>(o)),
-            "ServiceAccount" => drop(typed::<ServiceAccount>(o)),
-            "ConfigMap" => drop(typed::<ConfigMap>(o)),
-            "Secret" => drop(typed::<Secret>(o)),
-            "Role" => drop(typed::<Role>(o)),
-            "RoleBinding" => drop(typed::<RoleBinding>(o)),
-            "PodDisruptionBudget" => drop(typed::<PodDisruptionBudget>(o)),
-            "NetworkPolicy" => drop(typed::<NetworkPolicy>(o)),
+            "Deployment" => exact::<Deployment>(o),
+            "StatefulSet" => exact::<StatefulSet>(o),
+            "Service" => exact::<Service>(o),
+            "ServiceAccount" => exact::<ServiceAccount>(o),
+            "ConfigMap" => exact::<ConfigMap>(o),
+            "Secret" => exact::<Secret>(o),
+            "Role" => exact::<Role>(o),
+            "RoleBinding" => exact::<RoleBinding>(o),
+            "PodDisruptionBudget" => exact::<PodDisruptionBudget>(o),
+            "NetworkPolicy" => exact::<NetworkPolicy>(o),
             "InferencePool" => {
                 assert_eq!(o["apiVersion"], "inference.networking.k8s.io/v1");
                 let sel = o["spec"]["selector"]["matchLabels"].as_object().unwrap();
@@ -60,7 +91,16 @@ pub fn check_all_typed(objs: &[Value]) {
             }
             "LeaderWorkerSet" => {
                 assert_eq!(o["apiVersion"], "leaderworkerset.x-k8s.io/v1");
-                assert!(o["spec"]["leaderWorkerTemplate"]["size"].as_i64().unwrap() >= 1);
+                let t = &o["spec"]["leaderWorkerTemplate"];
+                assert!(t["size"].as_i64().unwrap() >= 1);
+                for which in ["leaderTemplate", "workerTemplate"] {
+                    let back = serde_json::to_value(typed::<PodTemplateSpec>(&t[which])).unwrap();
+                    nothing_lost(
+                        &t[which],
+                        &back,
+                        &format!("LeaderWorkerSet {} {which}", name(o)),
+                    );
+                }
             }
             other => panic!("unexpected kind {other} rendered"),
         }

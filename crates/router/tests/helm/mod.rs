@@ -218,11 +218,25 @@ pub fn pod_templates(objs: &[Value]) -> Vec<Pods> {
                     (Some(s.selector), vec![s.template])
                 }
                 "LeaderWorkerSet" => {
+                    // The labels the LeaderWorkerSet controller gives its pods: the set's
+                    // name, and worker index 0 for leaders (here 1 for the workers).
                     let t = &o["spec"]["leaderWorkerTemplate"];
-                    (
-                        None,
-                        vec![typed(&t["leaderTemplate"]), typed(&t["workerTemplate"])],
-                    )
+                    let mut ts = Vec::new();
+                    for (which, index) in [("leaderTemplate", "0"), ("workerTemplate", "1")] {
+                        let mut pt: PodTemplateSpec = typed(&t[which]);
+                        let labels = pt
+                            .metadata
+                            .get_or_insert_with(Default::default)
+                            .labels
+                            .get_or_insert_with(Default::default);
+                        labels.insert("leaderworkerset.sigs.k8s.io/name".into(), name(o).into());
+                        labels.insert(
+                            "leaderworkerset.sigs.k8s.io/worker-index".into(),
+                            index.into(),
+                        );
+                        ts.push(pt);
+                    }
+                    (None, ts)
                 }
                 _ => continue,
             };
