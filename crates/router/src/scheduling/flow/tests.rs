@@ -276,3 +276,126 @@ fn snapshot_lists_bands_and_flows() {
         vec![("a", 1, 50), ("b", 2, 40)]
     );
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, HashSet};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Arrive {
+            flow: u8,
+            priority: i8,
+            bytes: u16,
+            ttl: Option<u16>,
+        },
+        Dispatch {
+            room: u8,
+            ready: bool,
+        },
+        Placed,
+        Cancel(u8),
+        Tick(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..4, -1i8..3, 0u16..500, proptest::option::of(1u16..300))
+                .prop_map(|(flow, priority, bytes, ttl)| Op::Arrive { flow, priority, bytes, ttl }),
+            3 => (0u8..4, any::<bool>()).prop_map(|(room, ready)| Op::Dispatch { room, ready }),
+            1 => Just(Op::Placed),
+            1 => any::<u8>().prop_map(Op::Cancel),
+            2 => (1u16..200).prop_map(Op::Tick),
+        ]
+    }
+
+    proptest! {
+        /// Against a plain model: every dispatch is the oldest request of its flow, from
+        /// the highest band with requests, within the room left; nothing past its deadline
+        /// is ever dispatched; bounds hold; each request leaves exactly once.
+        #[test]
+        fn dispatches_respect_priority_fcfs_room_deadlines_and_bounds(ops in proptest::collection::vec(op(), 1..200)) {
+            let cfg = FlowConfig {
+                total: Limits { max_requests: Some(12), max_bytes: Some(3000) },
+                per_band: Limits { max_requests: Some(6), max_bytes: None },
+                default_ttl: ms(250),
+                weights: [("f1".to_string(), 2)].into(),
+                ..Default::default()
+            };
+            let mut fc = FlowController::new(cfg);
+            // (priority, flow) → ids in arrival order; id → (priority, flow, bytes, deadline).
+            let mut queues: BTreeMap<(i32, String), Vec<u64>> = BTreeMap::new();
+            let mut meta: BTreeMap<u64, (i32, String, u64, Duration)> = BTreeMap::new();
+            let mut gone: HashSet<u64> = HashSet::new();
+            let mut now = ms(0);
+            let mut next = 0u64;
+            for op in ops {
+                match op {
+                    Op::Arrive { flow, priority, bytes, ttl } => {
+                        let r = FlowRequest {
+                            id: next,
+                            flow: format!("f{flow}"),
+                            priority: i32::from(priority),
+                            bytes: u64::from(bytes),
+                            arrived: now,
+                            ttl: ttl.map(|t| ms(u64::from(t))),
+                        };
+                        next += 1;
+                        let view = PoolView { ready: true, room: 0 };
+                        let deadline = now + r.ttl.unwrap_or(ms(250));
+                        match fc.enqueue(r.clone(), &view) {
+                            Admit::Queued => {
+                                queues.entry((r.priority, r.flow.clone())).or_default().push(r.id);
+                                meta.insert(r.id, (r.priority, r.flow, r.bytes, deadline));
+                            }
+                            Admit::Refused(Refusal::Shed) => prop_assert!(r.priority < 0),
+                            Admit::Refused(Refusal::Capacity) => {
+                                let band: usize = queues.iter().filter(|((p, _), _)| *p == r.priority).map(|(_, q)| q.len()).sum();
+                                let bytes: u64 = meta.values().map(|m| m.2).sum();
+                                prop_assert!(meta.len() >= 12 || band >= 6 || bytes + r.bytes > 3000);
+                            }
+                            Admit::Dispatch => prop_assert!(false, "no room, yet dispatched"),
+                        }
+                    }
+                    Op::Dispatch { room, ready } => {
+                        let before = fc.in_transit();
+                        let step = fc.dispatch(now, &PoolView { ready, room: u32::from(room) });
+                        for (id, _) in &step.evicted {
+                            prop_assert!(meta[id].3 <= now, "evicted before its deadline");
+                            let (p, f, _, _) = meta.remove(id).unwrap();
+                            queues.get_mut(&(p, f)).unwrap().retain(|x| x != id);
+                            prop_assert!(gone.insert(*id));
+                        }
+                        prop_assert!(meta.values().all(|m| m.3 > now), "a request outlived its deadline");
+                        prop_assert!(step.dispatched.len() as u32 <= u32::from(room).saturating_sub(before));
+                        for (id, _) in &step.dispatched {
+                            let (p, f, _, _) = meta.remove(id).unwrap();
+                            let top = queues.iter().filter(|(_, q)| !q.is_empty()).map(|((p, _), _)| *p).max();
+                            prop_assert_eq!(Some(p), top, "strict priority");
+                            let q = queues.get_mut(&(p, f)).unwrap();
+                            prop_assert_eq!(q.first(), Some(id), "FCFS within a flow");
+                            q.remove(0);
+                            prop_assert!(gone.insert(*id));
+                        }
+                    }
+                    Op::Placed => fc.placed(),
+                    Op::Cancel(i) => {
+                        let id = u64::from(i) % next.max(1);
+                        let queued = meta.contains_key(&id);
+                        prop_assert_eq!(fc.cancel(id), queued);
+                        if let Some((p, f, _, _)) = meta.remove(&id) {
+                            queues.get_mut(&(p, f)).unwrap().retain(|x| *x != id);
+                            prop_assert!(gone.insert(id));
+                        }
+                    }
+                    Op::Tick(d) => now += ms(u64::from(d)),
+                }
+                prop_assert_eq!(fc.queued(), meta.len());
+                prop_assert_eq!(fc.queued_bytes(), meta.values().map(|m| m.2).sum::<u64>());
+                let snap = fc.snapshot(now);
+                prop_assert_eq!(snap.bands.iter().map(|b| b.requests).sum::<usize>(), meta.len());
+            }
+        }
+    }
+}
