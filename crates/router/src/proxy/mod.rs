@@ -17,11 +17,11 @@
 //!
 //! Routes: the router answers `GET /v1/models` (the union over the pool), `GET /health`,
 //! `GET /metrics`, `GET /debug/endpoints` and `GET /debug/flows` itself ([`local`]).
-//! Every other path is forwarded: known APIs ([`crate::intake::routes`]) and unknown POSTs whose JSON body
-//! names a `model` are routed by it; anything else (a `GET`, a body without a model on a
-//! path that needs none) goes to any ready replica, or to the one holding the stored
-//! response its path names. The five routes the router has always served
-//! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/tokenize`,
+//! Every other path is forwarded: known APIs ([`crate::intake::routes`]) and unknown
+//! POSTs whose JSON body names a `model` are routed by it; anything else (a `GET`, a body
+//! without a model on a path that needs none) goes to any ready replica, or to the one
+//! holding the stored response its path names. The five routes the router has always
+//! served (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/tokenize`,
 //! `/detokenize`) answer another method with 405.
 //!
 //! Disaggregated requests (a prefill/decode profile pair in the scheduling config,
