@@ -956,7 +956,21 @@ fn plan_router(u: &UpstreamConfig, base_dir: Option<&Path>) -> Result<RouterPlan
 }
 
 /// Paths of the forwarded routes, in [`crate::proxy::Route`] order.
-pub const ROUTE_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+pub const ROUTE_PATHS: [&str; 13] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/score",
+    "/v1/score",
+    "/pooling",
+    "/classify",
+    "/v1/chat/completions/batch",
+];
 
 /// A validated config with its lookup tables built.
 #[derive(Debug)]

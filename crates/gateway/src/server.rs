@@ -1,4 +1,4 @@
-//! The HTTP surface: OpenAI routes (proxied), `/v1/models`, `/health`, `/metrics` (tenant
+//! The HTTP surface: OpenAI routes and vLLM's others ([`Route::ALL`], proxied), `/v1/models`, `/health`, `/metrics` (tenant
 //! series only with the metrics key, or on `metrics.listen`), the admin API under `/admin`
 //! ([`crate::admin`], by role), and serving: the edge bounds from `server:`, the metrics
 //! listener, config watching and the JWKS refresh.
@@ -24,11 +24,11 @@ type Gw = State<Arc<Gateway>>;
 
 /// The gateway's axum router.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/v1/models", get(models))
+    let mut app = Router::new();
+    for route in Route::ALL {
+        app = app.route(route.path(), forwarded(route));
+    }
+    app.route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/admin/keys", post(admin::create_key).get(admin::list_keys))
@@ -48,16 +48,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-async fn chat(State(gw): Gw, req: Request) -> Response {
-    proxy::handle(gw, Route::Chat, req).await
-}
-
-async fn completions(State(gw): Gw, req: Request) -> Response {
-    proxy::handle(gw, Route::Completions, req).await
-}
-
-async fn embeddings(State(gw): Gw, req: Request) -> Response {
-    proxy::handle(gw, Route::Embeddings, req).await
+/// A `POST` route through the proxy's stages (auth, limits, budgets, usage).
+fn forwarded(route: Route) -> axum::routing::MethodRouter<Arc<Gateway>> {
+    post(move |State(gw): Gw, req: Request| proxy::handle(gw, route, req))
 }
 
 async fn not_found(req: Request) -> Response {

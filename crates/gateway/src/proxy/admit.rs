@@ -80,8 +80,12 @@ pub(crate) async fn admit(
     if let Some(msg) = gw.budget_exhausted(&key) {
         return Err(Refusal::BudgetExceeded(msg));
     }
-    let prompt_estimate = (chars as u64).div_ceil(4).max(1);
-    let output_estimate = if route == Route::Embeddings {
+    let prompt_estimate = if route.free() {
+        0
+    } else {
+        (chars as u64).div_ceil(4).max(1)
+    };
+    let output_estimate = if !route.generates() {
         0
     } else {
         max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE) * n_choices
@@ -193,7 +197,8 @@ fn read_ask(route: Route, bytes: &Bytes) -> Result<Ask, Refusal> {
         .and_then(Value::as_u64)
         .unwrap_or(1)
         .clamp(1, 128);
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // Only generating routes stream (vLLM's other routes answer whole).
+    let stream = route.generates() && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     Ok(Ask {
         body,
         requested,

@@ -1,5 +1,5 @@
-//! The request path for `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings`,
-//! as stages that each return a value, one file each:
+//! The request path for `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and
+//! vLLM's other JSON routes ([`route::Route`]), as stages that each return a value, one file each:
 //!
 //! 1. [`admit`]: key → body size → JSON shape → model → permission → guardrails →
 //!    budget → rate limits (on an estimate). Gives a [`values::Admitted`] request and
@@ -130,7 +130,12 @@ async fn stages(gw: Arc<Gateway>, route: Route, req: Request) -> Response {
     };
     let deadline = attempt::deadline(started, req.model().timeout_ms);
     // Each upstream attempt has its own `gateway.try` span (in `attempt`).
-    let tried = match req.resolved.cascades.get(&req.model().name).cloned() {
+    let cascade = req
+        .route
+        .cascades()
+        .then(|| req.resolved.cascades.get(&req.model().name).cloned())
+        .flatten();
+    let tried = match cascade {
         Some(policy) => {
             stage!("gateway.plan").in_scope(|| plan::prepare_body(&mut req));
             cascade::try_cascade(&gw, &mut req, &policy, &mut settle, started, deadline)

@@ -13,7 +13,7 @@ use super::account::Settle;
 use super::headers::{hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
 use super::lookup::store_answer;
 use super::refusal::error_response;
-use super::shape::usage_from_json;
+use super::shape::answer_usage;
 use super::values::{Admitted, Reply, Served, Store, StreamReply, Tried};
 use crate::routing::{self, Failure};
 use crate::state::Gateway;
@@ -116,7 +116,7 @@ pub(crate) async fn respond(
             served: s,
         } => {
             served(gw, &mut req, &s, settle);
-            let usage = usage_from_json(&bytes);
+            let usage = answer_usage(req.route, &bytes);
             if !req.resolved.guardrails.is_empty() {
                 if let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
                     match req.resolved.guardrails.apply_response(&mut v) {

@@ -1,14 +1,51 @@
-//! Which OpenAI route a request came in on: its upstream path, and its name in cache keys.
+//! Which route a request came in on: its upstream path (the same path, so vLLM's three
+//! rerank paths each reach their own), its name in cache keys and metrics, and what kind
+//! of answer it gets (text generated, or not).
 
-/// The OpenAI routes the gateway forwards.
+/// The routes the gateway forwards: OpenAI's, and vLLM's others that take a JSON body
+/// naming a `model`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     Chat,
     Completions,
     Embeddings,
+    /// vLLM `/tokenize` (an answer without usage; no tokens charged).
+    Tokenize,
+    /// vLLM `/detokenize` (likewise).
+    Detokenize,
+    /// vLLM `/rerank`, `/v1/rerank` and `/v2/rerank` (Jina and Cohere shapes).
+    Rerank,
+    RerankV1,
+    RerankV2,
+    /// vLLM `/score` and `/v1/score`.
+    Score,
+    ScoreV1,
+    /// vLLM `/pooling`.
+    Pooling,
+    /// vLLM `/classify`.
+    Classify,
+    /// vLLM `/v1/chat/completions/batch` (a list of conversations, one answer).
+    ChatBatch,
 }
 
 impl Route {
+    /// Every route, in [`crate::config::ROUTE_PATHS`] order.
+    pub const ALL: [Route; 13] = [
+        Route::Chat,
+        Route::Completions,
+        Route::Embeddings,
+        Route::Tokenize,
+        Route::Detokenize,
+        Route::Rerank,
+        Route::RerankV1,
+        Route::RerankV2,
+        Route::Score,
+        Route::ScoreV1,
+        Route::Pooling,
+        Route::Classify,
+        Route::ChatBatch,
+    ];
+
     /// Index into [`crate::config::ROUTE_PATHS`] and
     /// [`crate::config::ResolvedUpstream::route_urls`].
     pub(crate) fn index(self) -> usize {
@@ -16,6 +53,16 @@ impl Route {
             Route::Chat => 0,
             Route::Completions => 1,
             Route::Embeddings => 2,
+            Route::Tokenize => 3,
+            Route::Detokenize => 4,
+            Route::Rerank => 5,
+            Route::RerankV1 => 6,
+            Route::RerankV2 => 7,
+            Route::Score => 8,
+            Route::ScoreV1 => 9,
+            Route::Pooling => 10,
+            Route::Classify => 11,
+            Route::ChatBatch => 12,
         }
     }
 
@@ -28,6 +75,46 @@ impl Route {
             Route::Chat => "chat",
             Route::Completions => "completions",
             Route::Embeddings => "embeddings",
+            Route::Tokenize => "tokenize",
+            Route::Detokenize => "detokenize",
+            Route::Rerank | Route::RerankV1 | Route::RerankV2 => "rerank",
+            Route::Score | Route::ScoreV1 => "score",
+            Route::Pooling => "pooling",
+            Route::Classify => "classify",
+            Route::ChatBatch => "chat_batch",
         }
+    }
+
+    /// True for the routes that generate text: they may stream, are estimated with
+    /// `max_tokens`, and can be cascaded.
+    pub(crate) fn generates(self) -> bool {
+        matches!(self, Route::Chat | Route::Completions | Route::ChatBatch)
+    }
+
+    /// True for the routes a cascade model may answer in turns (judged by its text).
+    pub(crate) fn cascades(self) -> bool {
+        matches!(self, Route::Chat | Route::Completions)
+    }
+
+    /// True for the routes whose answers carry no usage by design (tokenizer calls):
+    /// they are charged no tokens (request limits still apply).
+    pub(crate) fn free(self) -> bool {
+        matches!(self, Route::Tokenize | Route::Detokenize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_has_its_own_path() {
+        for (i, r) in Route::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+        let mut paths: Vec<_> = Route::ALL.iter().map(|r| r.path()).collect();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), Route::ALL.len());
     }
 }

@@ -10,7 +10,32 @@ use strata_api::{parse_json, ApiError};
 
 use super::route::Route;
 
-/// Total characters of prompt text (messages' contents, `prompt`, `input`).
+/// The fields besides `messages` whose text is prompt: OpenAI's `prompt` and `input`,
+/// vLLM's rerank (`query`, `documents`) and score (`text_1`, `text_2`, `data_1`, `data_2`).
+const PROMPT_FIELDS: [&str; 8] = [
+    "prompt",
+    "input",
+    "query",
+    "documents",
+    "text_1",
+    "text_2",
+    "data_1",
+    "data_2",
+];
+
+/// The messages of a body: `messages`, or each conversation of a batch (a list of lists).
+fn each_message(body: &Value) -> impl Iterator<Item = &Value> {
+    body.get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|m| match m {
+            Value::Array(conv) => conv.iter().collect::<Vec<_>>(),
+            other => vec![other],
+        })
+}
+
+/// Total characters of prompt text (messages' contents and [`PROMPT_FIELDS`]).
 pub(crate) fn prompt_chars(body: &Value) -> usize {
     fn text_len(v: &Value) -> usize {
         match v {
@@ -20,15 +45,12 @@ pub(crate) fn prompt_chars(body: &Value) -> usize {
             _ => 0,
         }
     }
-    let mut n = 0;
-    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
-        n += msgs
-            .iter()
-            .map(|m| m.get("content").map_or(0, text_len))
-            .sum::<usize>();
+    let mut n = each_message(body)
+        .map(|m| m.get("content").map_or(0, text_len))
+        .sum::<usize>();
+    for field in PROMPT_FIELDS {
+        n += body.get(field).map_or(0, text_len);
     }
-    n += body.get("prompt").map_or(0, text_len);
-    n += body.get("input").map_or(0, text_len);
     n
 }
 
@@ -48,19 +70,17 @@ pub(crate) fn prompt_prefix_text(body: &Value) -> String {
         }
     }
     let mut out = String::new();
-    if let Some(msgs) = body.get("messages").and_then(Value::as_array) {
-        for m in msgs {
-            if let Some(role) = m.get("role").and_then(Value::as_str) {
-                out.push_str(role);
-            }
-            out.push('\n');
-            if let Some(c) = m.get("content") {
-                push_text(&mut out, c);
-            }
-            out.push('\n');
+    for m in each_message(body) {
+        if let Some(role) = m.get("role").and_then(Value::as_str) {
+            out.push_str(role);
         }
+        out.push('\n');
+        if let Some(c) = m.get("content") {
+            push_text(&mut out, c);
+        }
+        out.push('\n');
     }
-    for field in ["prompt", "input"] {
+    for field in PROMPT_FIELDS {
         if let Some(p) = body.get(field) {
             push_text(&mut out, p);
         }
@@ -85,6 +105,7 @@ pub(crate) fn check_shape(route: Route, bytes: &[u8]) -> Result<Value, ApiError>
                 Route::Chat => parse_json::<ChatCompletionRequest>(bytes).err(),
                 Route::Completions => parse_json::<CompletionRequest>(bytes).err(),
                 Route::Embeddings => parse_json::<EmbeddingRequest>(bytes).err(),
+                _ => None,
             };
             return Err(err.unwrap_or_else(|| {
                 ApiError::invalid_no_param("Request body must be a JSON object.")
@@ -107,8 +128,74 @@ pub(crate) fn check_shape(route: Route, bytes: &[u8]) -> Result<Value, ApiError>
         Route::Embeddings => {
             typed::<EmbeddingRequest>(&value, bytes)?;
         }
+        other => check_vllm_shape(other, &value)?,
     }
     Ok(value)
+}
+
+/// vLLM's other routes: the fields each cannot do without (the upstream checks the rest
+/// and its 400 is relayed).
+fn check_vllm_shape(route: Route, v: &Value) -> Result<(), ApiError> {
+    let non_empty_array = |f: &str| {
+        v.get(f)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    };
+    match route {
+        Route::Tokenize => {
+            let prompt = v.get("prompt").is_some_and(Value::is_string);
+            if !prompt && !non_empty_array("messages") {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "`/tokenize` needs a `prompt` string or a non-empty `messages` list.",
+                ));
+            }
+        }
+        Route::Detokenize => {
+            let ok = v.get("tokens").and_then(Value::as_array).is_some_and(|t| {
+                t.iter()
+                    .all(|x| x.as_u64().is_some_and(|n| n <= u32::MAX as u64))
+            });
+            if !ok {
+                return Err(ApiError::invalid(
+                    "tokens",
+                    "`tokens` must be a list of token ids (non-negative integers).",
+                ));
+            }
+        }
+        Route::Rerank | Route::RerankV1 | Route::RerankV2 => {
+            if !v
+                .get("query")
+                .is_some_and(|q| q.is_string() || q.is_object())
+            {
+                return Err(ApiError::invalid("query", "`query` is required."));
+            }
+            if !non_empty_array("documents") {
+                return Err(ApiError::invalid(
+                    "documents",
+                    "`documents` must be a non-empty list.",
+                ));
+            }
+        }
+        Route::ChatBatch => {
+            let ok = v
+                .get("messages")
+                .and_then(Value::as_array)
+                .is_some_and(|c| {
+                    !c.is_empty()
+                        && c.iter()
+                            .all(|m| m.as_array().is_some_and(|m| !m.is_empty()))
+                });
+            if !ok {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "`messages` must be a non-empty list of non-empty conversations.",
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The token counts of an answer's (or a stream chunk's) `usage`, read without building
@@ -121,16 +208,36 @@ struct UsageOnly {
 
 #[derive(Deserialize)]
 struct UsageCounts {
-    prompt_tokens: u64,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    /// vLLM's rerank usage has only this.
+    #[serde(default)]
+    total_tokens: Option<u64>,
 }
 
 /// `(prompt_tokens, completion_tokens)` of an answer; `None` when it is not JSON or has
-/// no usable `usage` (then the estimate is charged).
+/// no usable `usage` (then the estimate is charged). A usage with only `total_tokens`
+/// (rerank) counts it all as prompt.
 pub(crate) fn usage_from_json(bytes: &[u8]) -> Option<(u64, u64)> {
     let u = serde_json::from_slice::<UsageOnly>(bytes).ok()?.usage?;
-    Some((u.prompt_tokens, u.completion_tokens.unwrap_or(0)))
+    let completion = u.completion_tokens.unwrap_or(0);
+    let prompt = match (u.prompt_tokens, u.total_tokens) {
+        (Some(p), _) => p,
+        (None, Some(t)) => t.saturating_sub(completion),
+        (None, None) => return None,
+    };
+    Some((prompt, completion))
+}
+
+/// The usage of a whole answer on `route`: the tokenizer routes are free (no tokens),
+/// the others as [`usage_from_json`] reads them.
+pub(crate) fn answer_usage(route: Route, bytes: &[u8]) -> Option<(u64, u64)> {
+    if route.free() {
+        return Some((0, 0));
+    }
+    usage_from_json(bytes)
 }
 
 #[cfg(test)]
@@ -142,5 +249,28 @@ mod tests {
         let v = serde_json::json!({"messages": [{"role": "user", "content": "abc"}, {"role": "user", "content": [{"type": "text", "text": "de"}]}]});
         assert_eq!(prompt_chars(&v), 5);
         assert_eq!(prompt_chars(&serde_json::json!({"prompt": ["ab", "c"]})), 3);
+        let rerank = serde_json::json!({"query": "ab", "documents": ["cd", {"text": "e"}]});
+        assert_eq!(prompt_chars(&rerank), 5);
+        let batch = serde_json::json!({"messages": [[{"role": "user", "content": "ab"}], [{"role": "user", "content": "c"}]]});
+        assert_eq!(prompt_chars(&batch), 3);
+    }
+
+    #[test]
+    fn usage_reads_rerank_and_pooling_shapes() {
+        assert_eq!(
+            usage_from_json(br#"{"usage":{"total_tokens":12}}"#),
+            Some((12, 0))
+        );
+        assert_eq!(
+            usage_from_json(
+                br#"{"usage":{"prompt_tokens":5,"total_tokens":5,"completion_tokens":0}}"#
+            ),
+            Some((5, 0))
+        );
+        assert_eq!(usage_from_json(br#"{"usage":{}}"#), None);
+        assert_eq!(
+            answer_usage(Route::Tokenize, b"{\"count\": 3}"),
+            Some((0, 0))
+        );
     }
 }
