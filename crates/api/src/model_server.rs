@@ -93,6 +93,13 @@ pub mod strata {
     ];
 }
 
+/// Strata's router and picker metrics that another process reads.
+pub mod router {
+    /// Requests flow control holds because their pool has no ready endpoint, per `pool`
+    /// label: the scale-from-zero signal the controller reads from the picker.
+    pub const FLOW_HELD_REQUESTS: &str = "strata_router_flow_held_requests";
+}
+
 /// vLLM's token-count histogram buckets for a model of context `max_len`: 1, 2, 5, 10, 20,
 /// 50, ... up to the first value at or past `max_len` (vLLM's `build_1_2_5_buckets`, which
 /// stops at the last value ≤ `max_len`).

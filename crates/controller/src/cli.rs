@@ -71,7 +71,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             let _ = tx.send(true);
         }
     });
-    serve(cfg, Arc::new(NoRegistrar), rx).await
+    // On its own (Kubernetes) the picker holds requests for a pool at zero; its count, when
+    // configured, is what wakes the pool.
+    let registrar: Arc<dyn ReplicaRegistrar> = match cfg.held_requests.clone() {
+        Some(source) => crate::held::spawn(source),
+        None => Arc::new(NoRegistrar),
+    };
+    serve(cfg, registrar, rx).await
 }
 
 /// Runs the controller with `registrar` (the router, in `strata up`) until `shutdown`

@@ -9,6 +9,7 @@ use crate::autoscale::AutoscaleConfig;
 #[cfg(feature = "kubernetes")]
 use crate::driver::kubernetes::KubernetesDriverConfig;
 use crate::driver::local::LocalDriverConfig;
+use crate::held::HeldRequestsSource;
 use crate::registry::ModelRegistry;
 use crate::rollout::RolloutConfig;
 use crate::signals::EngineKind;
@@ -32,6 +33,9 @@ pub struct ControllerConfig {
     pub rollout: RolloutConfig,
     /// Models by name, each pinned to a digest.
     pub models: ModelRegistry,
+    /// The picker whose held requests wake a pool scaled to zero (Kubernetes); absent:
+    /// only the registrar's count (the `strata up` front's).
+    pub held_requests: Option<HeldRequestsSource>,
 }
 
 impl Default for ControllerConfig {
@@ -46,6 +50,7 @@ impl Default for ControllerConfig {
             driver: DriverConfig::default(),
             rollout: RolloutConfig::default(),
             models: ModelRegistry::default(),
+            held_requests: None,
         }
     }
 }
@@ -138,6 +143,9 @@ impl ControllerConfig {
         self.rollout
             .validate()
             .map_err(|e| invalid(e.to_string()))?;
+        if let Some(h) = &self.held_requests {
+            h.validate().map_err(invalid)?;
+        }
         match &self.driver {
             DriverConfig::Local(l) => l.validate().map_err(|e| invalid(e.to_string()))?,
             #[cfg(feature = "kubernetes")]

@@ -30,6 +30,8 @@ pub mod controller;
 #[cfg(feature = "runtime")]
 pub mod driver;
 #[cfg(feature = "runtime")]
+pub mod held;
+#[cfg(feature = "runtime")]
 pub mod http;
 #[cfg(feature = "runtime")]
 pub mod keda;

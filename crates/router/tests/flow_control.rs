@@ -299,6 +299,13 @@ async fn a_request_to_an_empty_pool_is_answered_once_an_engine_starts() {
         text.contains("strata_router_flow_held_requests{pool=\"chat\"} 1"),
         "{text}"
     );
+    // Under the name the controller reads (strata_api's one definition of it).
+    let (samples, _) = strata_api::prometheus::samples(&text);
+    assert!(samples.iter().any(
+        |s| s.name == strata_api::model_server::router::FLOW_HELD_REQUESTS
+            && s.label("pool") == Some("chat")
+            && s.value == 1.0
+    ));
     // The engine starts on that port: the held request is answered.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
