@@ -264,5 +264,10 @@ mod tests {
         hs.algorithms = vec!["HS256".into()];
         hs.hs256_secret_env = Some("X".into());
         assert!(hs.validate().is_ok(), "HS256 alone needs no JWKS");
+        // TLS is in the default build: an https:// JWKS URL is accepted.
+        let mut https = good();
+        https.jwks_file = None;
+        https.jwks_url = Some("https://idp.test/.well-known/jwks.json".into());
+        assert!(https.validate().is_ok());
     }
 }
