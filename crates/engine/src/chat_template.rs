@@ -38,6 +38,23 @@ const TEMPLATE_NAME: &str = "chat_template";
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's calls (OpenAI's shape), for templates that render them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The participant's (or tool's) name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// What a render may add besides the messages: the request's `tools` (the template's
+/// `tools` variable) and `chat_template_kwargs` (each key a variable).
+#[derive(Debug, Clone, Default)]
+pub struct RenderExtras {
+    pub tools: Option<serde_json::Value>,
+    pub kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ChatMessage {
@@ -45,6 +62,9 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 
@@ -202,6 +222,17 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, add_generation_prompt, &RenderExtras::default())
+    }
+
+    /// [`Self::render`] with the request's tools and extra variables. A kwarg never
+    /// replaces `messages`, `tools`, `add_generation_prompt` or the special tokens.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extras: &RenderExtras,
+    ) -> Result<String, TemplateError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -215,6 +246,11 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+            tools => extras.tools.as_ref().map(Value::from_serialize),
+        };
+        let ctx = match &extras.kwargs {
+            Some(kwargs) => minijinja::context! { ..ctx, ..Value::from_serialize(kwargs) },
+            None => ctx,
         };
         template.render(ctx).map_err(|e| classify(&e))
     }
@@ -253,16 +289,54 @@ impl Object for MessageValue {
     }
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let m = &self.0;
         match key.as_str()? {
-            "role" => Some(Value::from(self.0.role.as_str())),
-            "content" => Some(Value::from(self.0.content.as_str())),
+            "role" => Some(Value::from(m.role.as_str())),
+            "content" => Some(Value::from(m.content.as_str())),
+            "tool_calls" => m.tool_calls.as_ref().map(tool_calls_value),
+            "tool_call_id" => m.tool_call_id.as_deref().map(Value::from),
+            "name" => m.name.as_deref().map(Value::from),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        let m = &self.0;
+        match (&m.tool_calls, &m.tool_call_id, &m.name) {
+            (None, None, None) => Enumerator::Str(&["role", "content"]),
+            _ => {
+                let mut keys = vec![Value::from("role"), Value::from("content")];
+                for (k, present) in [
+                    ("tool_calls", m.tool_calls.is_some()),
+                    ("tool_call_id", m.tool_call_id.is_some()),
+                    ("name", m.name.is_some()),
+                ] {
+                    if present {
+                        keys.push(Value::from(k));
+                    }
+                }
+                Enumerator::Values(keys)
+            }
+        }
     }
+}
+
+/// An assistant message's `tool_calls` as templates expect them: each call's
+/// `function.arguments` an object (HF's convention) when the wire gave a JSON string.
+fn tool_calls_value(calls: &serde_json::Value) -> Value {
+    let mut calls = calls.clone();
+    if let Some(list) = calls.as_array_mut() {
+        for call in list {
+            let parsed = call
+                .pointer("/function/arguments")
+                .and_then(serde_json::Value::as_str)
+                .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok());
+            if let (Some(args), Some(f)) = (parsed, call.get_mut("function")) {
+                f["arguments"] = args;
+            }
+        }
+    }
+    Value::from_serialize(&calls)
 }
 
 // ---------------------------------------------------------------------------
@@ -866,6 +940,35 @@ mod tests {
             render_src("{{ 'a'.nosuchmethod() }}"),
             Err(TemplateError::Render(_))
         ));
+    }
+
+    #[test]
+    fn tools_kwargs_and_tool_messages_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% if tools %}T:{{ tools | map(attribute='function') | map(attribute='name') | join(',') }};{% endif %}\
+             {% for m in messages %}{{ m.role }}:{{ m.content }}\
+             {% if m.tool_calls %}{% for c in m.tool_calls %}[{{ c.function.name }} {{ c.function.arguments.city }}]{% endfor %}{% endif %}\
+             {% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %};{% endfor %}{{ flavour }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        let mut call = ChatMessage::assistant("");
+        call.tool_calls = Some(serde_json::json!([
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}
+        ]));
+        let mut result = ChatMessage::new("tool", "cold");
+        result.tool_call_id = Some("c1".into());
+        let extras = RenderExtras {
+            tools: Some(serde_json::json!([{"type": "function", "function": {"name": "w"}}])),
+            kwargs: serde_json::json!({"flavour": "x", "messages": "ignored"})
+                .as_object()
+                .cloned(),
+        };
+        let out = t
+            .render_with(&[ChatMessage::user("hi"), call, result], false, &extras)
+            .expect("render");
+        assert_eq!(out, "T:w;user:hi;assistant:[w Oslo];tool:cold(c1);x");
     }
 
     #[test]

@@ -98,6 +98,21 @@ pub struct EngineOptions {
     pub kv_peers: KvPeers,
     /// `--api-key`, `--admin-key` and `--protect-metrics`; no key is development mode.
     pub auth: AuthOptions,
+    /// Tool calling and the chat template override.
+    pub tools: ToolOptions,
+}
+
+/// Tool calling and the chat template, as vLLM's flags spell them.
+#[derive(Debug, Clone, Default)]
+pub struct ToolOptions {
+    /// `--enable-auto-tool-choice`: `tool_choice: "auto"` (and no tool_choice with tools)
+    /// parses calls out of the model's text.
+    pub auto_tool_choice: bool,
+    /// `--tool-call-parser`: the calls' wire format.
+    pub parser: Option<crate::tools::ToolParser>,
+    /// `--chat-template`: a template file (or the template itself) used instead of the
+    /// model's.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -136,6 +151,7 @@ impl Default for EngineOptions {
             kv_tier: None,
             kv_peers: KvPeers::Unset,
             auth: AuthOptions::default(),
+            tools: ToolOptions::default(),
         }
     }
 }

@@ -161,6 +161,16 @@ pub struct EngineArgs {
     /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`.
     #[arg(long, value_name = "JSON", value_parser = parse_speculative_config)]
     pub speculative_config: Option<SpeculativeConfig>,
+    /// Parse tool calls out of the model's text when a request's tool_choice is "auto"
+    /// (or absent with tools); needs --tool-call-parser.
+    #[arg(long, requires = "tool_call_parser")]
+    pub enable_auto_tool_choice: bool,
+    /// The tool calls' wire format: hermes, llama3_json, mistral or pythonic.
+    #[arg(long, value_name = "NAME", value_parser = parse_tool_parser)]
+    pub tool_call_parser: Option<crate::tools::ToolParser>,
+    /// A chat template file (or the template itself) used instead of the model's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<String>,
     /// Default sampling parameters for fields a request leaves out: `auto` (the model's
     /// own: a generation_config.json beside it, or its GGUF sampling metadata), `vllm`
     /// (none), or a folder holding generation_config.json, or a JSON file.
@@ -327,6 +337,11 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
         auth,
         speculative: args.speculative_config,
         generation_config: args.generation_config,
+        tools: crate::options::ToolOptions {
+            auto_tool_choice: args.enable_auto_tool_choice,
+            parser: args.tool_call_parser,
+            chat_template: args.chat_template,
+        },
         lora: args.enable_lora.then_some(LoraOptions {
             max_loras: args.max_loras,
             max_lora_rank: args.max_lora_rank,
@@ -378,6 +393,15 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("cannot resolve `{s}`: {e}"))?
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+fn parse_tool_parser(s: &str) -> Result<crate::tools::ToolParser, String> {
+    crate::tools::ToolParser::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser {s:?}; expected one of {}",
+            crate::tools::ToolParser::NAMES.join(", ")
+        )
+    })
 }
 
 fn parse_speculative_config(s: &str) -> Result<SpeculativeConfig, String> {

@@ -9,12 +9,13 @@ use axum::response::Response;
 use strata_api::sse;
 use strata_api::types::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, KvTransferParams,
-    ResponseMessage, Role, TopLogprob, Usage,
+    ChatCompletionResponse, ChatDelta, ChatLogprobs, ChatTokenLogprob, FinishReason as ApiFinish,
+    KvTransferParams, ResponseMessage, Role, TopLogprob, Usage,
 };
 use strata_api::validate::{check_context, parse_json, validate_chat};
 use strata_api::ApiError;
 
+use super::chat_tools::{self, split_answer, RawTools};
 use super::generate::{
     api_finish, generate, stop_reason, token_text, AnswerHead, AnswerShape, Collected, Generation,
     Received,
@@ -23,9 +24,10 @@ use super::http::{json_response, read_body, ApiResult};
 use super::spans::trace_span;
 use super::state::AppState;
 use super::submit::check_sampling_ids;
-use super::tokenize::render_chat;
+use super::tokenize::render_messages;
 use crate::sequence::{FinishReason, TokenLogprob};
 use crate::tokenizer::Tokenizer;
+use crate::tools::{StreamDelta, ToolParser, ToolStream};
 
 const ROUTE: &str = "/v1/chat/completions";
 
@@ -38,10 +40,17 @@ pub(super) async fn chat_completions(
     let mut parsed: ChatCompletionRequest = parse_json(&body)?;
     state.generation_defaults.apply_chat(&mut parsed);
     let kv_params = parsed.kv_transfer_params.take();
+    let raw_tools = RawTools::take(&mut parsed);
     let chat = validate_chat(parsed)?;
     let lora = state.resolve_model(chat.model.as_deref())?;
     check_sampling_ids(&state, &chat.sampling)?;
-    let prompt_text = render_chat(&state, &chat.messages, chat.add_generation_prompt)?;
+    let tools = chat_tools::prepare(&state, raw_tools, &chat)?;
+    let prompt_text = render_messages(
+        &state,
+        &tools.messages,
+        chat.add_generation_prompt,
+        &tools.extras,
+    )?;
     let prompt = state
         .tokenizer
         .encode(&prompt_text, chat.add_special_tokens, true)
@@ -67,22 +76,41 @@ pub(super) async fn chat_completions(
         stream: chat.stream,
         include_usage: chat.include_usage,
         kv_params,
+        tool_grammar: tools.grammar,
     };
     let received = Received {
         span,
         headers,
         body,
     };
-    generate(&state, received, generation, ChatShape { echo_prefix }).await
+    let shape = ChatShape {
+        echo_prefix,
+        parser: tools.plan.parser,
+        streams: Vec::new(),
+    };
+    generate(&state, received, generation, shape).await
 }
 
 /// Chat's answer shapes: the assistant message (after the echoed prefix), and chunks of
 /// deltas that open with the assistant role.
 struct ChatShape {
     echo_prefix: String,
+    /// The tool-call parser, when the request's calls are parsed.
+    parser: Option<ToolParser>,
+    /// Per streamed choice, its parser state.
+    streams: Vec<Option<ToolStream>>,
 }
 
 impl ChatShape {
+    /// The parser state of a streamed choice, when calls are parsed.
+    fn tool_stream(&mut self, choice: usize) -> Option<&mut ToolStream> {
+        let parser = self.parser?;
+        if self.streams.len() <= choice {
+            self.streams.resize_with(choice + 1, || None);
+        }
+        Some(self.streams[choice].get_or_insert_with(|| ToolStream::new(parser)))
+    }
+
     fn chunk(head: &AnswerHead, choice: ChatChunkChoice) -> String {
         sse::encode_json(&ChatCompletionChunk::new(
             head.id.clone(),
@@ -105,14 +133,22 @@ impl AnswerShape for ChatShape {
         let choices = collected
             .iter()
             .enumerate()
-            .map(|(i, c)| ChatChoice {
-                index: i as u32,
-                message: ResponseMessage::assistant(format!("{}{}", self.echo_prefix, c.text)),
-                logprobs: head
-                    .logprobs
-                    .then(|| chat_logprobs(&head.tokenizer, &c.tokens, &c.logprobs)),
-                finish_reason: c.finish.as_ref().map(api_finish),
-                stop_reason: stop_reason(&c.stop),
+            .map(|(i, c)| {
+                let text = format!("{}{}", self.echo_prefix, c.text);
+                let finish = c.finish.as_ref().map(api_finish);
+                let (message, finish_reason) = match self.parser {
+                    Some(parser) => split_answer(parser, &text, finish),
+                    None => (ResponseMessage::assistant(text), finish),
+                };
+                ChatChoice {
+                    index: i as u32,
+                    message,
+                    logprobs: head
+                        .logprobs
+                        .then(|| chat_logprobs(&head.tokenizer, &c.tokens, &c.logprobs)),
+                    finish_reason,
+                    stop_reason: stop_reason(&c.stop),
+                }
             })
             .collect();
         let mut resp = ChatCompletionResponse::new(
@@ -151,14 +187,24 @@ impl AnswerShape for ChatShape {
         text: String,
         logprob: Option<TokenLogprob>,
     ) -> String {
+        let delta = match self.tool_stream(choice) {
+            Some(stream) => {
+                let d = stream.push(&text);
+                if d.is_empty() && logprob.is_none() {
+                    return String::new();
+                }
+                tool_delta(d)
+            }
+            None => ChatDelta {
+                content: Some(text),
+                ..Default::default()
+            },
+        };
         Self::chunk(
             head,
             ChatChunkChoice {
                 index: choice as u32,
-                delta: ChatDelta {
-                    content: Some(text),
-                    ..Default::default()
-                },
+                delta,
                 logprobs: logprob.map(|lp| chat_logprobs(&head.tokenizer, &[token], &[lp])),
                 finish_reason: None,
                 stop_reason: None,
@@ -174,16 +220,30 @@ impl AnswerShape for ChatShape {
         reason: &FinishReason,
         stop: Option<String>,
     ) -> String {
+        let mut finish = api_finish(reason);
+        let delta = match self.tool_stream(choice) {
+            Some(stream) => {
+                let mut d = stream.push(&text);
+                let rest = stream.finish();
+                d.content.push_str(&rest.content);
+                d.tool_calls.extend(rest.tool_calls);
+                if stream.called() && finish == ApiFinish::Stop {
+                    finish = ApiFinish::ToolCalls;
+                }
+                tool_delta(d)
+            }
+            None => ChatDelta {
+                content: (!text.is_empty()).then_some(text),
+                ..Default::default()
+            },
+        };
         Self::chunk(
             head,
             ChatChunkChoice {
                 index: choice as u32,
-                delta: ChatDelta {
-                    content: (!text.is_empty()).then_some(text),
-                    ..Default::default()
-                },
+                delta,
                 logprobs: None,
-                finish_reason: Some(api_finish(reason)),
+                finish_reason: Some(finish),
                 stop_reason: stop_reason(&stop),
             },
         )
@@ -197,6 +257,15 @@ impl AnswerShape for ChatShape {
             usage,
         ))
         .unwrap_or_default()
+    }
+}
+
+/// A parser's step as a chunk's delta: new content, new call fragments.
+fn tool_delta(d: StreamDelta) -> ChatDelta {
+    ChatDelta {
+        content: (!d.content.is_empty()).then_some(d.content),
+        tool_calls: (!d.tool_calls.is_empty()).then_some(d.tool_calls),
+        ..Default::default()
     }
 }
 

@@ -80,6 +80,7 @@ pub(super) async fn completions(State(state): State<Arc<AppState>>, req: Request
         stream: c.stream,
         include_usage: c.include_usage,
         kv_params,
+        tool_grammar: None,
     };
     let received = Received {
         span,

@@ -48,6 +48,8 @@ pub(super) struct Generation {
     /// Streams only: end with a usage chunk.
     pub include_usage: bool,
     pub kv_params: Option<KvTransferParams>,
+    /// The lark grammar that enforces tool calls, if the request requires them.
+    pub tool_grammar: Option<String>,
 }
 
 /// The request as it arrived: its span, and the headers and body a phase-1 call forwards.
@@ -84,7 +86,7 @@ pub(super) trait AnswerShape: Send + 'static {
     fn opening(&mut self, head: &AnswerHead, choice: usize) -> Option<String>;
 
     /// A token's chunk; called only when there is text or a logprob to send (`logprob`
-    /// only when the request asked for logprobs).
+    /// only when the request asked for logprobs). `""` sends nothing.
     fn token(
         &mut self,
         head: &AnswerHead,
@@ -129,6 +131,7 @@ pub(super) async fn generate(
         sampling: generation.sampling,
         lora: generation.lora,
         pin: None,
+        tool_grammar: generation.tool_grammar,
     };
     let imported = prepare_kv(
         state,
@@ -344,7 +347,11 @@ fn stream_answer(
             } => {
                 let logprob = logprob.filter(|_| head.logprobs);
                 if !text.is_empty() || logprob.is_some() {
-                    out.push(shape.token(&head, i, token, text, logprob));
+                    // A shape may hold text back (a tool call's tag not yet whole).
+                    let chunk = shape.token(&head, i, token, text, logprob);
+                    if !chunk.is_empty() {
+                        out.push(chunk);
+                    }
                 }
             }
             SeqEvent::Finished {

@@ -95,6 +95,7 @@ pub fn load(
         lora: lora.map(Mutex::new),
         kv: KvState::new(opts, evicted_rx),
         gate: Arc::new(Gate::new(&opts.auth, ADMIN_ROUTES)),
+        tools: opts.tools.clone(),
     });
     Ok(Loaded {
         state,
@@ -117,6 +118,10 @@ fn read_model(model_path: &Path, opts: &EngineOptions) -> Result<ReadModel, Serv
         Tokenizer::from_gguf(&file.content).map_err(|e| ModelError::Tokenizer(e.to_string()))?;
     let template = ChatTemplate::from_gguf(&file.content)
         .map_err(|e| ModelError::Tokenizer(format!("chat template: {e}")))?;
+    let template = match &opts.tools.chat_template {
+        Some(given) => override_template(given, &template)?,
+        None => template,
+    };
     let generation_defaults =
         GenerationDefaults::resolve(&opts.generation_config, model_path, &file.content.metadata)
             .map_err(|e| ServerError::Option(e.to_string()))?;
@@ -132,6 +137,22 @@ fn read_model(model_path: &Path, opts: &EngineOptions) -> Result<ReadModel, Serv
         template,
         generation_defaults,
     })
+}
+
+/// `--chat-template`: a file's template, or (as vLLM allows) the template text itself
+/// when no such file exists; the model's special tokens stay.
+fn override_template(given: &str, model: &ChatTemplate) -> Result<ChatTemplate, ServerError> {
+    let source = match std::fs::read_to_string(given) {
+        Ok(s) => s,
+        Err(_) if given.contains("{{") || given.contains("{%") => given.to_string(),
+        Err(e) => {
+            return Err(ServerError::Option(format!(
+                "--chat-template {given}: cannot read the file: {e}"
+            )))
+        }
+    };
+    ChatTemplate::new(source, model.bos_token(), model.eos_token())
+        .map_err(|e| ServerError::Option(format!("--chat-template: {e}")))
 }
 
 /// The KV cache's shape, and the longest sequence it and the model allow.

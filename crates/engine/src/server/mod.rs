@@ -39,6 +39,7 @@ use crate::serve::serve_with_drain;
 
 mod admin;
 mod chat;
+mod chat_tools;
 mod completions;
 mod disagg;
 mod events;

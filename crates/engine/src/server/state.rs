@@ -37,6 +37,8 @@ pub struct AppState {
     pub kv: KvState,
     /// The API and admin keys every route is checked against (`auth.rs`).
     pub gate: Arc<Gate>,
+    /// `--enable-auto-tool-choice` and `--tool-call-parser`.
+    pub tools: crate::options::ToolOptions,
 }
 
 impl AppState {

@@ -26,6 +26,8 @@ pub(super) struct Job {
     pub lora: Option<Arc<LoraAdapter>>,
     /// Prefill for a remote decoder: the pin its blocks are kept under.
     pub pin: Option<String>,
+    /// The lark grammar that enforces tool calls (`tool_choice` required or named).
+    pub tool_grammar: Option<String>,
 }
 
 /// The request's stop token ids and `logit_bias` keys, checked against the vocabulary.
@@ -48,7 +50,11 @@ pub(super) fn submit(
     // Compile every choice's grammar before queueing anything, so a schema that cannot be
     // enforced is a 400 with nothing submitted.
     let mut grammars = Vec::new();
-    if let Some(constraint) = &job.sampling.structured {
+    if let Some(lark) = &job.tool_grammar {
+        for _ in 0..job.sampling.n {
+            grammars.push(Box::new(compile_tool_grammar(state, lark)?));
+        }
+    } else if let Some(constraint) = &job.sampling.structured {
         for _ in 0..job.sampling.n {
             grammars.push(Box::new(compile_constraint(state, constraint)?));
         }
@@ -112,6 +118,20 @@ fn compile_constraint(
     compiler
         .compile(constraint)
         .map_err(|e| ApiError::invalid(param, format!("This constraint cannot be enforced: {e}")))
+}
+
+/// A tool-call grammar, compiled for this model; one that cannot be enforced (a schema
+/// llguidance refuses) is a 400 on `tools`.
+fn compile_tool_grammar(state: &AppState, lark: &str) -> Result<GrammarState, ApiError> {
+    let Some(compiler) = &state.grammar else {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "Enforced tool calls are not available for this model's tokenizer.",
+        ));
+    };
+    compiler
+        .compile_lark(lark)
+        .map_err(|e| ApiError::invalid("tools", format!("The tool calls cannot be enforced: {e}")))
 }
 
 fn sampling_config(p: &SamplingParams) -> SamplingConfig {

@@ -14,7 +14,7 @@ use strata_api::ApiError;
 use super::generate::token_text;
 use super::http::{json_response, read_body, ApiResult};
 use super::state::AppState;
-use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatMessage, RenderExtras};
 
 /// The conversation through the model's chat template; a template error is a 400 on
 /// `messages`.
@@ -25,14 +25,27 @@ pub(super) fn render_chat(
 ) -> Result<String, ApiError> {
     let messages: Vec<ChatMessage> = messages
         .iter()
-        .map(|m| ChatMessage {
-            role: m.role.as_str().to_string(),
-            content: m.content.clone(),
-        })
+        .map(|m| ChatMessage::new(m.role.as_str(), m.content.clone()))
         .collect();
+    render_messages(
+        state,
+        &messages,
+        add_generation_prompt,
+        &RenderExtras::default(),
+    )
+}
+
+/// Messages (with their tool fields) through the chat template, with the request's
+/// tools and `chat_template_kwargs`; a template error is a 400 on `messages`.
+pub(super) fn render_messages(
+    state: &AppState,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    extras: &RenderExtras,
+) -> Result<String, ApiError> {
     state
         .template
-        .render(&messages, add_generation_prompt)
+        .render_with(messages, add_generation_prompt, extras)
         .map_err(|e| ApiError::invalid("messages", format!("Chat template error: {e}")))
 }
 

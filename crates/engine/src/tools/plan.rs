@@ -134,11 +134,12 @@ pub fn plan_tools(
             "\"required\" and named tool choice require --tool-call-parser to be set",
         ));
     }
+    // A named function is one call of it, as OpenAI makes it.
     Ok(ToolPlan {
         functions,
+        parallel: parallel_tool_calls.unwrap_or(true) && !matches!(mode, ToolMode::Named(_)),
         parser: if mode == ToolMode::None { None } else { parser },
         mode,
-        parallel: parallel_tool_calls.unwrap_or(true),
     })
 }
 
