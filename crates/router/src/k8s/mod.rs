@@ -41,7 +41,10 @@ use crate::router::Router;
 /// The InferencePool API group/version.
 pub const POOL_API_VERSION: &str = "inference.networking.k8s.io/v1";
 /// Pod label naming the engine software.
-pub const ENGINE_TYPE_LABEL: &str = "inference.networking.k8s.io/engine-type";
+pub use strata_api::model_server::ENGINE_TYPE_LABEL;
+/// Pod label naming a pod's disaggregation role (`prefill`, `decode`, `both`), as llm-d's
+/// charts set it; the P/D profile pair reads it (the chart's `strata.roleLabel`).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
 /// Pod annotation naming the KV-event publisher.
 pub const KV_EVENTS_ANNOTATION: &str = "strata.dev/kv-events";
 /// Pod annotation naming the KV-event replay socket.
@@ -161,6 +164,8 @@ pub struct PodView {
     pub ip: Option<String>,
     pub serving: bool,
     pub kind: Option<String>,
+    /// [`ROLE_LABEL`]'s value.
+    pub role: Option<String>,
     pub kv_events: Option<String>,
     pub kv_replay: Option<String>,
 }
@@ -179,14 +184,12 @@ impl PodView {
             .and_then(|s| s.pod_ip.clone())
             .filter(|ip| !ip.is_empty());
         let annotation = |k: &str| meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+        let label = |k: &str| meta.labels.as_ref().and_then(|l| l.get(k)).cloned();
         PodView {
             serving: ready && !finished && meta.deletion_timestamp.is_none() && ip.is_some(),
             ip,
-            kind: meta
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(ENGINE_TYPE_LABEL))
-                .cloned(),
+            kind: label(ENGINE_TYPE_LABEL),
+            role: label(ROLE_LABEL).filter(|r| !r.is_empty()),
             kv_events: annotation(KV_EVENTS_ANNOTATION),
             kv_replay: annotation(KV_REPLAY_ANNOTATION),
         }
@@ -276,6 +279,7 @@ impl PoolView {
             };
             for port in &pool.target_ports {
                 let mut spec = EndpointSpec::new(format!("http://{host}:{port}"), kind);
+                spec.role = pod.role.clone();
                 spec.kv_events = pod.kv_events.as_deref().and_then(|v| zmq_endpoint(v, ip));
                 spec.kv_events_replay = pod.kv_replay.as_deref().and_then(|v| zmq_endpoint(v, ip));
                 spec.labels.insert("pod".into(), name.clone());
@@ -608,6 +612,34 @@ mod tests {
         let over_tls = v.endpoints_over(EngineKind::Vllm, true);
         assert_eq!(over_tls[0].url, "https://10.0.0.2:8000");
         assert_eq!(over_tls[0].authority(), "10.0.0.2:8000");
+    }
+
+    #[test]
+    fn a_pods_role_label_is_its_endpoints_role() {
+        let mut v = pool_view();
+        let with_role = |name: &str, ip: &str, role: &str| {
+            let mut p = pod(name, Some(ip), true);
+            if let Some(l) = p.metadata.labels.as_mut() {
+                l.insert(ROLE_LABEL.into(), role.into());
+            }
+            p
+        };
+        v.apply(&WatchEvent::Added(with_role("p", "10.0.0.1", "prefill")));
+        v.apply(&WatchEvent::Added(with_role("d", "10.0.0.2", "decode")));
+        v.apply(&WatchEvent::Added(pod("x", Some("10.0.0.3"), true)));
+        let roles: Vec<(String, Option<String>)> = v
+            .endpoints(EngineKind::Vllm)
+            .into_iter()
+            .map(|s| (s.url, s.role))
+            .collect();
+        assert_eq!(
+            roles,
+            vec![
+                ("http://10.0.0.1:8000".into(), Some("prefill".into())),
+                ("http://10.0.0.2:8000".into(), Some("decode".into())),
+                ("http://10.0.0.3:8000".into(), None),
+            ]
+        );
     }
 
     #[test]
