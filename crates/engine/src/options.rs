@@ -98,6 +98,9 @@ pub struct EngineOptions {
     pub kv_peers: KvPeers,
     /// `--api-key`, `--admin-key` and `--protect-metrics`; no key is development mode.
     pub auth: AuthOptions,
+    /// `--kv-tls`: the transfer endpoint, pulls from peers and the tier over mutual TLS
+    /// (loaded certificate files); plain TCP when `None`.
+    pub kv_tls: Option<crate::kv::tls::KvTls>,
     /// Tool calling and the chat template override.
     pub tools: ToolOptions,
 }
@@ -151,6 +154,7 @@ impl Default for EngineOptions {
             kv_tier: None,
             kv_peers: KvPeers::Unset,
             auth: AuthOptions::default(),
+            kv_tls: None,
             tools: ToolOptions::default(),
         }
     }

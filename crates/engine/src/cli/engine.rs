@@ -12,6 +12,7 @@ use super::model::print_progress;
 use crate::auth::AuthOptions;
 use crate::kv::cache::KvDtype;
 use crate::kv::peers::KvPeers;
+use crate::kv::tls::{KvTls, KvTlsFiles};
 use crate::lora::{LoraModule, LoraOptions};
 use crate::model::WeightFormat;
 use crate::model_cache::{ModelCache, DEFAULT_MODEL};
@@ -135,6 +136,16 @@ pub struct EngineArgs {
     /// are allowed only when the engine requires --api-key.
     #[arg(long, value_delimiter = ',', value_name = "HOST:PORT")]
     pub kv_peers: Vec<String>,
+    /// KV transfer and the tier over mutual TLS: the transfer endpoint serves --tls-cert /
+    /// --tls-key and requires callers to present a certificate --kv-tls-ca signed; pulls
+    /// and tier connections verify the peer against --kv-tls-ca (by the host they were
+    /// addressed by) and present --tls-cert.
+    #[arg(long, requires_all = ["tls_cert", "kv_tls_ca"])]
+    pub kv_tls: bool,
+    /// The CA (PEM) KV peers' and the tier's certificates are verified against (with
+    /// --kv-tls).
+    #[arg(long, value_name = "FILE", requires = "kv_tls")]
+    pub kv_tls_ca: Option<PathBuf>,
     /// Require `Authorization: Bearer <key>` on every route but /health, /version and
     /// /metrics (repeatable or comma-separated: any one of the keys; vLLM's --api-key).
     #[arg(
@@ -243,15 +254,17 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
     }
     // Flags that cannot work stop the start before any model is pulled.
     let kv_peers = KvPeers::parse(&args.kv_peers).map_err(anyhow::Error::msg)?;
+    let kv_tls = kv_tls(&args)?;
     auth_options(&args).validate().map_err(anyhow::Error::msg)?;
     let path = model_file(&args).await?;
     let model_name = served_name(&args, &path);
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         model_path: path,
         model_name,
         addr,
         options: engine_options(args, kv_peers),
     };
+    config.options.kv_tls = kv_tls;
     crate::server::run(config).await?;
     Ok(())
 }
@@ -334,6 +347,8 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
         kv_transfer_timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
         kv_tier: args.kv_tier,
         kv_peers,
+        // Loaded (and its files checked) by `run` before the model is pulled.
+        kv_tls: None,
         auth,
         speculative: args.speculative_config,
         generation_config: args.generation_config,
@@ -385,6 +400,25 @@ async fn mock_engine(args: EngineArgs, addr: SocketAddr) -> anyhow::Result<()> {
         .context("waiting for Ctrl-C")?;
     mock.shutdown().await;
     Ok(())
+}
+
+/// `--kv-tls`: the engine's certificate and key (the edge's `--tls-cert`/`--tls-key`) and
+/// `--kv-tls-ca`, loaded now so a file that does not load stops the start.
+fn kv_tls(args: &EngineArgs) -> anyhow::Result<Option<KvTls>> {
+    if !args.kv_tls {
+        return Ok(None);
+    }
+    let (Some(cert), Some(key), Some(ca)) =
+        (&args.http.tls_cert, &args.http.tls_key, &args.kv_tls_ca)
+    else {
+        anyhow::bail!("--kv-tls needs --tls-cert, --tls-key and --kv-tls-ca");
+    };
+    let files = KvTlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        ca: ca.clone(),
+    };
+    Ok(Some(KvTls::load(&files).context("--kv-tls")?))
 }
 
 /// A `host:port` (an IP or a name resolved now) as one socket address.

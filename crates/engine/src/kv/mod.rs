@@ -2,7 +2,7 @@
 //! ([`block_pool`]) and how full blocks are named for prefix caching ([`hashing`]); how
 //! blocks move between engines and the shared tier ([`transfer`]) and what the tier
 //! keeps ([`tier`]) and how an engine offloads to it ([`offload`]); which peers an engine may
-//! connect to ([`peers`]).
+//! connect to ([`peers`]); the block protocol over TLS ([`tls`]).
 
 pub mod block_pool;
 pub mod cache;
@@ -10,4 +10,5 @@ pub mod hashing;
 pub mod offload;
 pub mod peers;
 pub mod tier;
+pub mod tls;
 pub mod transfer;

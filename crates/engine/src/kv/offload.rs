@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use crate::kv::block_pool::HashKey;
+use crate::kv::tls::KvConnector;
 use crate::kv::transfer::{BlockData, BlockSpec, TransferClient, TransferError};
 
 /// What changed on the tier, as this engine announces it.
@@ -44,8 +45,10 @@ const BATCH_BYTES: usize = 32 << 20;
 
 /// Takes evicted blocks from `rx`, puts them to the tier at `addr` in batches (reconnecting
 /// with backoff when the tier is down, dropping what it cannot send), polls evictions about
-/// every `poll` and reports both through `on_change`. Ends when `rx` closes.
+/// every `poll` and reports both through `on_change`. Ends when `rx` closes. Connections
+/// go through `connector` (plain, or TLS verifying the tier by its address).
 pub fn spawn_offloader(
+    connector: KvConnector,
     addr: SocketAddr,
     spec: BlockSpec,
     rx: mpsc::Receiver<BlockData>,
@@ -53,6 +56,7 @@ pub fn spawn_offloader(
     on_change: Box<dyn Fn(TierChange) + Send + Sync>,
 ) -> tokio::task::JoinHandle<()> {
     let offloader = Offloader {
+        connector,
         addr,
         spec,
         on_change,
@@ -67,6 +71,7 @@ pub fn spawn_offloader(
 }
 
 struct Offloader {
+    connector: KvConnector,
     addr: SocketAddr,
     spec: BlockSpec,
     on_change: Box<dyn Fn(TierChange) + Send + Sync>,
@@ -116,7 +121,15 @@ impl Offloader {
         if Instant::now() < self.retry_at {
             return false;
         }
-        match TransferClient::connect(self.addr, &self.spec, CALL_TIMEOUT).await {
+        let host = self.addr.ip().to_string();
+        let connect = TransferClient::connect_with(
+            &self.connector,
+            self.addr,
+            &host,
+            &self.spec,
+            CALL_TIMEOUT,
+        );
+        match connect.await {
             Ok(c) => {
                 self.conn = Some(c);
                 self.backoff = BACKOFF_MIN;
@@ -202,8 +215,10 @@ fn take_batch(first: BlockData, rx: &mut mpsc::Receiver<BlockData>) -> Vec<Block
     batch
 }
 
-/// Pooled lookup connections, per tier and spec, each with when it was last used.
-type Pool = Mutex<HashMap<(SocketAddr, String), Vec<(TransferClient, Instant)>>>;
+/// Pooled lookup connections, per connector (plain, or one TLS identity), tier and spec,
+/// each with when it was last used.
+type PoolKey = (u64, SocketAddr, String);
+type Pool = Mutex<HashMap<PoolKey, Vec<(TransferClient, Instant)>>>;
 
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
@@ -215,13 +230,13 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 /// Connections kept per tier and spec.
 const POOL_MAX: usize = 4;
 
-fn pool_key(addr: SocketAddr, spec: &BlockSpec) -> (SocketAddr, String) {
-    (addr, spec.to_string())
+fn pool_key(connector: &KvConnector, addr: SocketAddr, spec: &BlockSpec) -> PoolKey {
+    (connector.id(), addr, spec.to_string())
 }
 
-fn pool_take(addr: SocketAddr, spec: &BlockSpec) -> Option<TransferClient> {
+fn pool_take(key: &PoolKey) -> Option<TransferClient> {
     let mut pool = pool().lock().unwrap_or_else(|p| p.into_inner());
-    let list = pool.get_mut(&pool_key(addr, spec))?;
+    let list = pool.get_mut(key)?;
     while let Some((c, used)) = list.pop() {
         if used.elapsed() < POOL_IDLE {
             return Some(c);
@@ -230,9 +245,9 @@ fn pool_take(addr: SocketAddr, spec: &BlockSpec) -> Option<TransferClient> {
     None
 }
 
-fn pool_put(addr: SocketAddr, spec: &BlockSpec, c: TransferClient) {
+fn pool_put(key: PoolKey, c: TransferClient) {
     let mut pool = pool().lock().unwrap_or_else(|p| p.into_inner());
-    let list = pool.entry(pool_key(addr, spec)).or_default();
+    let list = pool.entry(key).or_default();
     list.retain(|(_, used)| used.elapsed() < POOL_IDLE);
     if list.len() < POOL_MAX {
         list.push((c, Instant::now()));
@@ -240,8 +255,10 @@ fn pool_put(addr: SocketAddr, spec: &BlockSpec, c: TransferClient) {
 }
 
 /// Looks up the leading run of `hashes` in the tier within `timeout` (a fresh or pooled
-/// connection); any error is an empty answer (the engine recomputes).
+/// connection, opened through `connector`); any error is an empty answer (the engine
+/// recomputes).
 pub async fn tier_lookup(
+    connector: &KvConnector,
     addr: SocketAddr,
     spec: &BlockSpec,
     hashes: &[HashKey],
@@ -250,17 +267,19 @@ pub async fn tier_lookup(
     if hashes.is_empty() {
         return Vec::new();
     }
+    let key = pool_key(connector, addr, spec);
     let lookup = async {
         // A pooled connection the tier has since closed fails at once; then a fresh one.
-        if let Some(mut c) = pool_take(addr, spec) {
+        if let Some(mut c) = pool_take(&key) {
             if let Ok(blocks) = c.get(hashes, None).await {
-                pool_put(addr, spec, c);
+                pool_put(key, c);
                 return Ok(blocks);
             }
         }
-        let mut c = TransferClient::connect(addr, spec, timeout).await?;
+        let host = addr.ip().to_string();
+        let mut c = TransferClient::connect_with(connector, addr, &host, spec, timeout).await?;
         let blocks = c.get(hashes, None).await?;
-        pool_put(addr, spec, c);
+        pool_put(key, c);
         Ok::<_, TransferError>(blocks)
     };
     match tokio::time::timeout(timeout, lookup).await {
@@ -361,7 +380,14 @@ mod tests {
         let (addr, t, _stop) = tier(TierConfig::memory(2 * B)).await;
         let (changes, on_change) = recorder();
         let (tx, rx) = mpsc::channel(16);
-        let task = spawn_offloader(addr, spec(), rx, Duration::from_millis(30), on_change);
+        let task = spawn_offloader(
+            KvConnector::plain(),
+            addr,
+            spec(),
+            rx,
+            Duration::from_millis(30),
+            on_change,
+        );
         for n in 1..=2 {
             tx.send(blk(n)).await.unwrap();
         }
@@ -375,6 +401,7 @@ mod tests {
         assert!(!changes.lock().unwrap().contains(&TierChange::Lost));
         // The lookup an engine does finds what is left, as a leading run.
         let found = tier_lookup(
+            &KvConnector::plain(),
             addr,
             &spec(),
             &[[2; 32], [3; 32], [1; 32]],
@@ -398,7 +425,14 @@ mod tests {
         let (addr, _t, _stop) = tier(config).await;
         let (changes, on_change) = recorder();
         let (tx, rx) = mpsc::channel(16);
-        let _task = spawn_offloader(addr, spec(), rx, Duration::from_millis(200), on_change);
+        let _task = spawn_offloader(
+            KvConnector::plain(),
+            addr,
+            spec(),
+            rx,
+            Duration::from_millis(200),
+            on_change,
+        );
         tx.send(blk(1)).await.unwrap();
         until(&changes, |c| stored(c).len() == 1).await;
         // Five more in one batch push six departures past a log of two before the next poll.
@@ -419,7 +453,14 @@ mod tests {
         let (addr, _t, stop) = tier(TierConfig::memory(8 * B)).await;
         let (changes, on_change) = recorder();
         let (tx, rx) = mpsc::channel(16);
-        let _task = spawn_offloader(addr, spec(), rx, Duration::from_millis(30), on_change);
+        let _task = spawn_offloader(
+            KvConnector::plain(),
+            addr,
+            spec(),
+            rx,
+            Duration::from_millis(30),
+            on_change,
+        );
         tx.send(blk(1)).await.unwrap();
         until(&changes, |c| stored(c).len() == 1).await;
         // The tier goes away and a new one (empty, its log numbered anew) takes its port.
@@ -460,7 +501,14 @@ mod tests {
         };
         let (changes, on_change) = recorder();
         let (tx, rx) = mpsc::channel(4);
-        let task = spawn_offloader(addr, spec(), rx, Duration::from_millis(20), on_change);
+        let task = spawn_offloader(
+            KvConnector::plain(),
+            addr,
+            spec(),
+            rx,
+            Duration::from_millis(20),
+            on_change,
+        );
         // The offloader keeps draining its queue while the tier is away: a sender that waits
         // for room is never stuck.
         let t0 = Instant::now();
@@ -472,11 +520,15 @@ mod tests {
         }
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert!(changes.lock().unwrap().is_empty());
-        assert!(
-            tier_lookup(addr, &spec(), &[[1; 32]], Duration::from_millis(200))
-                .await
-                .is_empty()
-        );
+        assert!(tier_lookup(
+            &KvConnector::plain(),
+            addr,
+            &spec(),
+            &[[1; 32]],
+            Duration::from_millis(200)
+        )
+        .await
+        .is_empty());
         drop(tx);
         tokio::time::timeout(Duration::from_secs(2), task)
             .await
@@ -495,7 +547,14 @@ mod tests {
             }
         });
         let t0 = Instant::now();
-        let found = tier_lookup(addr, &spec(), &[[1; 32]], Duration::from_millis(150)).await;
+        let found = tier_lookup(
+            &KvConnector::plain(),
+            addr,
+            &spec(),
+            &[[1; 32]],
+            Duration::from_millis(150),
+        )
+        .await;
         assert!(found.is_empty());
         assert!(t0.elapsed() < Duration::from_secs(1));
     }

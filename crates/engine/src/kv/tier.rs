@@ -27,7 +27,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sha2::{Digest, Sha256};
 
 use crate::kv::block_pool::HashKey;
-use crate::kv::transfer::{self, BlockData, BlockSource, BlockSpec, BoxFuture, Evictions};
+use crate::kv::tls::KvAcceptor;
+use crate::kv::transfer::{
+    self, BlockData, BlockSource, BlockSpec, BoxFuture, Evictions, ServeLimits,
+};
 
 /// The tier's bounds.
 #[derive(Debug, Clone)]
@@ -530,6 +533,9 @@ impl BlockSource for Tier {
 pub struct TierOptions {
     pub listen: SocketAddr,
     pub config: TierConfig,
+    /// Plain TCP, or TLS (`--tls-cert`/`--tls-key`; with `--tls-client-ca`, engines must
+    /// present a certificate that CA signed).
+    pub tls: KvAcceptor,
 }
 
 /// Parses a byte count: a number with an optional unit, `KiB`/`MiB`/`GiB`/`TiB` (also `K`,
@@ -584,7 +590,8 @@ pub async fn run_tier(opts: TierOptions) -> Result<(), TierError> {
         }
     }
     let source: Arc<dyn BlockSource> = Arc::new(tier.clone());
-    transfer::serve(listener, source, strata_api::http::shutdown_signal())
+    let (shutdown, limits) = (strata_api::http::shutdown_signal(), ServeLimits::default());
+    transfer::serve_on(listener, opts.tls, source, shutdown, limits)
         .await
         .map_err(TierError::Listen)?;
     let st = tier.stats();

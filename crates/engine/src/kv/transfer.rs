@@ -1,7 +1,7 @@
 //! The KV block wire protocol: how one engine pulls the keys and values of cached blocks from
 //! another engine, or puts them to and gets them from the shared tier (issue 21).
 //!
-//! One TCP connection carries a conversation of frames. A frame is
+//! One TCP connection (plain, or TLS: [`super::tls`]) carries a conversation of frames. A frame is
 //! `len: u32 LE` then `len` bytes of body: `version: u8`, `kind: u8`, payload. Every integer
 //! is little-endian, a string is `u16 len` + UTF-8 bytes, a hash is its 32 raw bytes.
 //!
@@ -31,11 +31,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::kv::block_pool::HashKey;
 use crate::kv::cache::KvDtype;
+use crate::kv::tls::{KvAcceptor, KvConnector, KvStream};
 
 /// The protocol version every frame carries; a peer speaking another one is refused.
 pub const PROTOCOL_VERSION: u8 = 1;
@@ -468,7 +469,7 @@ async fn bound<T>(
 
 /// One connection to a peer engine or tier, handshake done (spec checked both ways).
 pub struct TransferClient {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<KvStream>,
     spec: BlockSpec,
     timeout: Duration,
     peer: SocketAddr,
@@ -496,10 +497,22 @@ impl TransferClient {
         spec: &BlockSpec,
         timeout: Duration,
     ) -> Result<Self, TransferError> {
+        let host = addr.ip().to_string();
+        Self::connect_with(&KvConnector::plain(), addr, &host, spec, timeout).await
+    }
+
+    /// [`connect`](Self::connect) through `connector` (plain or TLS); over TLS the peer's
+    /// certificate must carry `host`, and the TLS handshake counts against `timeout`.
+    pub async fn connect_with(
+        connector: &KvConnector,
+        addr: SocketAddr,
+        host: &str,
+        spec: &BlockSpec,
+        timeout: Duration,
+    ) -> Result<Self, TransferError> {
         spec.validate().map_err(TransferError::Protocol)?;
         let fut = async {
-            let stream = TcpStream::connect(addr).await?;
-            stream.set_nodelay(true)?;
+            let stream = connector.connect(addr, host).await?;
             let mut client = Self {
                 stream: BufReader::new(stream),
                 spec: spec.clone(),
@@ -701,7 +714,9 @@ impl TransferClient {
     /// so an interrupted exchange (timeout, i/o error) is never resumed.
     async fn exchange(&mut self, frame: &[u8]) -> Result<(u8, Vec<u8>), TransferError> {
         self.broken = true;
-        self.stream.get_mut().write_all(frame).await?;
+        let w = self.stream.get_mut();
+        w.write_all(frame).await?;
+        w.flush().await?;
         let len = read_len(&mut self.stream).await?.ok_or_else(|| {
             TransferError::Protocol("the peer closed the connection before answering".into())
         })?;
@@ -764,6 +779,19 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ServeLimits,
 ) -> std::io::Result<()> {
+    serve_on(listener, KvAcceptor::plain(), source, shutdown, limits).await
+}
+
+/// [`serve_with`] taking connections through `acceptor` (plain or TLS). A TLS handshake
+/// runs inside the connection's slot and must finish within `limits.io`; a caller that
+/// fails it (no certificate, another CA's, a stall) is closed before any frame is read.
+pub async fn serve_on(
+    listener: TcpListener,
+    acceptor: KvAcceptor,
+    source: Arc<dyn BlockSource>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -788,7 +816,15 @@ pub async fn serve_with(
                 }
                 let source = source.clone();
                 let limits = limits.clone();
+                let acceptor = acceptor.clone();
                 conns.spawn(async move {
+                    let stream = match acceptor.accept(stream, limits.io).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "KV transfer TLS handshake refused");
+                            return;
+                        }
+                    };
                     if let Err(e) = serve_conn(stream, source.as_ref(), &limits).await {
                         tracing::debug!(%peer, error = %e, "KV transfer connection ended");
                     }
@@ -803,11 +839,10 @@ pub async fn serve_with(
 /// One connection: handshake, then requests until the client closes, idles out or breaks
 /// the protocol.
 async fn serve_conn(
-    stream: TcpStream,
+    stream: KvStream,
     source: &dyn BlockSource,
     limits: &ServeLimits,
 ) -> Result<(), TransferError> {
-    stream.set_nodelay(true)?;
     let mut stream = BufReader::new(stream);
     let mut spec: Option<BlockSpec> = None;
     loop {
@@ -845,7 +880,12 @@ async fn serve_conn(
                 }
             }
         };
-        match tokio::time::timeout(limits.io, stream.get_mut().write_all(&answer)).await {
+        let w = stream.get_mut();
+        let write = async {
+            w.write_all(&answer).await?;
+            w.flush().await
+        };
+        match tokio::time::timeout(limits.io, write).await {
             Err(_) => return Err(TransferError::Timeout),
             Ok(r) => r?,
         }
@@ -854,7 +894,7 @@ async fn serve_conn(
 
 /// Tells the client why its connection ends (best effort, bounded), then ends it with `e`.
 async fn fail(
-    stream: &mut BufReader<TcpStream>,
+    stream: &mut BufReader<KvStream>,
     limits: &ServeLimits,
     e: TransferError,
 ) -> Result<(), TransferError> {
@@ -980,6 +1020,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
     use std::time::Instant;
+    use tokio::net::TcpStream;
 
     fn spec(model: &str) -> BlockSpec {
         BlockSpec {

@@ -29,6 +29,9 @@ pub struct KvState {
     pub authenticated: bool,
     /// The key sent with phase-1 calls to prefill engines (this engine's first API key).
     pub outbound_key: Option<String>,
+    /// `--kv-tls`: the transfer endpoint, pulls and the tier over mutual TLS; plain TCP
+    /// when `None`.
+    pub tls: Option<crate::kv::tls::KvTls>,
     /// `remote_host` and `remote_port`, once the transfer endpoint listens.
     advertised: OnceLock<(String, u16)>,
     /// The loop's evicted-block copies, until the offloader takes them.
@@ -47,6 +50,7 @@ impl KvState {
             peers: opts.kv_peers.clone(),
             authenticated: opts.auth.requires_api_key(),
             outbound_key: opts.auth.outbound_key().map(str::to_string),
+            tls: opts.kv_tls.clone(),
             advertised: OnceLock::new(),
             evicted: Mutex::new(evicted),
         }
@@ -61,6 +65,14 @@ impl KvState {
     /// Where decoders pull this engine's blocks from; `None` without an endpoint.
     pub fn advertised(&self) -> Option<(String, u16)> {
         self.advertised.get().cloned()
+    }
+
+    /// How this engine opens transfer and tier connections (plain, or its KV TLS).
+    pub fn connector(&self) -> crate::kv::tls::KvConnector {
+        self.tls
+            .as_ref()
+            .map(|t| t.connector.clone())
+            .unwrap_or_default()
     }
 
     /// Records where the transfer endpoint listens; `false` when one already does (an

@@ -125,7 +125,8 @@ pub(in crate::server) async fn prepare(
     if let (Some(tier), true) = (kv.tier, imported.len() < wanted.len()) {
         let rest = &wanted[imported.len()..];
         let started = Instant::now();
-        let found = offload::tier_lookup(tier, &spec, rest, TIER_LOOKUP_TIMEOUT).await;
+        let connector = state.kv.connector();
+        let found = offload::tier_lookup(&connector, tier, &spec, rest, TIER_LOOKUP_TIMEOUT).await;
         record_received(state, found.len(), started.elapsed());
         if !found.is_empty() && path == TransferPath::Local {
             path = TransferPath::Tier;
@@ -175,7 +176,9 @@ async fn remote(
         KvPlan::Local | KvPlan::Prefill { .. } => return Ok(Vec::new()),
     };
     let addr = resolve(&host, port).await?;
-    let mut client = TransferClient::connect(addr, spec, state.kv.transfer_timeout).await?;
+    let connector = state.kv.connector();
+    let timeout = state.kv.transfer_timeout;
+    let mut client = TransferClient::connect_with(&connector, addr, &host, spec, timeout).await?;
     if wanted.is_empty() {
         // Everything is cached here already: only let the prefill engine drop its pin.
         if let Some(pin) = &release {

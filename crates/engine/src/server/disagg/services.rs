@@ -134,10 +134,19 @@ pub fn start_kv_services(
         let shutdown = async move {
             let _ = stop_rx.await;
         };
-        services.endpoint = Some(tokio::spawn(transfer::serve(listener, source, shutdown)));
+        let acceptor = state
+            .kv
+            .tls
+            .as_ref()
+            .map(|t| t.acceptor.clone())
+            .unwrap_or_default();
+        let tls = acceptor.is_tls();
+        let limits = transfer::ServeLimits::default();
+        let serve = transfer::serve_on(listener, acceptor, source, shutdown, limits);
+        services.endpoint = Some(tokio::spawn(serve));
         services.stop = Some(stop_tx);
         services.transfer_addr = Some(addr);
-        tracing::info!(%addr, advertised = %advertise_host, role = %state.kv.role, "serving KV blocks");
+        tracing::info!(%addr, advertised = %advertise_host, role = %state.kv.role, tls, "serving KV blocks");
     }
     if let (Some(tier), Some(rx)) = (state.kv.tier, state.kv.take_evicted()) {
         // A weak reference: the offloader must not keep the engine alive (it ends when the
@@ -149,6 +158,7 @@ pub fn start_kv_services(
             }
         });
         services.offloader = Some(offload::spawn_offloader(
+            state.kv.connector(),
             tier,
             state.engine.block_spec(),
             rx,
