@@ -387,6 +387,32 @@ fn kv_tls_flags_need_their_certificate_and_ca() {
     .expect("complete flags parse");
     assert_eq!(ok, (true, Some(PathBuf::from("ca.pem"))));
     assert_eq!(parse(&[]).expect("plain"), (false, None));
+
+    // `strata kv-tier`: a key without a certificate, or a client CA without either, is
+    // refused; the three together parse.
+    #[derive(clap::Parser)]
+    struct Tier {
+        #[command(flatten)]
+        args: strata_engine::cli::KvTierArgs,
+    }
+    let tier = |extra: &[&str]| {
+        let argv: Vec<&str> = ["kv-tier"].iter().chain(extra).copied().collect();
+        Tier::try_parse_from(argv).map(|t| t.args.tls_client_ca)
+    };
+    assert!(tier(&["--tls-key", "k.pem"]).is_err());
+    assert!(tier(&["--tls-client-ca", "ca.pem"]).is_err());
+    let full = [
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+        "--tls-client-ca",
+        "ca.pem",
+    ];
+    assert_eq!(
+        tier(&full).expect("tier TLS flags"),
+        Some(PathBuf::from("ca.pem"))
+    );
 }
 
 // ---------------------------------------------------------------------------------------
