@@ -32,6 +32,7 @@ pub const RESTART_ONLY: &[&str] = &[
     "/server/max_header_bytes",
     "/server/body_timeout_ms",
     "/server/body_min_bytes_per_sec",
+    "/server/tls",
 ];
 
 /// The first restart-only key whose value differs between the running config `old` and

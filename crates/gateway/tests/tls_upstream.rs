@@ -177,3 +177,45 @@ fn ca_file_is_checked_at_load() {
         .to_string();
     assert!(err.contains("needs an https:// base_url"), "{err}");
 }
+
+/// `server.tls`: the gateway itself serves HTTPS with the certificate in its config; a
+/// client trusting the CA is answered, a plain-HTTP client is not.
+#[tokio::test]
+async fn the_gateway_serves_https_with_server_tls() {
+    let dir = Dir::new("listener");
+    let (ca, files) = chain(&dir, &["127.0.0.1", "localhost"]);
+    let upstream = mock("m").await;
+    let yaml = format!(
+        "server:\n  tls: {{cert: \"{}\", key: \"{}\"}}\nupstreams:\n  - {{name: up, base_url: \"{}\"}}\nmodels:\n  - name: m\n    targets: [{{upstream: up}}]\n",
+        files.cert.display(),
+        files.key.display(),
+        upstream.url()
+    );
+    let gw = gateway(&yaml).await;
+    let k = key(&gw, "t");
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap();
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{}/v1/chat/completions", gw.addr.port());
+    let resp = trusting
+        .post(&url)
+        .bearer_auth(&k)
+        .json(&chat_body("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Plain HTTP on the same port gets no answer (the server expects a TLS handshake).
+    let plain = format!("http://127.0.0.1:{}/v1/chat/completions", gw.addr.port());
+    let r = client()
+        .post(&plain)
+        .bearer_auth(&k)
+        .json(&chat_body("m"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(r.is_err() || r.is_ok_and(|r| r.status() != 200));
+    gw.shutdown().await;
+}
