@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_cache;
 pub mod options;
+pub mod reasoning;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;

@@ -116,6 +116,8 @@ pub struct ToolOptions {
     /// `--chat-template`: a template file (or the template itself) used instead of the
     /// model's.
     pub chat_template: Option<String>,
+    /// `--reasoning-parser`: `<think>…</think>` into `reasoning_content`.
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
 impl Default for EngineOptions {

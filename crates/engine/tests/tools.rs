@@ -26,6 +26,7 @@ fn server() -> SocketAddr {
                 auto_tool_choice: true,
                 parser: Some(ToolParser::Hermes),
                 chat_template: None,
+                reasoning_parser: None,
             },
             ..Default::default()
         })

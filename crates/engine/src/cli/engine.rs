@@ -182,6 +182,10 @@ pub struct EngineArgs {
     /// A chat template file (or the template itself) used instead of the model's.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<String>,
+    /// Split a reasoning model's <think>...</think> into reasoning_content: deepseek_r1
+    /// or qwen3.
+    #[arg(long, value_name = "NAME", value_parser = parse_reasoning_parser)]
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
     /// Default sampling parameters for fields a request leaves out: `auto` (the model's
     /// own: a generation_config.json beside it, or its GGUF sampling metadata), `vllm`
     /// (none), or a folder holding generation_config.json, or a JSON file.
@@ -356,6 +360,7 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
             auto_tool_choice: args.enable_auto_tool_choice,
             parser: args.tool_call_parser,
             chat_template: args.chat_template,
+            reasoning_parser: args.reasoning_parser,
         },
         lora: args.enable_lora.then_some(LoraOptions {
             max_loras: args.max_loras,
@@ -427,6 +432,15 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("cannot resolve `{s}`: {e}"))?
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))
+}
+
+fn parse_reasoning_parser(s: &str) -> Result<crate::reasoning::ReasoningParser, String> {
+    crate::reasoning::ReasoningParser::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown reasoning parser {s:?}; expected one of {}",
+            crate::reasoning::ReasoningParser::NAMES.join(", ")
+        )
+    })
 }
 
 fn parse_tool_parser(s: &str) -> Result<crate::tools::ToolParser, String> {

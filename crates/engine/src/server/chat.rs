@@ -25,6 +25,7 @@ use super::spans::trace_span;
 use super::state::AppState;
 use super::submit::check_sampling_ids;
 use super::tokenize::render_messages;
+use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::sequence::{FinishReason, TokenLogprob};
 use crate::tokenizer::Tokenizer;
 use crate::tools::{StreamDelta, ToolParser, ToolStream};
@@ -86,6 +87,7 @@ pub(super) async fn chat_completions(
     let shape = ChatShape {
         echo_prefix,
         parser: tools.plan.parser,
+        reasoning: state.tools.reasoning_parser,
         streams: Vec::new(),
     };
     generate(&state, received, generation, shape).await
@@ -97,18 +99,66 @@ struct ChatShape {
     echo_prefix: String,
     /// The tool-call parser, when the request's calls are parsed.
     parser: Option<ToolParser>,
-    /// Per streamed choice, its parser state.
-    streams: Vec<Option<ToolStream>>,
+    /// `--reasoning-parser`.
+    reasoning: Option<ReasoningParser>,
+    /// Per streamed choice, its parsers' state.
+    streams: Vec<Option<ChoiceStream>>,
+}
+
+/// A streamed choice's parsers: reasoning first, then tool calls on the content.
+struct ChoiceStream {
+    reasoning: Option<ReasoningStream>,
+    tools: Option<ToolStream>,
+}
+
+impl ChoiceStream {
+    /// The delta for new text (`end`: the output is over).
+    fn step(&mut self, text: &str, end: bool) -> (String, StreamDelta) {
+        let (reasoning, content) = match &mut self.reasoning {
+            Some(r) => {
+                let (mut dr, mut dc) = r.push(text);
+                if end {
+                    let (er, ec) = r.finish();
+                    dr.push_str(&er);
+                    dc.push_str(&ec);
+                }
+                (dr, dc)
+            }
+            None => (String::new(), text.to_string()),
+        };
+        let delta = match &mut self.tools {
+            Some(t) => {
+                let mut d = t.push(&content);
+                if end {
+                    let rest = t.finish();
+                    d.content.push_str(&rest.content);
+                    d.tool_calls.extend(rest.tool_calls);
+                }
+                d
+            }
+            None => StreamDelta {
+                content,
+                tool_calls: Vec::new(),
+            },
+        };
+        (reasoning, delta)
+    }
 }
 
 impl ChatShape {
-    /// The parser state of a streamed choice, when calls are parsed.
-    fn tool_stream(&mut self, choice: usize) -> Option<&mut ToolStream> {
-        let parser = self.parser?;
+    /// The parsers of a streamed choice, when its output is parsed at all.
+    fn choice_stream(&mut self, choice: usize) -> Option<&mut ChoiceStream> {
+        if self.parser.is_none() && self.reasoning.is_none() {
+            return None;
+        }
         if self.streams.len() <= choice {
             self.streams.resize_with(choice + 1, || None);
         }
-        Some(self.streams[choice].get_or_insert_with(|| ToolStream::new(parser)))
+        let (parser, reasoning) = (self.parser, self.reasoning);
+        Some(self.streams[choice].get_or_insert_with(|| ChoiceStream {
+            reasoning: reasoning.map(ReasoningStream::new),
+            tools: parser.map(ToolStream::new),
+        }))
     }
 
     fn chunk(head: &AnswerHead, choice: ChatChunkChoice) -> String {
@@ -134,12 +184,21 @@ impl AnswerShape for ChatShape {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let text = format!("{}{}", self.echo_prefix, c.text);
+                let mut text = format!("{}{}", self.echo_prefix, c.text);
+                let reasoning = self.reasoning.map(|r| {
+                    let (reasoning, content) = r.view(&text, true);
+                    text = content;
+                    reasoning
+                });
                 let finish = c.finish.as_ref().map(api_finish);
-                let (message, finish_reason) = match self.parser {
+                let (mut message, finish_reason) = match self.parser {
                     Some(parser) => split_answer(parser, &text, finish),
                     None => (ResponseMessage::assistant(text), finish),
                 };
+                message.reasoning_content = reasoning.filter(|r| !r.is_empty());
+                if message.reasoning_content.is_some() && message.content.as_deref() == Some("") {
+                    message.content = None;
+                }
                 ChatChoice {
                     index: i as u32,
                     message,
@@ -163,14 +222,34 @@ impl AnswerShape for ChatShape {
     }
 
     fn opening(&mut self, head: &AnswerHead, choice: usize) -> Option<String> {
+        let prefix = self.echo_prefix.clone();
+        let delta = match self.choice_stream(choice) {
+            // The echoed prefix is the output's start: parsed like the rest.
+            Some(stream) => {
+                let (reasoning, d) = stream.step(&prefix, false);
+                ChatDelta {
+                    content: Some(d.content),
+                    ..tool_delta(
+                        reasoning,
+                        StreamDelta {
+                            content: String::new(),
+                            ..d
+                        },
+                    )
+                }
+            }
+            None => ChatDelta {
+                content: Some(prefix),
+                ..Default::default()
+            },
+        };
         Some(Self::chunk(
             head,
             ChatChunkChoice {
                 index: choice as u32,
                 delta: ChatDelta {
                     role: Some(Role::Assistant),
-                    content: Some(self.echo_prefix.clone()),
-                    ..Default::default()
+                    ..delta
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -187,13 +266,13 @@ impl AnswerShape for ChatShape {
         text: String,
         logprob: Option<TokenLogprob>,
     ) -> String {
-        let delta = match self.tool_stream(choice) {
+        let delta = match self.choice_stream(choice) {
             Some(stream) => {
-                let d = stream.push(&text);
-                if d.is_empty() && logprob.is_none() {
+                let (reasoning, d) = stream.step(&text, false);
+                if reasoning.is_empty() && d.is_empty() && logprob.is_none() {
                     return String::new();
                 }
-                tool_delta(d)
+                tool_delta(reasoning, d)
             }
             None => ChatDelta {
                 content: Some(text),
@@ -221,16 +300,14 @@ impl AnswerShape for ChatShape {
         stop: Option<String>,
     ) -> String {
         let mut finish = api_finish(reason);
-        let delta = match self.tool_stream(choice) {
+        let delta = match self.choice_stream(choice) {
             Some(stream) => {
-                let mut d = stream.push(&text);
-                let rest = stream.finish();
-                d.content.push_str(&rest.content);
-                d.tool_calls.extend(rest.tool_calls);
-                if stream.called() && finish == ApiFinish::Stop {
+                let (reasoning, d) = stream.step(&text, true);
+                let called = stream.tools.as_ref().is_some_and(ToolStream::called);
+                if called && finish == ApiFinish::Stop {
                     finish = ApiFinish::ToolCalls;
                 }
-                tool_delta(d)
+                tool_delta(reasoning, d)
             }
             None => ChatDelta {
                 content: (!text.is_empty()).then_some(text),
@@ -260,9 +337,10 @@ impl AnswerShape for ChatShape {
     }
 }
 
-/// A parser's step as a chunk's delta: new content, new call fragments.
-fn tool_delta(d: StreamDelta) -> ChatDelta {
+/// A parsed step as a chunk's delta: new reasoning, content and call fragments.
+fn tool_delta(reasoning: String, d: StreamDelta) -> ChatDelta {
     ChatDelta {
+        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
         content: (!d.content.is_empty()).then_some(d.content),
         tool_calls: (!d.tool_calls.is_empty()).then_some(d.tool_calls),
         ..Default::default()
