@@ -184,6 +184,7 @@ async fn send(
                         .get("priority")
                         .and_then(Value::as_i64)
                         .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
+                    flow: &req.key.record.tenant,
                     traceparent,
                 };
                 send_via_router(

@@ -216,6 +216,7 @@ async fn embed(
                     prefix: "",
                     headers: &req.headers,
                     priority: 0,
+                    flow: &req.key.record.tenant,
                     traceparent: None,
                 };
                 send_via_router(

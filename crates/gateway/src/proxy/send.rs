@@ -111,6 +111,9 @@ pub(crate) struct RouterAsk<'a> {
     pub prefix: &'a str,
     pub headers: &'a HeaderMap,
     pub priority: i32,
+    /// The flow-control flow (fairness id) the request waits in: its tenant, so one
+    /// tenant's burst waits behind its own requests, not everyone's.
+    pub flow: &'a str,
     /// The W3C `traceparent` to send, when the request is traced.
     pub traceparent: Option<&'a HeaderValue>,
 }
@@ -130,11 +133,18 @@ pub(crate) async fn send_via_router(
     try_deadline: Instant,
 ) -> Result<UpstreamReply, Failure> {
     let left = try_deadline.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(left, router.admit(ask.priority)).await {
+    let ticket = strata_router::admission::Ticket {
+        priority: ask.priority,
+        flow: ask.flow.to_string(),
+        bytes: payload.len() as u64,
+        ttl: Some(left),
+    };
+    // Flow control counts the request as in transit until it is picked (dropped below).
+    let admitted = match tokio::time::timeout(left, router.admit_flow(&ticket)).await {
         Err(_) => return Err(Failure::Timeout),
         Ok(Err(e)) => return Err(Failure::Status(503, e.to_string())),
-        Ok(Ok(())) => {}
-    }
+        Ok(Ok(a)) => a,
+    };
     let config = router.config();
     let mut sreq = SchedRequest {
         model: ask.model.to_string(),
@@ -161,6 +171,7 @@ pub(crate) async fn send_via_router(
     }
     pick_span.record("candidates", picked.ranked.len());
     drop(pick_span);
+    drop(admitted);
     let max_attempts = config.max_retries + 1;
     let mut attempts = 0;
     let mut last = Failure::Status(503, "router: no replica could take the request".into());
