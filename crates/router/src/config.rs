@@ -35,6 +35,10 @@ use crate::prefix::hashing::DEFAULT_HASH_SEED;
 use crate::scheduling::saturation::SaturationConfig;
 use crate::scheduling::EndpointPickerConfig;
 
+/// The `pool` label of flow control's series when neither router.yaml nor `--pool-name`
+/// names one.
+pub const DEFAULT_FLOW_POOL: &str = "default";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
@@ -145,7 +149,7 @@ impl Default for FlowControlSection {
             band_max_bytes: None,
             bands: BTreeMap::new(),
             flows: BTreeMap::new(),
-            pool: "default".into(),
+            pool: DEFAULT_FLOW_POOL.into(),
         }
     }
 }

@@ -151,6 +151,13 @@ pub fn load_config(args: &RouterArgs) -> anyhow::Result<RouterConfig> {
             .endpoints
             .extend(read_endpoints_file(path, config.default_kind)?);
     }
+    // A picker's held requests are reported under its InferencePool's name (what the
+    // controller's `heldRequests.pool` names), unless router.yaml names the pool itself.
+    if let Some(pool) = &args.pool_name {
+        if config.flow_control.pool == crate::config::DEFAULT_FLOW_POOL {
+            config.flow_control.pool = pool.clone();
+        }
+    }
     apply_security_flags(args, &mut config);
     config.validate()?;
     Ok(config)
@@ -384,6 +391,16 @@ mod tests {
             Some(crate::scheduling::pd::SUGGESTED_NON_CACHED_TOKENS)
         );
         assert!(Cli::try_parse_from(["router", "--pd-threshold", "-1"]).is_err());
+    }
+
+    #[test]
+    fn a_pickers_held_requests_are_reported_under_its_pool_name() {
+        assert_eq!(
+            load(&[]).flow_control.pool,
+            crate::config::DEFAULT_FLOW_POOL
+        );
+        let c = load(&["--pool-name", "chat-pool", "--ext-proc-port", "9002"]);
+        assert_eq!(c.flow_control.pool, "chat-pool");
     }
 
     #[test]
