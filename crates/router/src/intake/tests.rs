@@ -356,11 +356,18 @@ fn client_kv_transfer_params_that_name_a_peer_become_null_unless_trusted() {
             r#"{{"model":"m", "kv_transfer_params": {{"do_remote_prefill": true, "remote_host": {host}, "remote_port": {port}, "remote_block_ids": [1]}}, "messages":[{{"role":"user","content":"hi"}}]}}"#
         )
     };
-    for (host, port) in [(r#""10.0.0.9""#, "7000"), ("null", "7000"), (r#""evil""#, "null")] {
+    for (host, port) in [
+        (r#""10.0.0.9""#, "7000"),
+        ("null", "7000"),
+        (r#""evil""#, "null"),
+    ] {
         let body = named(host, port);
         let got = read(chat, Bytes::from(body.clone()), limits(), None).unwrap();
         let sent: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
-        assert!(sent["kv_transfer_params"].is_null(), "{host}/{port}: {sent}");
+        assert!(
+            sent["kv_transfer_params"].is_null(),
+            "{host}/{port}: {sent}"
+        );
         assert!(!got.view.own_kv_transfer, "routed as any other request");
         // Every other byte is as sent: only the member's value changed.
         let start = body.find("{\"do_remote").unwrap();
@@ -382,7 +389,9 @@ fn client_kv_transfer_params_that_name_a_peer_become_null_unless_trusted() {
     assert_eq!(&got.body[..], phase1.as_bytes());
     assert!(got.view.own_kv_transfer);
     // Parameters that are not an object name nothing; unreadable ones count as naming one.
-    assert!(!view::read_json(Shape::Chat, br#"{"kv_transfer_params": 5}"#, limits())
-        .unwrap()
-        .kv_transfer_names_peer);
+    assert!(
+        !view::read_json(Shape::Chat, br#"{"kv_transfer_params": 5}"#, limits())
+            .unwrap()
+            .kv_transfer_names_peer
+    );
 }
