@@ -36,6 +36,7 @@ pub mod extproc;
 pub mod headers;
 pub mod intake;
 pub mod k8s;
+pub mod objectives;
 pub mod prefix;
 pub mod proxy;
 pub mod response_homes;

@@ -156,6 +156,8 @@ pub(crate) struct Inner {
     pub(crate) flow: Arc<FlowGate>,
     tokens: Mutex<HashMap<u64, Arc<Vec<u32>>>>,
     homes: Mutex<ResponseHomes>,
+    /// `InferenceObjective` priorities read from the cluster.
+    objectives: crate::objectives::ClusterObjectives,
 }
 
 /// A cheap, cloneable handle to one router.
@@ -296,6 +298,7 @@ impl Router {
             flow,
             tokens: Mutex::new(HashMap::new()),
             homes: Mutex::new(ResponseHomes::default()),
+            objectives: crate::objectives::ClusterObjectives::default(),
             config,
         });
         let router = Router { inner };
@@ -309,6 +312,20 @@ impl Router {
 
     pub fn config(&self) -> &RouterConfig {
         &self.inner.config
+    }
+
+    /// The priority of the `InferenceObjective` called `name`: the cluster's (for this
+    /// router's pool), else router.yaml's `admission.objectives`, else `name` read as an
+    /// integer.
+    pub fn objective_priority(&self, name: &str) -> Option<i32> {
+        self.inner
+            .objectives
+            .priority(name, &self.inner.config.admission.objectives)
+    }
+
+    /// Replaces the objectives the cluster holds for this router's pool.
+    pub fn set_cluster_objectives(&self, objectives: std::collections::BTreeMap<String, i32>) {
+        self.inner.objectives.replace(objectives);
     }
 
     pub fn metrics(&self) -> &RouterMetrics {

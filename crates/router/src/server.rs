@@ -224,6 +224,9 @@ pub async fn watch_endpoints_file(
     }
 }
 
+/// How often a picker re-reads its pool's `InferenceObjective`s.
+const OBJECTIVES_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Serves until Ctrl-C or SIGTERM, then stops accepting and lets in-flight requests
 /// finish (bounded by `--shutdown-grace-s`).
 pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
@@ -263,10 +266,17 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         let fixed = router.config().endpoints.clone();
         crate::k8s::spawn(crate::k8s::Discovery::new(
             cfg,
-            client,
+            client.clone(),
             router.clone(),
             fixed,
         ));
+        crate::k8s::objectives::spawn(
+            client,
+            &args.pool_namespace,
+            pool.clone(),
+            router.clone(),
+            OBJECTIVES_INTERVAL,
+        );
         tracing::info!(pool = %pool, namespace = %args.pool_namespace, "watching InferencePool");
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -45,6 +45,8 @@ struct State {
     generation: u64,
     gone_next_pod_watch: bool,
     fault: Option<Fault>,
+    /// `InferenceObjective`s in the namespace; `None`: the CRD is not installed (404).
+    objectives: Option<Vec<Value>>,
     log: Vec<Logged>,
 }
 
@@ -249,7 +251,21 @@ async fn api_server(
     }
     let pools = format!("/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools");
     let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let objectives =
+        format!("/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{NS}/inferenceobjectives");
     let watch = query.get("watch").map(String::as_str) == Some("true");
+    if path == objectives && method == Method::GET {
+        return match mock.with(|s| s.objectives.clone()) {
+            Some(items) => axum::Json(json!({
+                "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+                "kind": "InferenceObjectiveList",
+                "metadata": {"resourceVersion": "1"},
+                "items": items,
+            }))
+            .into_response(),
+            None => status(404, "NotFound"),
+        };
+    }
     if path == format!("{pools}/{POOL}") && method == Method::GET {
         return match mock.with(|s| s.pool.clone()) {
             Some(p) => axum::Json(p).into_response(),
@@ -648,4 +664,71 @@ async fn a_missing_pool_has_no_endpoints_until_it_appears() {
     h.mock.put_pod("a", ready("127.0.0.51"));
     h.mock.set_pool(&[8000]);
     wait_urls(&h.router, &["http://127.0.0.51:8000"]).await;
+}
+
+fn objective(name: &str, pool: &str, priority: i64) -> Value {
+    json!({
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha2",
+        "kind": "InferenceObjective",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"poolRef": {"name": pool}, "priority": priority},
+    })
+}
+
+#[tokio::test]
+async fn the_pools_inference_objectives_set_request_priorities() {
+    let mock = Mock::spawn().await;
+    let router = Router::new(RouterConfig {
+        admission: serde_yaml::from_str("{objectives: {chat: 1}}").unwrap(),
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(mock.url.parse().unwrap())).unwrap();
+    let task = strata_router::k8s::objectives::spawn(
+        client,
+        NS,
+        POOL.into(),
+        router.clone(),
+        Duration::from_millis(50),
+    );
+    // No CRD in the cluster: router.yaml's objectives hold.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(router.objective_priority("chat"), Some(1));
+    assert_eq!(router.objective_priority("agents"), None);
+    // The cluster's objectives for this pool win; another pool's are ignored.
+    mock.with(|s| {
+        s.objectives = Some(vec![
+            objective("chat", POOL, 10),
+            objective("agents", POOL, 5),
+            objective("batch", "another-pool", -3),
+        ])
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while router.objective_priority("chat") != Some(10) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "objectives never read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(router.objective_priority("agents"), Some(5));
+    assert_eq!(router.objective_priority("batch"), None);
+    // A failing API server keeps the last read.
+    mock.with(|s| s.fault = Some(Fault::Status500));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(router.objective_priority("agents"), Some(5));
+    // An objective deleted in the cluster goes; router.yaml's value returns.
+    mock.with(|s| {
+        s.fault = None;
+        s.objectives = Some(vec![objective("agents", POOL, 5)]);
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while router.objective_priority("chat") != Some(1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a deleted objective stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
 }

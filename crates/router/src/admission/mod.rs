@@ -41,13 +41,7 @@ impl Ticket {
             .is_none()
             .then(|| cfg.admission.model_objectives.get(model))
             .flatten()
-            .and_then(|o| {
-                cfg.admission
-                    .objectives
-                    .get(o)
-                    .copied()
-                    .or_else(|| o.parse().ok())
-            });
+            .and_then(|o| router.objective_priority(o));
         let priority =
             by_model.unwrap_or_else(|| crate::intake::priority(router, headers, body_priority));
         let flow = cfg

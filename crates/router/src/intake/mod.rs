@@ -267,19 +267,12 @@ pub fn limits(router: &Router) -> ReadLimits {
     }
 }
 
-/// The priority: the objective header (a configured objective name or an integer), else
-/// the body's `priority`, else 0.
+/// The priority: the objective header (an objective the cluster or router.yaml defines, or
+/// an integer), else the body's `priority`, else 0.
 pub fn priority(router: &Router, headers: &(impl Headers + ?Sized), body: Option<i32>) -> i32 {
     let body = body.unwrap_or(0);
     match headers.header(crate::headers::OBJECTIVE) {
-        Some(name) => router
-            .config()
-            .admission
-            .objectives
-            .get(name)
-            .copied()
-            .or_else(|| name.parse().ok())
-            .unwrap_or(body),
+        Some(name) => router.objective_priority(name).unwrap_or(body),
         None => body,
     }
 }

@@ -38,6 +38,8 @@ use serde::Deserialize;
 use crate::endpoint::{EndpointSpec, EngineKind};
 use crate::router::Router;
 
+pub mod objectives;
+
 /// The InferencePool API group/version.
 pub const POOL_API_VERSION: &str = "inference.networking.k8s.io/v1";
 /// Pod label naming the engine software.
