@@ -616,3 +616,102 @@ async fn kv_cache_events_steer_picks_through_envoy() {
         "{m}"
     );
 }
+
+/// Open-loop load through `url` for one second: a noisy tenant every 10 ms, a quiet one
+/// every 100 ms, each naming its tenant as its flow (or none, with `shared`). Latencies
+/// of (quiet, noisy), every answer a 200.
+async fn tenants_through(url: &str, shared: bool) -> (Vec<Duration>, Vec<Duration>) {
+    let mut tasks = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(1);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut n = 0u64;
+    loop {
+        if tick.tick().await >= end {
+            break;
+        }
+        let quiet = n % 10 == 5;
+        n += 1;
+        for who in std::iter::once("noisy").chain(quiet.then_some("quiet")) {
+            let url = url.to_string();
+            tasks.push(tokio::spawn(async move {
+                let flow = [("x-gateway-inference-fairness-id", who)];
+                let headers: &[(&str, &str)] = if shared { &[] } else { &flow };
+                let started = tokio::time::Instant::now();
+                let r = post(&url, &completion("hi"), headers).await;
+                assert_eq!(r.0, 200, "{:?}", r.2);
+                (who, started.elapsed())
+            }));
+        }
+    }
+    let (mut quiet, mut noisy) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (who, took) = t.await.unwrap();
+        if who == "quiet" {
+            quiet.push(took);
+        } else {
+            noisy.push(took);
+        }
+    }
+    (quiet, noisy)
+}
+
+fn quantile(mut v: Vec<Duration>, q: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len());
+    v[i - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_envoy_the_quiet_tenant_keeps_its_fair_share() {
+    // One engine that publishes no metrics: the picker judges its load by its own picks in
+    // flight, two at most; about 40 ms a request, so 100 + 10 requests/s saturate it.
+    let l = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let e = MockEngine::serve(
+        MockConfig {
+            model: "m".into(),
+            output_tokens: 3,
+            ttft: Duration::from_millis(10),
+            itl: Duration::from_millis(10),
+            ..Default::default()
+        },
+        l,
+    )
+    .unwrap();
+    e.set_fault(Fault::NoMetrics);
+    let a = vec![e.addr().to_string()];
+    let mut config = fast_config(&a);
+    config.saturation.unknown_load_max_in_flight = 2;
+    config.flow_control.default_ttl_ms = Some(30_000);
+    let port = (free_port(), free_port());
+    let _picker = Picker::start_unscraped(port, config).await;
+    let envoy = Envoy::start(port, &a).await;
+    let url = format!("{}/v1/completions", envoy.od);
+    let mut alone = Vec::new();
+    for _ in 0..5 {
+        let started = tokio::time::Instant::now();
+        let r = post(
+            &url,
+            &completion("hi"),
+            &[("x-gateway-inference-fairness-id", "quiet")],
+        )
+        .await;
+        assert_eq!(r.0, 200, "{:?}", r.2);
+        alone.push(started.elapsed());
+    }
+    let alone_max = alone.iter().copied().max().unwrap();
+    let (quiet, noisy) = tenants_through(&url, false).await;
+    let (fair_quiet, fair_noisy) = (quantile(quiet, 0.9), quantile(noisy, 0.5));
+    let (shared_quiet, _) = tenants_through(&url, true).await;
+    let shared_quiet = quantile(shared_quiet, 0.9);
+    eprintln!(
+        "behind Envoy: alone max {alone_max:?}; fair: quiet p90 {fair_quiet:?}, noisy median {fair_noisy:?}; shared: quiet p90 {shared_quiet:?}"
+    );
+    assert!(
+        fair_quiet <= alone_max * 3 + Duration::from_millis(60),
+        "quiet p90 {fair_quiet:?} vs alone max {alone_max:?} (noisy median {fair_noisy:?})"
+    );
+    assert!(
+        shared_quiet >= fair_quiet * 3,
+        "one shared flow: quiet p90 {shared_quiet:?}, with fair shares {fair_quiet:?}"
+    );
+}

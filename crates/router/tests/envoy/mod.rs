@@ -276,6 +276,16 @@ impl Picker {
     /// Two ext_proc ports over one router: `ports.0` names the pick alone (for the
     /// ORIGINAL_DST cluster), `ports.1` adds up to three fallbacks (for override_host).
     pub async fn start(ports: (u16, u16), config: RouterConfig) -> Picker {
+        Self::start_when(ports, config, true).await
+    }
+
+    /// [`Picker::start`] for engines that publish no metrics: waits for them to be ready
+    /// only (their load is judged by the picker's own requests in flight).
+    pub async fn start_unscraped(ports: (u16, u16), config: RouterConfig) -> Picker {
+        Self::start_when(ports, config, false).await
+    }
+
+    async fn start_when(ports: (u16, u16), config: RouterConfig, scraped: bool) -> Picker {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -309,7 +319,7 @@ impl Picker {
         let r = router.clone();
         wait_for("endpoints ready", || {
             let s = r.status();
-            s.len() == n && s.iter().all(|e| e.ready && !e.stale)
+            s.len() == n && s.iter().all(|e| e.ready && (!scraped || !e.stale))
         })
         .await;
         Picker {
