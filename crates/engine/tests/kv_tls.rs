@@ -28,9 +28,8 @@ use strata_engine::kv::tls::{server_tls, KvAcceptor, KvConnector, KvTls, KvTlsFi
 use strata_engine::kv::transfer::{
     self, BlockData, BlockSource, BlockSpec, BoxFuture, Evictions, ServeLimits, TransferClient,
 };
-use strata_engine::server::{self, AppState, EngineOptions, KvRole};
+use strata_engine::server::{self, EngineOptions, KvRole};
 
-const MODEL: &str = "smollm2-135m-instruct";
 const T: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------
@@ -418,56 +417,7 @@ fn kv_tls_flags_need_their_certificate_and_ca() {
 // ---------------------------------------------------------------------------------------
 // Engines
 
-/// An engine served in process: its HTTP address, its transfer endpoint (when it has one)
-/// and its state.
-struct Engine {
-    http: SocketAddr,
-    transfer: Option<SocketAddr>,
-    state: Arc<AppState>,
-}
-
-/// Loads the default model with `opts` and serves it on a runtime thread of its own, with a
-/// transfer endpoint on a loopback port when `endpoint` is set.
-fn start(opts: EngineOptions, endpoint: bool) -> Engine {
-    let loaded = server::load(&common::model_path(), MODEL, &opts).expect("load the model");
-    let state = loaded.state.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let st = state.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let http = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind http");
-            let transfer = match endpoint {
-                true => Some(
-                    tokio::net::TcpListener::bind("127.0.0.1:0")
-                        .await
-                        .expect("bind transfer"),
-                ),
-                false => None,
-            };
-            let services =
-                server::start_kv_services(&st, transfer, "127.0.0.1").expect("KV services");
-            tx.send((http.local_addr().expect("addr"), services.transfer_addr()))
-                .expect("send addrs");
-            let _keep = (services, loaded);
-            axum::serve(http, server::router(st)).await.expect("serve");
-        });
-    });
-    let (http, transfer) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("engine addresses");
-    Engine {
-        http,
-        transfer,
-        state,
-    }
-}
+use common::kv_engine::{start, Engine, MODEL};
 
 fn post(addr: SocketAddr, body: &Value, request_id: &str) -> (u16, Value) {
     let body = body.to_string();

@@ -4,6 +4,8 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+pub mod kv_engine;
+
 /// The default model: `$STRATA_TEST_MODEL`, else the cache entry that `strata model pull`
 /// writes. A missing model fails the test with what to run; it is never skipped.
 pub fn model_path() -> PathBuf {
