@@ -1,25 +1,17 @@
 //! Hermes / Qwen 2.5: `<tool_call>\n{"name": "f", "arguments": {..}}\n</tool_call>`,
 //! one block per call; content is the text before the first block.
 
-use super::json_scan::{partial_tag, scan_call};
+use super::json_scan::{scan_call, split_at_start};
 use super::View;
 
 pub(super) const START: &str = "<tool_call>";
 pub(super) const END: &str = "</tool_call>";
 
 pub(super) fn view(text: &str, done: bool) -> View {
-    let Some(first) = text.find(START) else {
-        let held = if done { 0 } else { partial_tag(text, START) };
-        return View {
-            content: text[..text.len() - held].to_string(),
-            ..View::default()
-        };
+    let (mut view, mut pos) = match split_at_start(text, START, done) {
+        Ok(split) => split,
+        Err(all_content) => return all_content,
     };
-    let mut view = View {
-        content: text[..first].to_string(),
-        ..View::default()
-    };
-    let mut pos = first + START.len();
     loop {
         view.opened += 1;
         let close = text[pos..].find(END).map(|e| pos + e);

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::CallView;
+use super::{CallView, View};
 
 /// Where a value starting at some index ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +162,25 @@ pub(super) fn scan_call(s: &str, i: usize, done: bool) -> (Option<CallView>, Opt
         done: end.is_some(),
     });
     (call, end)
+}
+
+/// Splits `text` at the first `start` tag: `Ok` with a view whose content is the text
+/// before it and the offset just after the tag, or `Err` with the whole answer when there
+/// is no tag (all of it content, less a tail that could still become the tag while `text`
+/// is not `done`).
+pub(super) fn split_at_start(text: &str, start: &str, done: bool) -> Result<(View, usize), View> {
+    let Some(first) = text.find(start) else {
+        let held = if done { 0 } else { partial_tag(text, start) };
+        return Err(View {
+            content: text[..text.len() - held].to_string(),
+            ..View::default()
+        });
+    };
+    let view = View {
+        content: text[..first].to_string(),
+        ..View::default()
+    };
+    Ok((view, first + start.len()))
 }
 
 /// How many bytes at the end of `text` could be the start of `tag` (held back from

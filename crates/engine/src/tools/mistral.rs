@@ -2,25 +2,18 @@
 //! before the marker. (`[TOOL_CALLS]` is a special token in Mistral's tokenizers: serve
 //! with `skip_special_tokens: false` so it reaches the parser.)
 
-use super::json_scan::{partial_tag, scan_call, skip_ws};
+use super::json_scan::{scan_call, skip_ws, split_at_start};
 use super::View;
 
 pub(super) const START: &str = "[TOOL_CALLS]";
 
 pub(super) fn view(text: &str, done: bool) -> View {
-    let Some(first) = text.find(START) else {
-        let held = if done { 0 } else { partial_tag(text, START) };
-        return View {
-            content: text[..text.len() - held].to_string(),
-            ..View::default()
-        };
-    };
-    let mut view = View {
-        content: text[..first].to_string(),
-        ..View::default()
+    let (mut view, after) = match split_at_start(text, START, done) {
+        Ok(split) => split,
+        Err(all_content) => return all_content,
     };
     let b = text.as_bytes();
-    let mut pos = skip_ws(text, first + START.len());
+    let mut pos = skip_ws(text, after);
     if b.get(pos) == Some(&b'[') {
         pos += 1;
     }
