@@ -20,6 +20,8 @@
 //!   [`model_server::LoadSample`] every reader of `/metrics` makes.
 //! * [`kv_events`], [`block_hash`]: vLLM's KV-event wire codec and prefix-cache hashes.
 //! * [`stats`]: the one sample-percentile definition.
+//! * [`anthropic`], [`responses`]: Anthropic's Messages API and OpenAI's Responses API
+//!   (requests, answers, streamed events), which the gateway serves by translation.
 //! * [`trace`]: W3C `traceparent` and the hook the binary's trace exporter plugs into.
 //! * `http` (feature `http`): `IntoResponse for ApiError`, route fallbacks, the shutdown
 //!   signal, shared by every HTTP front; `edge`, the HTTP server they all run; `tls`,
@@ -28,6 +30,7 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+pub mod anthropic;
 pub mod block_hash;
 #[cfg(feature = "http")]
 pub mod edge;
@@ -37,6 +40,7 @@ pub mod http;
 pub mod kv_events;
 pub mod model_server;
 pub mod prometheus;
+pub mod responses;
 pub mod sse;
 pub mod stats;
 #[cfg(feature = "http")]
