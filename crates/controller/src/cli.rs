@@ -74,7 +74,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // On its own (Kubernetes) the picker holds requests for a pool at zero; its count, when
     // configured, is what wakes the pool.
     let registrar: Arc<dyn ReplicaRegistrar> = match cfg.held_requests.clone() {
-        Some(source) => crate::held::spawn(source),
+        Some(source) => crate::held::spawn(
+            source,
+            crate::tls_client::http_client(cfg.tls.ca_file.as_deref()).context("tls.caFile")?,
+        ),
         None => Arc::new(NoRegistrar),
     };
     serve(cfg, registrar, rx).await
@@ -113,9 +116,12 @@ pub async fn serve_with<D: Driver>(
     registrar: Arc<dyn ReplicaRegistrar>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let source = MetricsScraper::new(
+    let client =
+        crate::tls_client::http_client(cfg.tls.ca_file.as_deref()).context("tls.caFile")?;
+    let source = MetricsScraper::with_client(
         cfg.engine_kind,
         Duration::from_secs_f64(cfg.scrape_timeout_secs),
+        client,
     );
     let metrics = Arc::new(ControllerMetrics::new());
     let controller = Controller::new(
@@ -155,19 +161,18 @@ pub async fn serve_with<D: Driver>(
     let mut http_shutdown = shutdown.clone();
     // The edge server's default bounds (connections, head and body timeouts): the
     // endpoint serves scrapers and `strata rollout`, never bulk uploads.
+    let limits = strata_api::edge::EdgeLimits {
+        tls: cfg.tls.server_files(),
+        ..strata_api::edge::EdgeLimits::default()
+    };
     let server = tokio::spawn(async move {
-        strata_api::edge::serve(
-            listener,
-            app,
-            strata_api::edge::EdgeLimits::default(),
-            async move {
-                while http_shutdown.changed().await.is_ok() {
-                    if *http_shutdown.borrow() {
-                        break;
-                    }
+        strata_api::edge::serve(listener, app, limits, async move {
+            while http_shutdown.changed().await.is_ok() {
+                if *http_shutdown.borrow() {
+                    break;
                 }
-            },
-        )
+            }
+        })
         .await
     });
     controller.run(shutdown).await;

@@ -1,7 +1,7 @@
 //! `controller.yaml`: typed, every key defaulted, validated before anything starts.
 //! Every key and its default is listed in `docs/CONTROLLER.md`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +36,46 @@ pub struct ControllerConfig {
     /// The picker whose held requests wake a pool scaled to zero (Kubernetes); absent:
     /// only the registrar's count (the `strata up` front's).
     pub held_requests: Option<HeldRequestsSource>,
+    /// The endpoint over HTTPS, and the CA `https://` replicas and pickers are verified
+    /// against.
+    pub tls: ControllerTls,
+}
+
+/// `tls:` in controller.yaml (PEM files, as the other services' `--tls-*` flags).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct ControllerTls {
+    /// The CA `https://` replicas' (`/metrics`) and the picker's (`heldRequests`)
+    /// certificates are verified against, on top of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Serve the HTTP endpoint (`/metrics`, `/status`, the rollout API) over HTTPS with
+    /// this certificate chain (reloaded when it changes) ...
+    pub cert_file: Option<PathBuf>,
+    /// ... and its key.
+    pub key_file: Option<PathBuf>,
+    /// Mutual TLS on the endpoint: callers must present a certificate this CA signed.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl ControllerTls {
+    /// The endpoint's certificate files, when it serves HTTPS.
+    pub fn server_files(&self) -> Option<strata_api::tls::TlsFiles> {
+        Some(strata_api::tls::TlsFiles {
+            cert: self.cert_file.clone()?,
+            key: self.key_file.clone()?,
+            client_ca: self.client_ca_file.clone(),
+        })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err("tls: certFile and keyFile go together".into());
+        }
+        if self.client_ca_file.is_some() && self.cert_file.is_none() {
+            return Err("tls.clientCaFile needs certFile and keyFile".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for ControllerConfig {
@@ -51,6 +91,7 @@ impl Default for ControllerConfig {
             rollout: RolloutConfig::default(),
             models: ModelRegistry::default(),
             held_requests: None,
+            tls: ControllerTls::default(),
         }
     }
 }
@@ -146,6 +187,7 @@ impl ControllerConfig {
         if let Some(h) = &self.held_requests {
             h.validate().map_err(invalid)?;
         }
+        self.tls.validate().map_err(invalid)?;
         match &self.driver {
             DriverConfig::Local(l) => l.validate().map_err(|e| invalid(e.to_string()))?,
             #[cfg(feature = "kubernetes")]

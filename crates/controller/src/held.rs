@@ -82,11 +82,11 @@ impl ReplicaRegistrar for PickerHeld {
     }
 }
 
-/// Polls `source` until the returned registrar is the last one alive.
-pub fn spawn(source: HeldRequestsSource) -> Arc<PickerHeld> {
+/// Polls `source` with `client` (one trusting the picker's CA for an `https://` page:
+/// [`crate::tls_client::http_client`]) until the returned registrar is the last one alive.
+pub fn spawn(source: HeldRequestsSource, client: reqwest::Client) -> Arc<PickerHeld> {
     let held = Arc::new(PickerHeld::default());
     let weak = Arc::downgrade(&held);
-    let client = reqwest::Client::new();
     let interval = Duration::from_millis(source.interval_ms);
     tokio::spawn(async move {
         let mut failures = 0u32;
@@ -186,11 +186,14 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/metrics", get(|| async { PAGE }));
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
-        let held = spawn(HeldRequestsSource {
-            metrics_url: format!("http://{addr}/metrics"),
-            pool: Some("chat".into()),
-            interval_ms: 20,
-        });
+        let held = spawn(
+            HeldRequestsSource {
+                metrics_url: format!("http://{addr}/metrics"),
+                pool: Some("chat".into()),
+                interval_ms: 20,
+            },
+            reqwest::Client::new(),
+        );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while held.held_requests() != 3 {
             assert!(

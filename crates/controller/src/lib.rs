@@ -6,6 +6,7 @@
 //!   [`rollout_client`] is `strata rollout`, the client of the API `strata up` serves.
 //! - [`registry`]: model digests, ed25519 signing and verification ([`verify_model`]).
 //! - [`signals`]: reading engine `/metrics` into the policy's load sample.
+//! - [`tls_client`]: the HTTP clients, verifying `https://` servers against an operator's CA.
 //! - [`driver`]: the [`driver::Driver`] trait and the local process driver.
 //! - [`controller`]: the control loop.
 //! - [`keda`]: the KEDA external scaler (gRPC) exposing the controller's judgement.
@@ -43,6 +44,8 @@ pub mod rollout_client;
 pub mod rollout_runner;
 #[cfg(feature = "runtime")]
 pub mod signals;
+#[cfg(feature = "runtime")]
+pub mod tls_client;
 
 #[cfg(feature = "runtime")]
 pub use cli::{

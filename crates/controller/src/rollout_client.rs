@@ -103,6 +103,10 @@ pub struct RolloutClientArgs {
     /// The `strata up` front address.
     #[arg(long, default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
+    /// The CA (PEM) an `https://` front is verified against, on top of the system's roots
+    /// (`strata up --tls` prints its file).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of a summary.
     #[arg(long, global = true)]
     pub json: bool,
@@ -163,9 +167,14 @@ pub struct RolloutClient {
 
 impl RolloutClient {
     pub fn new(url: &str) -> RolloutClient {
+        Self::with_client(url, reqwest::Client::new())
+    }
+
+    /// A client over `http` (one trusting the front's CA: [`crate::tls_client::http_client`]).
+    pub fn with_client(url: &str, http: reqwest::Client) -> RolloutClient {
         RolloutClient {
             base: format!("{}/controller/rollout", url.trim_end_matches('/')),
-            http: reqwest::Client::new(),
+            http,
         }
     }
 
@@ -269,7 +278,8 @@ pub fn summary(v: &RolloutView) -> String {
 
 /// Runs one subcommand; an API error is returned (the CLI exits non-zero with it).
 pub async fn run(args: RolloutClientArgs) -> anyhow::Result<()> {
-    let client = RolloutClient::new(&args.url);
+    let http = crate::tls_client::http_client(args.ca_file.as_deref()).context("--ca-file")?;
+    let client = RolloutClient::with_client(&args.url, http);
     let view = match args.command {
         RolloutClientCommand::Start {
             model,

@@ -119,8 +119,14 @@ pub struct MetricsScraper {
 
 impl MetricsScraper {
     pub fn new(kind: EngineKind, timeout: Duration) -> MetricsScraper {
+        Self::with_client(kind, timeout, reqwest::Client::new())
+    }
+
+    /// A scraper over `client` (one that trusts the replicas' CA, for `https://` ones:
+    /// [`crate::tls_client::http_client`]).
+    pub fn with_client(kind: EngineKind, timeout: Duration, client: reqwest::Client) -> Self {
         MetricsScraper {
-            client: reqwest::Client::new(),
+            client,
             kind,
             timeout,
             aggregator: LoadAggregator::default(),

@@ -18,7 +18,7 @@
 //!      when its `Ready` condition comes back;
 //!    - new: `Started`;
 //!    - its `Ready` condition true and a pod IP: registered, `Ready` with
-//!      `http://<podIP>:<port>`;
+//!      `http://<podIP>:<port>` (`https://` with `https: true`);
 //!    - not ready for `readyTimeoutSecs`: `NeverReady` and the pod is deleted, so the
 //!      workload's controller replaces it.
 //!
@@ -87,6 +87,9 @@ pub struct KubernetesDriverConfig {
     pub context: Option<String>,
     /// Longest wait for one API call.
     pub request_timeout_secs: f64,
+    /// Replicas serve HTTPS: they are `https://<podIP>:<port>` (their certificates must
+    /// name the pod IP, e.g. issued by cert-manager's CSI driver; `tls.caFile` verifies).
+    pub https: bool,
 }
 
 impl Default for KubernetesDriverConfig {
@@ -101,6 +104,7 @@ impl Default for KubernetesDriverConfig {
             kubeconfig: None,
             context: None,
             request_timeout_secs: 10.0,
+            https: false,
         }
     }
 }
@@ -485,10 +489,11 @@ impl KubernetesDriver {
     }
 
     fn url(&self, ip: &str) -> String {
+        let scheme = if self.cfg.https { "https" } else { "http" };
         if ip.contains(':') {
-            format!("http://[{ip}]:{}", self.cfg.port)
+            format!("{scheme}://[{ip}]:{}", self.cfg.port)
         } else {
-            format!("http://{ip}:{}", self.cfg.port)
+            format!("{scheme}://{ip}:{}", self.cfg.port)
         }
     }
 

@@ -54,6 +54,12 @@ pub struct LocalDriverConfig {
     pub stop_grace_secs: f64,
     /// Where each replica's output goes (`<id>.log`); absent: the controller's own output.
     pub log_dir: Option<PathBuf>,
+    /// Replicas serve HTTPS (their arguments give them a certificate): they are reached
+    /// at `https://`, for health checks, drains and the router alike.
+    pub https: bool,
+    /// With `https`: the CA (PEM) replicas' certificates are verified against, on top of
+    /// the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for LocalDriverConfig {
@@ -74,6 +80,8 @@ impl Default for LocalDriverConfig {
             drain_timeout_secs: 30.0,
             stop_grace_secs: 10.0,
             log_dir: None,
+            https: false,
+            ca_file: None,
         }
     }
 }
@@ -106,6 +114,9 @@ impl LocalDriverConfig {
         }
         if !self.health_path.starts_with('/') {
             return Err(bad("healthPath", "must start with /"));
+        }
+        if self.ca_file.is_some() && !self.https {
+            return Err(bad("caFile", "needs `https: true`"));
         }
         if self.host.parse::<std::net::IpAddr>().is_err() {
             return Err(bad("host", "must be an IP address, e.g. 127.0.0.1"));
@@ -173,12 +184,14 @@ impl LocalDriver {
             None => std::env::current_exe()
                 .map_err(|e| DriverError::Spawn(format!("cannot find this executable: {e}")))?,
         };
+        let client = crate::tls_client::http_client(cfg.ca_file.as_deref())
+            .map_err(|e| DriverError::Config(format!("driver.caFile: {e}")))?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Ok(LocalDriver {
             cfg,
             program,
             registrar,
-            client: reqwest::Client::new(),
+            client,
             next_id: 1,
             replicas: BTreeMap::new(),
             draining: Arc::new(Mutex::new(BTreeMap::new())),
@@ -244,7 +257,8 @@ impl LocalDriver {
         } else {
             self.cfg.host.clone()
         };
-        let url = format!("http://{host}:{port}");
+        let scheme = if self.cfg.https { "https" } else { "http" };
+        let url = format!("{scheme}://{host}:{port}");
         let watch = Arc::new(Mutex::new(Watch::Starting));
         tokio::spawn(watch_ready(
             self.client.clone(),
@@ -294,10 +308,11 @@ impl LocalDriver {
         let drain_timeout = Duration::from_secs_f64(self.cfg.drain_timeout_secs);
         let grace = Duration::from_secs_f64(self.cfg.stop_grace_secs);
         let poll = Duration::from_millis(self.cfg.health_poll_ms);
+        let client = self.client.clone();
         self.drains.spawn(async move {
             let Replica { id, url, child, .. } = r;
             if drain {
-                wait_idle(&url, drain_timeout, poll).await;
+                wait_idle(client, &url, drain_timeout, poll).await;
             }
             let forced = terminate(child, grace).await;
             if let Ok(mut d) = draining.lock() {
@@ -359,8 +374,12 @@ async fn watch_ready(
 
 /// Waits until the replica reports nothing running or waiting, or the timeout. A replica
 /// whose metrics cannot be read is taken as idle only once the timeout passes.
-async fn wait_idle(url: &str, timeout: Duration, poll: Duration) {
-    let scraper = MetricsScraper::new(EngineKind::Vllm, poll.max(Duration::from_millis(500)));
+async fn wait_idle(client: reqwest::Client, url: &str, timeout: Duration, poll: Duration) {
+    let scraper = MetricsScraper::with_client(
+        EngineKind::Vllm,
+        poll.max(Duration::from_millis(500)),
+        client,
+    );
     let deadline = Instant::now() + timeout;
     // Requests the router sent just before deregistering the replica may still be in
     // transit (accepted, not yet queued in the engine's scheduler, so not in its gauges):
