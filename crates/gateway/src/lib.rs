@@ -19,6 +19,8 @@
 //!   one and back, so both kinds of request share the caches).
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
 //! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
+//! * [`translate`]: chat completions ⇄ Anthropic Messages and OpenAI Responses (requests,
+//!   answers, streams), pure.
 //! * [`cascade`]: pure cascade policy (which model first, whether an answer escalates).
 //! * [`proxy`]: the request path as stages (admit → lookup → plan → try → respond →
 //!   settle), one file each; tries go to a fixed base URL or through an embedded router
@@ -59,6 +61,7 @@ pub mod sse_answer;
 pub mod state;
 pub mod store;
 pub mod stream_guard;
+pub mod translate;
 pub mod upstream;
 
 pub use cli::{run, run_keys, GatewayArgs, KeysArgs, KeysCommand};

@@ -10,7 +10,10 @@
 //! Money is integer micro-dollars (1e-6 USD) everywhere, so sums never drift.
 
 pub mod postgres;
+pub mod responses;
 pub mod sqlite;
+
+pub use responses::StoredResponse;
 
 use serde::{Deserialize, Serialize};
 
@@ -309,5 +312,24 @@ pub trait Store: Send + Sync {
     /// Drops a hold whose request was refused after it was taken.
     fn release_hold(&self, _id: &str) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Keeps a Responses API response (`store: true`) until its `expires_at`, replacing
+    /// one of the same tenant and id, and drops the tenant's expired ones
+    /// ([`responses`]).
+    fn put_response(&self, _r: &StoredResponse) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable(
+            "this store keeps no responses".into(),
+        ))
+    }
+
+    /// The tenant's response `id` when kept and not expired at `now`.
+    fn get_response(
+        &self,
+        _tenant: &str,
+        _id: &str,
+        _now: i64,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        Ok(None)
     }
 }

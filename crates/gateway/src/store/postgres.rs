@@ -37,8 +37,8 @@ use tokio_postgres::{Client, NoTls};
 
 use super::{period_increments, Holder, PeriodSpend, UserRecord};
 use super::{
-    AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, StoreError, TenantRecord, UsageEvent,
-    UsageFilter, UsageRow,
+    AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, StoreError, StoredResponse,
+    TenantRecord, UsageEvent, UsageFilter, UsageRow,
 };
 use crate::budget::{Period, Window};
 use crate::config::RateLimits;
@@ -127,6 +127,18 @@ pub const MIGRATIONS: &[&str] = &[
         micros BIGINT NOT NULL,
         PRIMARY KEY (holder, tenant, name, period)
     );",
+    // 3: Responses API responses kept for `GET /v1/responses/{id}` and
+    // `previous_response_id`, per tenant, until they expire (issue 27).
+    "CREATE TABLE responses (
+        tenant TEXT NOT NULL,
+        id TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        PRIMARY KEY (tenant, id)
+    );
+    CREATE INDEX responses_expiry ON responses (expires_at);",
 ];
 
 /// Any number; the advisory lock that serializes migrations across replicas.
@@ -956,6 +968,68 @@ impl Store for PgStore {
                     )
                     .await?;
                     Ok(())
+                })
+            })
+        })
+    }
+
+    fn put_response(&self, r: &StoredResponse) -> Result<(), StoreError> {
+        let r = r.clone();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    c.execute(
+                        "DELETE FROM responses WHERE tenant = $1 AND expires_at <= $2",
+                        &[&r.tenant, &r.created_at],
+                    )
+                    .await?;
+                    c.execute(
+                        "INSERT INTO responses (tenant, id, created_at, expires_at, body, \
+                         conversation) VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (tenant, id) DO UPDATE SET created_at = EXCLUDED.created_at, \
+                         expires_at = EXCLUDED.expires_at, body = EXCLUDED.body, \
+                         conversation = EXCLUDED.conversation",
+                        &[
+                            &r.tenant,
+                            &r.id,
+                            &r.created_at,
+                            &r.expires_at,
+                            &r.body,
+                            &r.conversation,
+                        ],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+        })
+    }
+
+    fn get_response(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let row = c
+                        .query_opt(
+                            "SELECT tenant, id, created_at, expires_at, body, conversation \
+                             FROM responses WHERE tenant = $1 AND id = $2 AND expires_at > $3",
+                            &[&tenant, &id, &now],
+                        )
+                        .await?;
+                    Ok(row.map(|r| StoredResponse {
+                        tenant: r.get(0),
+                        id: r.get(1),
+                        created_at: r.get(2),
+                        expires_at: r.get(3),
+                        body: r.get(4),
+                        conversation: r.get(5),
+                    }))
                 })
             })
         })

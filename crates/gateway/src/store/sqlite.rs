@@ -11,8 +11,8 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    period_increments, AuditEntry, Holder, KeyRecord, PeriodSpend, Store, StoreError, TenantRecord,
-    UsageEvent, UsageFilter, UsageRow, UserRecord,
+    period_increments, AuditEntry, Holder, KeyRecord, PeriodSpend, Store, StoreError,
+    StoredResponse, TenantRecord, UsageEvent, UsageFilter, UsageRow, UserRecord,
 };
 use crate::budget::{Period, Window};
 use crate::config::RateLimits;
@@ -89,6 +89,18 @@ const MIGRATIONS: &[&str] = &[
         micros INTEGER NOT NULL,
         PRIMARY KEY (holder, tenant, name, period)
     );",
+    // 3: Responses API responses kept for `GET /v1/responses/{id}` and
+    // `previous_response_id`, per tenant, until they expire (issue 27).
+    "CREATE TABLE responses (
+        tenant TEXT NOT NULL,
+        id TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        PRIMARY KEY (tenant, id)
+    );
+    CREATE INDEX responses_expiry ON responses (expires_at);",
 ];
 
 pub struct SqliteStore {
@@ -513,6 +525,54 @@ impl Store for SqliteStore {
             params![e.ts, e.actor, e.action, e.target, e.detail],
         )?;
         Ok(())
+    }
+
+    fn put_response(&self, r: &StoredResponse) -> Result<(), StoreError> {
+        let conn = self.conn.lock();
+        conn.execute(
+            "DELETE FROM responses WHERE tenant = ?1 AND expires_at <= ?2",
+            params![r.tenant, r.created_at],
+        )?;
+        conn.execute(
+            "INSERT OR REPLACE INTO responses (tenant, id, created_at, expires_at, body, \
+             conversation) VALUES (?1,?2,?3,?4,?5,?6)",
+            params![
+                r.tenant,
+                r.id,
+                r.created_at,
+                r.expires_at,
+                r.body,
+                r.conversation
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn get_response(
+        &self,
+        tenant: &str,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        Ok(self
+            .conn
+            .lock()
+            .query_row(
+                "SELECT tenant, id, created_at, expires_at, body, conversation FROM responses \
+                 WHERE tenant = ?1 AND id = ?2 AND expires_at > ?3",
+                params![tenant, id, now],
+                |r| {
+                    Ok(StoredResponse {
+                        tenant: r.get(0)?,
+                        id: r.get(1)?,
+                        created_at: r.get(2)?,
+                        expires_at: r.get(3)?,
+                        body: r.get(4)?,
+                        conversation: r.get(5)?,
+                    })
+                },
+            )
+            .optional()?)
     }
 
     fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
