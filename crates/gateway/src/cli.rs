@@ -72,6 +72,7 @@ pub fn passthrough_config(upstream_url: &str, models: &[String]) -> Config {
             endpoints: Vec::new(),
             config: None,
             router: None,
+            apis: Vec::new(),
         }],
         models: models
             .iter()

@@ -20,7 +20,9 @@
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
 //! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
 //! * [`translate`]: chat completions ⇄ Anthropic Messages and OpenAI Responses (requests,
-//!   answers, streams), pure.
+//!   answers, streams), pure; [`anthropic`] and [`responses`] serve those APIs through the
+//!   proxy's stages as chat requests ([`via_chat`]), or pass them through to upstreams
+//!   that speak them ([`passthrough`]).
 //! * [`cascade`]: pure cascade policy (which model first, whether an answer escalates).
 //! * [`proxy`]: the request path as stages (admit → lookup → plan → try → respond →
 //!   settle), one file each; tries go to a fixed base URL or through an embedded router
@@ -37,6 +39,7 @@
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod admin;
+pub mod anthropic;
 pub mod auth;
 pub mod budget;
 pub mod cache;
@@ -48,9 +51,11 @@ pub mod config;
 pub mod guardrails;
 pub mod keys;
 pub mod metrics;
+pub mod passthrough;
 pub mod proxy;
 pub mod ratelimit;
 pub mod redis_conn;
+pub mod responses;
 pub mod restart_only;
 pub mod role;
 pub mod routing;
@@ -63,6 +68,7 @@ pub mod store;
 pub mod stream_guard;
 pub mod translate;
 pub mod upstream;
+pub mod via_chat;
 
 pub use cli::{run, run_keys, GatewayArgs, KeysArgs, KeysCommand};
 pub use config::{Config, ConfigHandle};

@@ -1,4 +1,5 @@
-//! The HTTP surface: OpenAI routes and vLLM's others ([`Route::ALL`], proxied), `/v1/models`, `/health`, `/metrics` (tenant
+//! The HTTP surface: OpenAI routes and vLLM's others ([`Route::ALL`], proxied), Anthropic's
+//! Messages API ([`crate::anthropic`]) and OpenAI's Responses API ([`crate::responses`]), `/v1/models`, `/health`, `/metrics` (tenant
 //! series only with the metrics key, or on `metrics.listen`), the admin API under `/admin`
 //! ([`crate::admin`], by role), and serving: the edge bounds from `server:`, the metrics
 //! listener, config watching and the JWKS refresh.
@@ -16,8 +17,10 @@ use serde_json::{json, Value};
 use strata_api::ApiError;
 
 use crate::admin;
+use crate::anthropic;
 use crate::keys;
 use crate::proxy::{self, error_response, Route};
+use crate::responses;
 use crate::state::Gateway;
 
 type Gw = State<Arc<Gateway>>;
@@ -28,7 +31,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     for route in Route::ALL {
         app = app.route(route.path(), forwarded(route));
     }
-    app.route("/v1/models", get(models))
+    app.route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get))
+        .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/admin/keys", post(admin::create_key).get(admin::list_keys))

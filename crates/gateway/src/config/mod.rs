@@ -117,6 +117,10 @@ pub struct StoreConfig {
     /// How long a budget hold outlives a request that never settles (a crashed replica).
     #[serde(default = "default_hold_ttl_secs")]
     pub hold_ttl_secs: u64,
+    /// How long a Responses API response (`store: true`) is kept for `GET` and
+    /// `previous_response_id` (default 30 days).
+    #[serde(default = "default_responses_retention_secs")]
+    pub responses_retention_secs: u64,
 }
 
 impl Default for StoreConfig {
@@ -127,8 +131,13 @@ impl Default for StoreConfig {
             on_error: FailureMode::Open,
             timeout_ms: default_store_timeout_ms(),
             hold_ttl_secs: default_hold_ttl_secs(),
+            responses_retention_secs: default_responses_retention_secs(),
         }
     }
+}
+
+fn default_responses_retention_secs() -> u64 {
+    30 * 24 * 3600
 }
 
 fn default_store_timeout_ms() -> u64 {
@@ -172,6 +181,12 @@ pub struct UpstreamConfig {
     /// together with `config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<serde_yaml::Value>,
+    /// The generation APIs the upstream serves itself besides chat (`messages`,
+    /// `responses`; vLLM 0.32 serves both): requests on those routes are passed through
+    /// when every upstream of the model lists the API, else translated to chat
+    /// ([`crate::passthrough`]). Default: none (a Strata engine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apis: Vec<crate::passthrough::Api>,
 }
 
 /// One replica of a `router` upstream.
@@ -736,7 +751,7 @@ fn validate_model(
 }
 
 /// Paths of the forwarded routes, in [`crate::proxy::Route`] order.
-pub const ROUTE_PATHS: [&str; 13] = [
+pub const ROUTE_PATHS: [&str; 16] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
@@ -750,6 +765,9 @@ pub const ROUTE_PATHS: [&str; 13] = [
     "/pooling",
     "/classify",
     "/v1/chat/completions/batch",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
 ];
 
 /// Per-try and total timeouts of a model.

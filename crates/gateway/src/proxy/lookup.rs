@@ -74,6 +74,9 @@ pub(crate) async fn lookup(gw: &Gateway, req: &mut Admitted) -> Lookup {
 async fn find(gw: &Gateway, req: &mut Admitted) -> Lookup {
     let skip_lookup = no_cache(req);
     let mut store = Store::default();
+    if !req.route.cacheable() {
+        return Lookup::Miss(store);
+    }
     if let Some(c) = &gw.cache {
         if cache::is_deterministic(&req.body) {
             let key = cache::cache_key(&req.key.record.tenant, req.route.name(), &req.body);

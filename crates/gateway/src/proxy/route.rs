@@ -26,6 +26,13 @@ pub enum Route {
     Classify,
     /// vLLM `/v1/chat/completions/batch` (a list of conversations, one answer).
     ChatBatch,
+    /// Anthropic's `/v1/messages`, passed through to an upstream that speaks it (not in
+    /// [`Route::ALL`]: [`crate::anthropic`] serves the path and picks this route or chat).
+    Messages,
+    /// `/v1/messages/count_tokens`, passed through likewise (no tokens charged).
+    CountTokens,
+    /// OpenAI's `/v1/responses`, passed through likewise ([`crate::responses`]).
+    Responses,
 }
 
 impl Route {
@@ -63,6 +70,9 @@ impl Route {
             Route::Pooling => 10,
             Route::Classify => 11,
             Route::ChatBatch => 12,
+            Route::Messages => 13,
+            Route::CountTokens => 14,
+            Route::Responses => 15,
         }
     }
 
@@ -82,13 +92,32 @@ impl Route {
             Route::Pooling => "pooling",
             Route::Classify => "classify",
             Route::ChatBatch => "chat_batch",
+            Route::Messages => "messages",
+            Route::CountTokens => "count_tokens",
+            Route::Responses => "responses",
         }
     }
 
     /// True for the routes that generate text: they may stream, are estimated with
     /// `max_tokens`, and can be cascaded.
     pub(crate) fn generates(self) -> bool {
-        matches!(self, Route::Chat | Route::Completions | Route::ChatBatch)
+        matches!(
+            self,
+            Route::Chat
+                | Route::Completions
+                | Route::ChatBatch
+                | Route::Messages
+                | Route::Responses
+        )
+    }
+
+    /// False for the passed-through routes of other APIs: their streamed answers are not
+    /// chat chunks, which is what the caches store and replay.
+    pub(crate) fn cacheable(self) -> bool {
+        !matches!(
+            self,
+            Route::Messages | Route::CountTokens | Route::Responses
+        )
     }
 
     /// True for the routes a cascade model may answer in turns (judged by its text).
@@ -99,7 +128,10 @@ impl Route {
     /// True for the routes whose answers carry no usage by design (tokenizer calls):
     /// they are charged no tokens (request limits still apply).
     pub(crate) fn free(self) -> bool {
-        matches!(self, Route::Tokenize | Route::Detokenize)
+        matches!(
+            self,
+            Route::Tokenize | Route::Detokenize | Route::CountTokens
+        )
     }
 }
 

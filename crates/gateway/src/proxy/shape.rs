@@ -204,13 +204,18 @@ fn check_vllm_shape(route: Route, v: &Value) -> Result<(), ApiError> {
 struct UsageOnly {
     #[serde(default)]
     usage: Option<UsageCounts>,
+    /// The Responses API's `response.completed` event holds it in `response`.
+    #[serde(default)]
+    response: Option<Box<UsageOnly>>,
 }
 
 #[derive(Deserialize)]
 struct UsageCounts {
-    #[serde(default)]
+    /// `input_tokens` in the Messages and Responses APIs.
+    #[serde(default, alias = "input_tokens")]
     prompt_tokens: Option<u64>,
-    #[serde(default)]
+    /// `output_tokens` in the Messages and Responses APIs.
+    #[serde(default, alias = "output_tokens")]
     completion_tokens: Option<u64>,
     /// vLLM's rerank usage has only this.
     #[serde(default)]
@@ -221,7 +226,10 @@ struct UsageCounts {
 /// no usable `usage` (then the estimate is charged). A usage with only `total_tokens`
 /// (rerank) counts it all as prompt.
 pub(crate) fn usage_from_json(bytes: &[u8]) -> Option<(u64, u64)> {
-    let u = serde_json::from_slice::<UsageOnly>(bytes).ok()?.usage?;
+    let parsed = serde_json::from_slice::<UsageOnly>(bytes).ok()?;
+    let u = parsed
+        .usage
+        .or_else(|| parsed.response.and_then(|r| r.usage))?;
     let completion = u.completion_tokens.unwrap_or(0);
     let prompt = match (u.prompt_tokens, u.total_tokens) {
         (Some(p), _) => p,
@@ -268,6 +276,17 @@ mod tests {
             Some((5, 0))
         );
         assert_eq!(usage_from_json(br#"{"usage":{}}"#), None);
+        // The Messages and Responses APIs' names, and a Responses stream's last event.
+        assert_eq!(
+            usage_from_json(
+                br#"{"type":"message_delta","usage":{"input_tokens":33,"output_tokens":8}}"#
+            ),
+            Some((33, 8))
+        );
+        assert_eq!(
+            usage_from_json(br#"{"type":"response.completed","response":{"usage":{"input_tokens":4,"output_tokens":2,"total_tokens":6}}}"#),
+            Some((4, 2))
+        );
         assert_eq!(
             answer_usage(Route::Tokenize, b"{\"count\": 3}"),
             Some((0, 0))

@@ -117,7 +117,13 @@ impl UsageWatch {
         match dec.feed(chunk) {
             Ok(events) => {
                 for ev in events {
-                    if ev.is_done() {
+                    // `[DONE]`, or the last event of a passed-through Messages or
+                    // Responses stream (those send no `[DONE]`).
+                    let last = matches!(
+                        ev.event.as_deref(),
+                        Some("message_stop" | "response.completed" | "response.incomplete")
+                    );
+                    if ev.is_done() || last {
                         self.saw_done = true;
                     }
                     if ev.data.contains("\"usage\"") && !ev.is_done() {

@@ -1,0 +1,91 @@
+//! Which generation APIs an upstream serves itself, and so whether a request on
+//! `/v1/messages` or `/v1/responses` is passed through or translated to chat.
+//!
+//! An upstream lists them in `apis:` (`[messages, responses]` for vLLM 0.32; chat is
+//! always served). A request is passed through only when every upstream it could reach
+//! — each target of its model and of the models in its `fallbacks` — lists the API, so a
+//! fallback never receives a body it cannot read; a cascade model is always translated.
+//! Anything else (the default: a Strata engine, any OpenAI-compatible server) is
+//! translated to chat and back ([`crate::translate`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Resolved;
+use crate::state::Gateway;
+
+/// A generation API besides chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// `chat` (always served; accepted for completeness in `apis:`).
+    Chat,
+    /// Anthropic's Messages API, `/v1/messages` and `/v1/messages/count_tokens`.
+    Messages,
+    /// OpenAI's Responses API, `/v1/responses`.
+    Responses,
+}
+
+/// True when every upstream that a request for `model` may reach speaks `api`.
+pub fn speaks(gw: &Gateway, model: &str, api: Api) -> bool {
+    speaks_in(&gw.config.get(), model, api)
+}
+
+/// [`speaks`] over one config.
+pub fn speaks_in(resolved: &Resolved, model: &str, api: Api) -> bool {
+    let Some(m) = resolved.model(model) else {
+        return false;
+    };
+    let models = std::iter::once(m).chain(m.fallbacks.iter().filter_map(|f| resolved.model(f)));
+    let mut any = false;
+    for m in models {
+        if m.cascade.is_some() {
+            return false;
+        }
+        for t in &m.targets {
+            let listed = resolved
+                .config
+                .upstreams
+                .iter()
+                .find(|u| u.name == t.upstream)
+                .is_some_and(|u| u.apis.contains(&api));
+            if !listed {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn resolved(yaml: &str) -> Resolved {
+        let cfg: Config = serde_yaml::from_str(yaml).unwrap();
+        Resolved::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn passed_through_only_when_every_reachable_upstream_lists_the_api() {
+        let r = resolved(
+            r#"
+upstreams:
+  - {name: vllm, base_url: "http://127.0.0.1:1", apis: [messages, responses]}
+  - {name: strata, base_url: "http://127.0.0.1:2"}
+models:
+  - {name: a, targets: [{upstream: vllm}]}
+  - {name: b, targets: [{upstream: vllm}, {upstream: strata}]}
+  - {name: c, targets: [{upstream: vllm}], fallbacks: [d]}
+  - {name: d, targets: [{upstream: strata}]}
+"#,
+        );
+        assert!(speaks_in(&r, "a", Api::Messages));
+        assert!(speaks_in(&r, "a", Api::Responses));
+        assert!(!speaks_in(&r, "b", Api::Messages), "one target cannot");
+        assert!(!speaks_in(&r, "c", Api::Messages), "its fallback cannot");
+        assert!(!speaks_in(&r, "d", Api::Messages));
+        assert!(!speaks_in(&r, "nope", Api::Messages));
+    }
+}

@@ -1,0 +1,286 @@
+//! OpenAI's Responses API on the gateway: `POST /v1/responses` (whole or streamed) and
+//! `GET /v1/responses/{id}`.
+//!
+//! A request is checked against [`strata_api::responses`]'s types, translated into a
+//! chat request ([`crate::translate::responses_to_chat`], after the conversation of its
+//! `previous_response_id`) and sent through the proxy's stages ([`crate::via_chat`]); the
+//! answer is translated back. With `store` on (the default) the response and the
+//! conversation up to it are kept in the gateway's store for the caller's tenant
+//! ([`crate::store::StoredResponse`], for `store.responses_retention_secs`): `GET` reads
+//! it, and `previous_response_id` continues it — another tenant's id is not found. A
+//! streamed response is stored before its `response.completed` event is sent, so a
+//! follow-up can name it at once.
+//!
+//! When every upstream of the model speaks the Responses API (`apis: [responses]`,
+//! [`crate::passthrough`]), the body goes to the upstream's `/v1/responses` as sent; that
+//! upstream then keeps its responses itself. Errors are OpenAI-shaped.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use futures_util::future::BoxFuture;
+use strata_api::responses::{Response as ResponseObject, ResponsesRequest};
+use strata_api::{parse_json, ApiError, ChatCompletionResponse, ErrorKind, RequestMessage};
+
+use crate::passthrough::{self, Api};
+use crate::proxy::{self, error_response, Route};
+use crate::state::Gateway;
+use crate::store::StoredResponse;
+use crate::translate::{
+    chat_to_response, conversation_after, encode_event, response_skeleton, responses_to_chat,
+    ChatToResponseEvents, ResponseIds,
+};
+use crate::via_chat::{self, ChatAnswer, StreamMapper};
+
+fn with_headers(mut resp: Response, headers: HeaderMap) -> Response {
+    resp.headers_mut().extend(headers);
+    resp
+}
+
+/// `POST /v1/responses`.
+pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let caller = match proxy::authenticate(&gw, &parts.headers).await {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
+    };
+    let bytes = match via_chat::read_body(&gw, body).await {
+        Ok(b) => b,
+        Err(limit) => {
+            return error_response(&ApiError::too_large(format!(
+                "Request body exceeds {limit} bytes."
+            )))
+        }
+    };
+    let req = match parse_json::<ResponsesRequest>(&bytes) {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    if passthrough::speaks(&gw, &req.model, Api::Responses) {
+        return match via_chat::call(gw, &parts, Route::Responses, bytes.to_vec()).await {
+            ChatAnswer::Whole { body, headers } => {
+                let mut resp = Response::new(axum::body::Body::from(body));
+                resp.headers_mut().insert(
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                );
+                with_headers(resp, headers)
+            }
+            ChatAnswer::Stream { body, headers } => via_chat::sse_response(body, headers),
+            ChatAnswer::Error { error, headers, .. } => {
+                with_headers(error_response(&error), headers)
+            }
+        };
+    }
+    let tenant = caller.key.record.tenant.clone();
+    let history = match previous(&gw, &tenant, req.previous_response_id.as_deref()).await {
+        Ok(h) => h,
+        Err(e) => return error_response(&e),
+    };
+    let chat = match responses_to_chat(&req, &history) {
+        Ok(c) => c,
+        Err(e) => return error_response(&ApiError::invalid(&e.param, e.message)),
+    };
+    let ids = ResponseIds::new(&format!("{:032x}", rand::random::<u128>()));
+    let created_at = u64::try_from(gw.now()).unwrap_or(0);
+    let keep = (req.store != Some(false)).then(|| Keep {
+        gw: gw.clone(),
+        tenant,
+        history,
+        req: req.clone(),
+    });
+    answer(gw.clone(), &parts, req, chat, ids, created_at, keep).await
+}
+
+/// Sends the chat request and translates what comes back.
+async fn answer(
+    gw: Arc<Gateway>,
+    parts: &Parts,
+    req: ResponsesRequest,
+    chat: strata_api::ChatCompletionRequest,
+    ids: ResponseIds,
+    created_at: u64,
+    keep: Option<Keep>,
+) -> Response {
+    match via_chat::call(gw, parts, Route::Chat, via_chat::to_body(&chat)).await {
+        ChatAnswer::Whole { body, headers } => {
+            let answer = match serde_json::from_slice::<ChatCompletionResponse>(&body) {
+                Ok(a) => a,
+                Err(e) => {
+                    return with_headers(
+                        error_response(&ApiError::new(
+                            ErrorKind::Server,
+                            format!("The model's answer could not be read: {e}"),
+                        )),
+                        headers,
+                    )
+                }
+            };
+            let r = chat_to_response(&answer, &req, &ids, created_at);
+            if let Some(keep) = keep {
+                keep.save(r.clone()).await;
+            }
+            via_chat::json_response(StatusCode::OK, &r, headers)
+        }
+        ChatAnswer::Stream { body, headers } => {
+            let mapper = ResponsesMapper {
+                events: ChatToResponseEvents::new(
+                    ids.clone(),
+                    response_skeleton(&req, &ids, created_at),
+                ),
+                keep,
+                pending: None,
+                failed: false,
+            };
+            via_chat::sse_response(via_chat::map_stream(body, mapper), headers)
+        }
+        ChatAnswer::Error { error, headers, .. } => with_headers(error_response(&error), headers),
+    }
+}
+
+/// The conversation a `previous_response_id` continues (none without one).
+async fn previous(
+    gw: &Arc<Gateway>,
+    tenant: &str,
+    id: Option<&str>,
+) -> Result<Vec<RequestMessage>, ApiError> {
+    let Some(id) = id else {
+        return Ok(Vec::new());
+    };
+    let not_found = || {
+        ApiError::invalid(
+            "previous_response_id",
+            format!("Previous response with id '{id}' not found."),
+        )
+        .with_code("previous_response_not_found")
+    };
+    let row = load(gw, tenant, id).await?.ok_or_else(not_found)?;
+    serde_json::from_str(&row.conversation).map_err(|_| not_found())
+}
+
+/// The tenant's stored response `id` (a store that fails is a 503).
+async fn load(
+    gw: &Arc<Gateway>,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<StoredResponse>, ApiError> {
+    let store = gw.store.clone();
+    let (tenant, id, now) = (tenant.to_string(), id.to_string(), gw.now());
+    tokio::task::spawn_blocking(move || store.get_response(&tenant, &id, now))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("The response store is unavailable: {e}.")))?
+        .map_err(|e| {
+            gw.metrics.backend_error("store");
+            ApiError::unavailable(format!("The response store is unavailable: {e}."))
+        })
+}
+
+/// `GET /v1/responses/{id}`: a response the caller's tenant stored.
+pub async fn get(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match proxy::authenticate(&gw, &headers).await {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
+    };
+    match load(&gw, &caller.key.record.tenant, &id).await {
+        Ok(Some(row)) => {
+            let mut resp = Response::new(axum::body::Body::from(row.body));
+            resp.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Ok(None) => error_response(
+            &ApiError::not_found(format!("Response with id '{id}' not found."))
+                .with_code("response_not_found"),
+        ),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Where and what to keep of a response (`store` on).
+struct Keep {
+    gw: Arc<Gateway>,
+    tenant: String,
+    history: Vec<RequestMessage>,
+    req: ResponsesRequest,
+}
+
+impl Keep {
+    /// Stores `r` with the conversation after it; a store that fails is logged (the
+    /// answer was made and charged; only a later `GET` or follow-up misses it).
+    async fn save(self, r: ResponseObject) {
+        let conversation = match conversation_after(&self.history, self.req.input.as_ref(), &r) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let retention = self.gw.config.get().config.store.responses_retention_secs;
+        let now = self.gw.now();
+        let row = StoredResponse {
+            tenant: self.tenant,
+            id: r.id.clone(),
+            created_at: now,
+            expires_at: now.saturating_add(i64::try_from(retention).unwrap_or(i64::MAX)),
+            body: serde_json::to_string(&r).unwrap_or_default(),
+            conversation: serde_json::to_string(&conversation).unwrap_or_default(),
+        };
+        let store = self.gw.store.clone();
+        let res = tokio::task::spawn_blocking(move || store.put_response(&row)).await;
+        if !matches!(res, Ok(Ok(()))) {
+            self.gw.metrics.backend_error("store");
+            tracing::warn!(id = %r.id, "could not store a response; it cannot be continued");
+        }
+    }
+}
+
+/// Chat chunks as Responses events; the whole response is stored before
+/// `response.completed` goes out.
+struct ResponsesMapper {
+    events: ChatToResponseEvents,
+    keep: Option<Keep>,
+    pending: Option<BoxFuture<'static, ()>>,
+    failed: bool,
+}
+
+impl StreamMapper for ResponsesMapper {
+    fn chunk(&mut self, chunk: &strata_api::ChatCompletionChunk, out: &mut String) {
+        for ev in self.events.push(chunk) {
+            out.push_str(&encode_event(ev.name(), &ev));
+        }
+    }
+
+    fn done(&mut self, out: &mut String) {
+        let (events, whole) = self.events.finish();
+        for ev in events {
+            out.push_str(&encode_event(ev.name(), &ev));
+        }
+        if let Some(keep) = self.keep.take() {
+            self.pending = Some(Box::pin(keep.save(whole)));
+        }
+    }
+
+    fn error(&mut self, message: &str, out: &mut String) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        out.push_str(&encode_event(
+            "error",
+            &serde_json::json!({
+                "type": "error", "code": "server_error", "message": message, "param": null,
+                "sequence_number": 0,
+            }),
+        ));
+    }
+
+    fn pending(&mut self) -> Option<BoxFuture<'static, ()>> {
+        self.pending.take()
+    }
+}
