@@ -672,3 +672,147 @@ fn engines_offload_to_and_fetch_from_a_tier_over_mutual_tls() {
     assert_eq!(cached_of(&answer), 0, "{answer}");
     assert_eq!(path_count(plain.http, "tier"), 0.0);
 }
+
+// ---------------------------------------------------------------------------------------
+// Phase 1 (`x-prefiller-host-port`) over TLS
+
+/// `prefill`'s HTTP port served as `strata engine --tls-cert --tls-key --tls-client-ca`
+/// serves it (callers must present a certificate `files.ca` signed): each request that
+/// gets through the handshake is counted and handed to `prefill` as sent.
+fn tls_front(prefill: SocketAddr, files: &KvTlsFiles) -> (SocketAddr, Arc<AtomicUsize>) {
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    let tls = strata_api::tls::TlsFiles {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        client_ca: Some(files.ca.clone()),
+    };
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    let forward = move |State(n): State<Arc<AtomicUsize>>, headers: HeaderMap, body: String| async move {
+        n.fetch_add(1, Ordering::SeqCst);
+        let id = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let (status, answer) = tokio::task::spawn_blocking(move || post(prefill, &body, &id))
+            .await
+            .expect("forward");
+        (
+            axum::http::StatusCode::from_u16(status).expect("status"),
+            answer.to_string(),
+        )
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(l.local_addr().expect("addr")).expect("send");
+            let app = axum::Router::new()
+                .route("/v1/completions", axum::routing::post(forward))
+                .with_state(count);
+            let limits = strata_api::edge::EdgeLimits {
+                tls: Some(tls),
+                ..strata_api::edge::EdgeLimits::default()
+            };
+            let _ = strata_api::edge::serve(l, app, limits, std::future::pending::<()>()).await;
+        });
+    });
+    (rx.recv_timeout(T).expect("front address"), served)
+}
+
+/// A completion sent to `addr` with the picker's `x-prefiller-host-port: prefiller`.
+fn post_via_prefiller(
+    addr: SocketAddr,
+    body: &Value,
+    prefiller: SocketAddr,
+    id: &str,
+) -> (u16, Value) {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(common::READ_TIMEOUT))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nx-request-id: {id}\r\nx-prefiller-host-port: {prefiller}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write head");
+    s.write_all(body.as_bytes()).expect("write body");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read response");
+    let (status, text) = common::parse_response(&raw);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[test]
+fn the_prefiller_header_runs_phase_one_over_mutual_tls() {
+    let dir = Dir::new("phase1");
+    let ca = Ca::new("cluster CA");
+    let other = Ca::new("another CA");
+    let a = start(
+        EngineOptions {
+            kv_role: KvRole::Prefill,
+            kv_transfer_port: 1,
+            num_blocks: Some(64),
+            max_model_len: Some(512),
+            kv_tls: Some(kv_tls(&dir, "prefill", &ca, &ca)),
+            ..EngineOptions::default()
+        },
+        true,
+    );
+    let a_transfer = a.transfer.expect("A serves blocks");
+    let (front, served) = tls_front(a.http, &kv_files(&dir, "front", &ca, &["127.0.0.1"], &ca));
+    let decoder = |who: &str, leaf_ca: &Ca| {
+        let peers = [front.to_string(), a_transfer.to_string()];
+        start(
+            EngineOptions {
+                kv_peers: KvPeers::parse(&peers).expect("peers"),
+                ..decode_opts(kv_tls(&dir, who, leaf_ca, &ca), a_transfer)
+            },
+            false,
+        )
+    };
+    let b = decoder("decode", &ca);
+    let prompt = prompt_text("lighthouse");
+    let (status, colocated) = post(b.http, &completion(&prompt, 8), "colocated");
+    assert_eq!(status, 200, "{colocated}");
+    let want = text_of(&colocated);
+    let (status, _) = common::request(b.http, "POST", "/reset_prefix_cache", b"");
+    assert_eq!(status, 200);
+
+    // B's phase 1 reaches A through its TLS port, presenting B's certificate; the pull
+    // follows over mTLS.
+    let (status, decoded) = post_via_prefiller(b.http, &completion(&prompt, 8), front, "p1");
+    assert_eq!(status, 200, "{decoded}");
+    assert_eq!(
+        text_of(&decoded),
+        want,
+        "phase 1 over TLS changed the output"
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    assert_eq!(path_count(b.http, "remote_prefill"), 1.0);
+    assert!(cached_of(&decoded) >= 16, "{decoded}");
+
+    // An engine whose certificate another CA signed is refused at the handshake: it
+    // recomputes, and A's port serves nothing more.
+    let c = decoder("stranger", &other);
+    let (status, decoded) = post_via_prefiller(c.http, &completion(&prompt, 8), front, "p1-x");
+    assert_eq!(status, 200, "{decoded}");
+    assert_eq!(text_of(&decoded), want);
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    assert_eq!(path_count(c.http, "fallback"), 1.0);
+}

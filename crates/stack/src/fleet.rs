@@ -32,7 +32,9 @@ pub struct GroupMap(Arc<RwLock<HashMap<String, String>>>);
 
 impl GroupMap {
     fn key(url: &str) -> &str {
-        url.trim_start_matches("http://").trim_end_matches('/')
+        url.trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
     }
 
     pub fn group_of(&self, endpoint: &str) -> Option<String> {

@@ -69,6 +69,17 @@ impl KvConnector {
         self.tls.is_some()
     }
 
+    /// The same trust and certificate for a peer's HTTP port (the `x-prefiller-host-port`
+    /// phase 1 to a prefill engine): ALPN `http/1.1` in place of [`ALPN`].
+    pub fn for_http(&self) -> Self {
+        let tls = self.tls.as_ref().map(|c| {
+            let mut c = ClientConfig::clone(c);
+            c.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(c)
+        });
+        Self { tls, id: self.id }
+    }
+
     /// The same for this connector and its clones, different for any other TLS
     /// connector; 0 for plain TCP (for keying pooled connections).
     pub fn id(&self) -> u64 {

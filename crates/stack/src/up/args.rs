@@ -69,4 +69,9 @@ pub struct UpArgs {
     /// engine (`--kv-tier`).
     #[arg(long)]
     pub kv_tier_bytes: Option<u64>,
+    /// Every service over TLS: a CA made at this start signs a certificate for each
+    /// (engines, router and dashboard, gateway, KV tier), and every client in the stack
+    /// trusts it; its file is printed for yours (`curl --cacert`).
+    #[arg(long)]
+    pub tls: bool,
 }

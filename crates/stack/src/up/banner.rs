@@ -49,6 +49,8 @@ pub(super) struct Banner {
     names: Vec<String>,
     /// The gateway's URL and the API key generated for this run.
     gateway: Option<(String, String)>,
+    /// With `--tls`: the CA file clients verify the stack with.
+    ca: Option<std::path::PathBuf>,
 }
 
 impl Banner {
@@ -78,7 +80,14 @@ impl Banner {
             pools,
             names,
             gateway: None,
+            ca: None,
         }
+    }
+
+    /// Every URL `https://`, and the CA file to verify them with.
+    pub fn with_tls(mut self, ca: std::path::PathBuf) -> Banner {
+        self.ca = Some(ca);
+        self
     }
 
     /// Names the gateway once it listens (its port may have been picked at bind time).
@@ -104,7 +113,8 @@ impl Banner {
     }
 
     fn print(&self) {
-        let front = self.front;
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        let front = format!("{scheme}://{}", self.front);
         let with = |adapters: &[String]| {
             if adapters.is_empty() {
                 String::new()
@@ -121,7 +131,7 @@ impl Banner {
                     n(&prefill.count),
                     n(&decode.count)
                 );
-                println!("  OpenAI API: http://{front}/v1   (model \"{name}\")");
+                println!("  OpenAI API: {front}/v1   (model \"{name}\")");
             }
             (_, [p]) => {
                 println!(
@@ -131,7 +141,7 @@ impl Banner {
                     p.scaling,
                     with(&p.adapters)
                 );
-                println!("  OpenAI API: http://{front}/v1   (model \"{}\")", p.name);
+                println!("  OpenAI API: {front}/v1   (model \"{}\")", p.name);
             }
             _ => {
                 println!("Strata is up: {} models", self.pools.len());
@@ -145,15 +155,26 @@ impl Banner {
                     );
                 }
                 println!(
-                    "  OpenAI API: http://{front}/v1   (models: {})",
+                    "  OpenAI API: {front}/v1   (models: {})",
                     self.names.join(", ")
                 );
             }
         }
-        println!("  dashboard:  http://{front}/ui");
-        println!("  controller: http://{front}/controller/status   (rollouts: strata rollout --url http://{front})");
+        println!("  dashboard:  {front}/ui");
+        match &self.ca {
+            Some(ca) => println!(
+                "  controller: {front}/controller/status   (rollouts: strata rollout --url {front} --ca-file {})",
+                ca.display()
+            ),
+            None => println!(
+                "  controller: {front}/controller/status   (rollouts: strata rollout --url {front})"
+            ),
+        }
         if let Some((url, key)) = &self.gateway {
             println!("  gateway:    {url}/v1   (API key: {key})");
+        }
+        if let Some(ca) = &self.ca {
+            println!("  TLS CA:     {}   (e.g. curl --cacert it)", ca.display());
         }
     }
 }

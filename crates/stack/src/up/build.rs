@@ -1,5 +1,6 @@
 //! Building the stack: every piece made and wired together, in the order each needs the
-//! ones before it, and nothing serving yet. The KV tier first (every engine is told where
+//! ones before it, and nothing serving yet. With `--tls` the certificates first
+//! ([`super::tls`]), then the KV tier (every engine is told where
 //! it is), then the models (pulled once, before any replica could race to pull them), the
 //! engines' keys and the router that sends them, one [`Pool`] per model with its control loop, canary rollouts over the first
 //! pool, the front port (bound, so the gateway knows its upstream), the gateway, and the
@@ -23,6 +24,7 @@ use super::gateway::StackGateway;
 use super::kv_tier::KvTier;
 use super::pool::{Pool, PoolBuilder, PoolController};
 use super::routing;
+use super::tls::StackTls;
 use super::view::View;
 use crate::dashboard::Dashboard;
 use crate::fleet::GroupMap;
@@ -35,8 +37,12 @@ use crate::rollout::{RolloutParts, Rollouts};
 pub(super) struct Stack {
     /// Kept until the replicas have stopped.
     pub tier: Option<KvTier>,
+    /// With `--tls`: the certificates, removed once everything has stopped.
+    pub tls: Option<StackTls>,
     pub controllers: Vec<PoolController>,
     pub listener: TcpListener,
+    /// The front's certificate, with `--tls`.
+    pub front_tls: Option<strata_api::tls::TlsFiles>,
     pub app: axum::Router,
     pub dashboard: Dashboard,
     pub gateway: Option<StackGateway>,
@@ -48,13 +54,21 @@ pub(super) struct Stack {
 impl Stack {
     pub async fn build(cfg: &StackConfig) -> anyhow::Result<Stack> {
         let mut specs = cfg.pools()?;
-        let tier = start_tier(cfg, &mut specs).await?;
+        let tls = cfg.tls.then(|| StackTls::generate(&cfg.host)).transpose()?;
+        let tier = start_tier(cfg, &mut specs, tls.as_ref()).await?;
+        if let Some(t) = &tls {
+            t.share_with(&mut specs, tier.is_some());
+        }
         banner::print_pools(&specs);
         pull_models(&specs).await?;
         // The engines require a key the router sends them (`engine_keys.rs`).
         let mut router_cfg = routing::router_config(cfg)?;
         let keys = EngineKeys::for_stack(&cfg.engine_args, router_cfg.engine_api_key.as_deref());
         router_cfg.engine_api_key = Some(keys.api().to_string());
+        // With `--tls` the engines are `https://`, verified against the stack's CA.
+        if let Some(t) = &tls {
+            router_cfg.upstream_tls.ca = Some(t.ca.clone());
+        }
         let router = Router::new(router_cfg)?;
         let groups = GroupMap::default();
         let metrics = Arc::new(ControllerMetrics::new());
@@ -64,6 +78,7 @@ impl Stack {
             groups: &groups,
             metrics: &metrics,
             keys: &keys,
+            ca: tls.as_ref().map(|t| t.ca.as_path()),
         }
         .build_all(specs)?;
         let Some(first) = pools.first() else {
@@ -85,7 +100,7 @@ impl Stack {
         let pool_set = Arc::new(front_pools(&pools));
         let listener = bind_front(cfg).await?;
         let front_addr = listener.local_addr()?;
-        let gateway = StackGateway::build(cfg, front_addr, pool_set.names())?;
+        let gateway = StackGateway::build(cfg, front_addr, pool_set.names(), tls.as_ref())?;
         let view = Arc::new(View::new(
             router.clone(),
             &pools,
@@ -110,9 +125,14 @@ impl Stack {
             ))
             .merge(dashboard.routes())
             .nest("/controller", controller);
-        let banner = Banner::new(front_addr, cfg.disaggregated(), &pools, pool_set.names());
+        let mut banner = Banner::new(front_addr, cfg.disaggregated(), &pools, pool_set.names());
+        if let Some(t) = &tls {
+            banner = banner.with_tls(t.ca.clone());
+        }
         Ok(Stack {
             tier,
+            front_tls: tls.as_ref().map(|t| t.front.server()),
+            tls,
             controllers,
             listener,
             app,
@@ -125,11 +145,15 @@ impl Stack {
 }
 
 /// The shared KV tier, if configured, started and shared with every pool's engines.
-async fn start_tier(cfg: &StackConfig, specs: &mut [PoolSpec]) -> anyhow::Result<Option<KvTier>> {
+async fn start_tier(
+    cfg: &StackConfig,
+    specs: &mut [PoolSpec],
+    tls: Option<&StackTls>,
+) -> anyhow::Result<Option<KvTier>> {
     let Some(bytes) = cfg.kv_tier_bytes else {
         return Ok(None);
     };
-    let tier = KvTier::start(bytes, cfg.log_dir.as_deref()).await?;
+    let tier = KvTier::start(bytes, cfg.log_dir.as_deref(), tls).await?;
     eprintln!("strata up: KV tier at {} ({bytes} bytes)", tier.addr);
     tier.share_with(specs);
     Ok(Some(tier))

@@ -67,6 +67,9 @@ pub struct StackConfig {
     pub pd_threshold: u32,
     /// Memory bytes of a shared KV tier (`strata kv-tier`) for every engine; absent: none.
     pub kv_tier_bytes: Option<u64>,
+    /// Every service over TLS with certificates from a CA made at each start
+    /// ([`super::tls`]).
+    pub tls: bool,
 }
 
 impl Default for StackConfig {
@@ -95,6 +98,7 @@ impl Default for StackConfig {
             decode_replicas: None,
             pd_threshold: strata_router::scheduling::pd::SUGGESTED_NON_CACHED_TOKENS,
             kv_tier_bytes: None,
+            tls: false,
         }
     }
 }
@@ -144,6 +148,9 @@ impl StackConfig {
         }
         if let Some(v) = args.pd_threshold {
             self.pd_threshold = v;
+        }
+        if args.tls {
+            self.tls = true;
         }
         if args.kv_tier_bytes.is_some() {
             self.kv_tier_bytes = args.kv_tier_bytes;

@@ -1,6 +1,10 @@
 //! The gateway `strata up` runs in front of the router (API keys, limits, budgets), with
 //! an API key generated for this run; `gateway: false` leaves it out.
 //!
+//! With `--tls` it serves the stack's `gateway` certificate and reaches the front at
+//! `https://`, trusting the stack's CA: a `gateway.yaml` beside the certificates says so
+//! with the gateway's own `server.tls` and upstream `ca_file`.
+//!
 //! Built with the rest of the stack (its database opened, the key made), so a bad gateway
 //! setting stops `strata up` before any replica starts; it listens only once the stack is
 //! started.
@@ -12,6 +16,7 @@ use anyhow::Context;
 use strata_gateway::{Gateway, RunningGateway};
 
 use super::config::StackConfig;
+use super::tls::StackTls;
 
 /// A gateway built for the stack, not yet listening.
 pub(super) struct StackGateway {
@@ -28,17 +33,22 @@ impl StackGateway {
         cfg: &StackConfig,
         front: SocketAddr,
         models: Vec<String>,
+        tls: Option<&StackTls>,
     ) -> anyhow::Result<Option<StackGateway>> {
         if !cfg.gateway {
             return Ok(None);
         }
+        let (config, upstream) = match tls {
+            Some(t) => (Some(tls_config(t, front, &models)?), None),
+            None => (None, Some(format!("http://{front}"))),
+        };
         let args = strata_gateway::GatewayArgs {
-            config: None,
+            config,
             host: cfg.host.clone(),
             port: cfg.gateway_port,
             db: cfg.gateway_db.clone(),
             admin_key: None,
-            upstream: Some(format!("http://{front}")),
+            upstream,
             models,
             create_key_for: None,
         };
@@ -60,4 +70,38 @@ impl StackGateway {
             .await
             .with_context(|| format!("binding the gateway to {}", self.addr))
     }
+}
+
+/// The gateway's configuration with `--tls`, written beside the certificates: the
+/// pass-through of `models` to the front at `https://`, verified against the stack's CA,
+/// served with the gateway's certificate.
+fn tls_config(
+    tls: &StackTls,
+    front: SocketAddr,
+    models: &[String],
+) -> anyhow::Result<std::path::PathBuf> {
+    let mut config = strata_gateway::cli::passthrough_config(&format!("https://{front}"), models);
+    for u in &mut config.upstreams {
+        u.ca_file = Some(tls.ca.clone());
+    }
+    // `server.tls: {cert, key}`, as an operator would write it.
+    let mut yaml = serde_yaml::to_value(&config).context("the gateway's TLS config")?;
+    let server_tls = serde_yaml::to_value(std::collections::BTreeMap::from([
+        ("cert", &tls.gateway.cert),
+        ("key", &tls.gateway.key),
+    ]))
+    .context("the gateway's TLS config")?;
+    match yaml
+        .get_mut("server")
+        .and_then(serde_yaml::Value::as_mapping_mut)
+    {
+        Some(server) => {
+            server.insert("tls".into(), server_tls);
+        }
+        None => anyhow::bail!("the gateway's config has no `server` section"),
+    }
+    let path = tls.dir().join("gateway.yaml");
+    let text = serde_yaml::to_string(&yaml).context("writing the gateway's TLS config")?;
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::tls::StackTls;
 use crate::pools::PoolSpec;
 
 /// How long the tier has to accept connections after it is started.
@@ -20,8 +21,13 @@ pub(super) struct KvTier {
 
 impl KvTier {
     /// Starts `strata kv-tier` on a free loopback port with `bytes` of memory (its log in
-    /// `log_dir/kv-tier.log`, if given); returns once it accepts connections.
-    pub async fn start(bytes: u64, log_dir: Option<&Path>) -> anyhow::Result<KvTier> {
+    /// `log_dir/kv-tier.log`, if given); returns once it accepts connections. With `tls`
+    /// it serves its certificate and takes only callers the stack's CA certified.
+    pub async fn start(
+        bytes: u64,
+        log_dir: Option<&Path>,
+        tls: Option<&StackTls>,
+    ) -> anyhow::Result<KvTier> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .context("finding a free port for the KV tier")?
@@ -38,6 +44,14 @@ impl KvTier {
         ])
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
+        if let Some(t) = tls {
+            cmd.arg("--tls-cert")
+                .arg(&t.kv_tier.cert)
+                .arg("--tls-key")
+                .arg(&t.kv_tier.key)
+                .arg("--tls-client-ca")
+                .arg(&t.ca);
+        }
         if let Some(dir) = log_dir {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join("kv-tier.log");

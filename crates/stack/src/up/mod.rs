@@ -24,7 +24,8 @@
 //!   [`StackConfig`];
 //! - [`build`]: every piece made and wired, nothing serving yet ([`pool`] for one pool,
 //!   [`routing`], [`kv_tier`], [`gateway`], [`view`] for the dashboard, [`engine_keys`]: the
-//!   engines require an API key the router sends, and an admin key);
+//!   engines require an API key the router sends, and an admin key; [`tls`]: with
+//!   `--tls`, a CA made at start and a certificate per service);
 //! - [`serve`]: the pieces started, the [`banner`] once ready, and on Ctrl-C or SIGTERM
 //!   shutdown done once ([`shutdown`]: the front drains within the grace period; then
 //!   [`control`]: the replicas stop).
@@ -41,6 +42,7 @@ mod pool;
 mod routing;
 mod serve;
 mod shutdown;
+mod tls;
 mod view;
 
 pub use args::UpArgs;

@@ -50,6 +50,9 @@ pub(super) struct PoolBuilder<'a> {
     pub metrics: &'a Arc<ControllerMetrics>,
     /// Every replica's API and admin keys (its environment).
     pub keys: &'a EngineKeys,
+    /// With `--tls`: the CA the replicas' certificates are verified against (they are
+    /// `https://`).
+    pub ca: Option<&'a std::path::Path>,
 }
 
 impl PoolBuilder<'_> {
@@ -96,6 +99,8 @@ impl PoolBuilder<'_> {
             drain_timeout_secs: cfg.shutdown_grace_secs as f64,
             log_dir: log_dir.clone(),
             env: self.keys.env(),
+            https: self.ca.is_some(),
+            ca_file: self.ca.map(std::path::Path::to_path_buf),
             ..LocalDriverConfig::default()
         };
         let driver = LocalDriver::new(driver_cfg.clone(), registrar.clone())?;

@@ -17,6 +17,7 @@ use super::build::Stack;
 use super::control::ControlLoops;
 use super::kv_tier::KvTier;
 use super::shutdown::Shutdown;
+use super::tls::StackTls;
 
 /// The dashboard reads every replica once a second.
 const COLLECT_INTERVAL: Duration = Duration::from_secs(1);
@@ -27,6 +28,7 @@ pub(super) struct Running {
     control: ControlLoops,
     banner: Banner,
     tier: Option<KvTier>,
+    tls: Option<StackTls>,
 }
 
 impl Running {
@@ -36,8 +38,10 @@ impl Running {
     pub async fn start(stack: Stack) -> anyhow::Result<Running> {
         let Stack {
             tier,
+            tls,
             controllers,
             listener,
+            front_tls,
             app,
             dashboard,
             gateway,
@@ -48,13 +52,15 @@ impl Running {
             Some(g) => {
                 let key = g.key.clone();
                 let running = g.spawn().await?;
-                let banner = banner.with_gateway(running.url(), key);
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let url = format!("{scheme}://{}", running.addr);
+                let banner = banner.with_gateway(url, key);
                 (Some(running), banner)
             }
             None => (None, banner),
         };
         let shutdown = Shutdown::new(grace);
-        shutdown.spawn(|token| serve_front(listener, app, gateway, token));
+        shutdown.spawn(|token| serve_front(listener, app, front_tls, gateway, token));
         shutdown.spawn_until_cancelled(dashboard.collect(COLLECT_INTERVAL));
         let control = ControlLoops::start(controllers);
         Ok(Running {
@@ -62,6 +68,7 @@ impl Running {
             control,
             banner,
             tier,
+            tls,
         })
     }
 
@@ -82,6 +89,7 @@ impl Running {
             shutdown,
             control,
             tier,
+            tls,
             ..
         } = self;
         eprintln!("strata up: draining in-flight requests ...");
@@ -92,6 +100,7 @@ impl Running {
         control.stop().await;
         // Last: the engines it served have stopped.
         drop(tier);
+        drop(tls);
         eprintln!("strata up: stopped");
     }
 }
@@ -102,6 +111,7 @@ impl Running {
 async fn serve_front(
     listener: TcpListener,
     app: axum::Router,
+    tls: Option<strata_api::tls::TlsFiles>,
     gateway: Option<RunningGateway>,
     token: CancellationToken,
 ) {
@@ -111,7 +121,10 @@ async fn serve_front(
             g.shutdown().await;
         }
     };
-    let limits = strata_api::edge::EdgeLimits::default();
+    let limits = strata_api::edge::EdgeLimits {
+        tls,
+        ..strata_api::edge::EdgeLimits::default()
+    };
     if let Err(e) = strata_api::edge::serve(listener, app, limits, gateway_drained).await {
         tracing::warn!(error = %e, "front server");
     }

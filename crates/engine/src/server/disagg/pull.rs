@@ -15,6 +15,7 @@ use crate::engine::EngineHandle;
 use crate::kv::block_pool::HashKey;
 use crate::kv::offload;
 use crate::kv::peers::check_host_port;
+use crate::kv::tls::KvConnector;
 use crate::kv::transfer::{self, BlockData, BlockSpec, TransferClient, TransferError};
 use crate::metrics::TransferPath;
 use crate::server::state::AppState;
@@ -157,7 +158,10 @@ async fn remote(
             request_id,
         } => {
             let key = state.kv.outbound_key.as_deref();
-            let answer = phase_one(host, *port, prompt, request_id, key).await?;
+            // Over TLS when KV transfer is (`--kv-tls`): the prefill engine's HTTP port
+            // then serves its certificate, and this engine presents its own.
+            let connector = state.kv.connector().for_http();
+            let answer = phase_one(&connector, host, *port, prompt, request_id, key).await?;
             let (Some(h), Some(p)) = (answer.remote_host.clone(), answer.remote_port) else {
                 return Err(PullError::Prefill(
                     "the answer carries no remote_host/remote_port".into(),
@@ -211,10 +215,12 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, PullError> {
         .ok_or_else(|| PullError::Resolve(format!("{host}:{port}")))
 }
 
-/// vLLM's proxy step 1 against `host:port`: the same body with `kv_transfer_params:
-/// prefill_request()`, `max_tokens: 1`, `stream: false` and the same `x-request-id`, with
-/// this engine's API key when it has one; the answer's `kv_transfer_params`.
+/// vLLM's proxy step 1 against `host:port` (through `connector`: plain, or TLS verifying
+/// the peer by `host`): the same body with `kv_transfer_params: prefill_request()`,
+/// `max_tokens: 1`, `stream: false` and the same `x-request-id`, with this engine's API key
+/// when it has one; the answer's `kv_transfer_params`.
 async fn phase_one(
+    connector: &KvConnector,
     host: &str,
     port: u16,
     prompt: &PromptRef<'_>,
@@ -240,7 +246,8 @@ async fn phase_one(
     let body = serde_json::to_vec(&body).map_err(|e| fail(e.to_string()))?;
 
     let addr = resolve(host, port).await?;
-    let stream = tokio::net::TcpStream::connect(addr)
+    let stream = connector
+        .connect(addr, host)
         .await
         .map_err(|e| fail(format!("connect {addr}: {e}")))?;
     let (mut sender, conn) =
