@@ -216,7 +216,7 @@ pub(crate) fn with_json_options(mut schema: Value) -> Value {
 }
 
 /// Escapes regex metacharacters so `s` matches itself literally.
-fn regex_escape(s: &str) -> String {
+pub(crate) fn regex_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 2);
     for c in s.chars() {
         if "\\.+*?()|[]{}^$#&-~".contains(c) {

@@ -1,8 +1,9 @@
 //! Tool calling through the HTTP server in process, on the default 135M model with
-//! `--enable-auto-tool-choice --tool-call-parser hermes`: `required` at temperature 1.0
-//! always gives a call whose arguments validate, a named function is the one called
-//! (streamed as OpenAI streams calls), the whole call / result / answer loop, and each
-//! bad input is an OpenAI-shaped 400 naming its field.
+//! `--enable-auto-tool-choice --tool-call-parser hermes` (and `qwen3_xml`): `required` at
+//! temperature 1.0 always gives a call whose arguments validate, a named function is the
+//! one called (streamed as OpenAI streams calls), under `auto` every call the model starts
+//! validates, the whole call / result / answer loop, and each bad input is an
+//! OpenAI-shaped 400 naming its field.
 
 mod common;
 
@@ -18,19 +19,26 @@ use strata_engine::tools::ToolParser;
 
 const MODEL: &str = "smollm2-135m-instruct";
 
+fn serve_with(parser: ToolParser) -> SocketAddr {
+    common::serve(&EngineOptions {
+        tools: ToolOptions {
+            auto_tool_choice: true,
+            parser: Some(parser),
+            chat_template: None,
+            reasoning_parser: None,
+        },
+        ..Default::default()
+    })
+}
+
 fn server() -> SocketAddr {
     static ADDR: OnceLock<SocketAddr> = OnceLock::new();
-    *ADDR.get_or_init(|| {
-        common::serve(&EngineOptions {
-            tools: ToolOptions {
-                auto_tool_choice: true,
-                parser: Some(ToolParser::Hermes),
-                chat_template: None,
-                reasoning_parser: None,
-            },
-            ..Default::default()
-        })
-    })
+    *ADDR.get_or_init(|| serve_with(ToolParser::Hermes))
+}
+
+fn xml_server() -> SocketAddr {
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| serve_with(ToolParser::Qwen3Xml))
 }
 
 fn tools() -> Value {
@@ -136,32 +144,42 @@ fn the_call(resp: &Value) -> Value {
     call.clone()
 }
 
-#[test]
-fn required_calls_validate_at_temperature_one() {
-    let addr = server();
-    let t = Instant::now();
+/// `count` seeded requests, five at a time, each `extra` plus its seed; the answers.
+fn seeded(addr: SocketAddr, count: u64, extra: Value) -> Vec<Value> {
+    let per = count.div_ceil(5);
     let handles: Vec<_> = (0..5u64)
         .map(|w| {
+            let extra = extra.clone();
             std::thread::spawn(move || {
-                (0..10u64)
-                    .map(|k| {
-                        let seed = w * 10 + k;
-                        let body = request(json!({
-                            "tool_choice": "required",
-                            "parallel_tool_calls": false,
-                            "seed": seed,
-                        }));
+                (w * per..((w + 1) * per).min(count))
+                    .map(|seed| {
+                        let mut body = request(extra.clone());
+                        body["seed"] = json!(seed);
                         let (status, resp) = post(addr, "/v1/chat/completions", &body);
                         assert_eq!(status, 200, "{resp}");
-                        the_call(&resp)["function"]["name"].clone()
+                        resp
                     })
                     .collect::<Vec<_>>()
             })
         })
         .collect();
-    let names: Vec<Value> = handles
+    handles
         .into_iter()
         .flat_map(|h| h.join().expect("worker"))
+        .collect()
+}
+
+#[test]
+fn required_calls_validate_at_temperature_one() {
+    let t = Instant::now();
+    let answers = seeded(
+        server(),
+        50,
+        json!({"tool_choice": "required", "parallel_tool_calls": false}),
+    );
+    let names: Vec<Value> = answers
+        .iter()
+        .map(|resp| the_call(resp)["function"]["name"].clone())
         .collect();
     assert_eq!(names.len(), 50);
     eprintln!(
@@ -172,8 +190,75 @@ fn required_calls_validate_at_temperature_one() {
 }
 
 #[test]
+fn qwen3_xml_required_calls_validate_at_temperature_one() {
+    let t = Instant::now();
+    let answers = seeded(
+        xml_server(),
+        20,
+        json!({"tool_choice": "required", "parallel_tool_calls": false}),
+    );
+    for resp in &answers {
+        the_call(resp);
+    }
+    eprintln!(
+        "20 qwen3_xml required calls in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// A conversation that shows the model hermes' call format (an earlier turn answered
+/// with a call, as text), so it starts calls by itself under `auto`.
+fn few_shot() -> Value {
+    json!([
+        {"role": "system", "content": "To call a tool, answer with <tool_call>\n{\"name\": NAME, \"arguments\": ARGS}\n</tool_call>."},
+        {"role": "user", "content": "What is the weather in Rome?"},
+        {"role": "assistant", "content": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"unit\": \"celsius\"}}\n</tool_call>"},
+        {"role": "user", "content": "And what is the weather in Paris?"},
+    ])
+}
+
+#[test]
+fn auto_calls_the_model_starts_validate_at_temperature_one() {
+    let answers = seeded(
+        server(),
+        30,
+        json!({
+            "messages": few_shot(),
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "max_tokens": 96,
+        }),
+    );
+    let mut calls = 0;
+    for resp in &answers {
+        let choice = &resp["choices"][0];
+        if choice["message"]["tool_calls"].is_array() {
+            the_call(resp);
+            calls += 1;
+        } else if choice["finish_reason"] != "length" {
+            // A call the model started is held to the format, so none ends up as text.
+            let content = choice["message"]["content"].as_str().unwrap_or_default();
+            assert!(!content.contains("<tool_call>"), "{resp}");
+        }
+    }
+    eprintln!("auto: {calls} of 30 answers called a tool");
+    assert!(
+        calls > 0,
+        "no answer started a call: the check above checked nothing"
+    );
+}
+
+#[test]
 fn named_function_is_called_and_streams_as_openai_does() {
-    let addr = server();
+    named_call_streams(server());
+}
+
+#[test]
+fn qwen3_xml_named_function_streams_to_the_whole_answer() {
+    named_call_streams(xml_server());
+}
+
+fn named_call_streams(addr: SocketAddr) {
     let named = json!({"type": "function", "function": {"name": "get_time"}});
     let (status, resp) = post(
         addr,

@@ -28,7 +28,7 @@ use super::tokenize::render_messages;
 use crate::reasoning::{ReasoningParser, ReasoningStream};
 use crate::sequence::{FinishReason, TokenLogprob};
 use crate::tokenizer::Tokenizer;
-use crate::tools::{StreamDelta, ToolParser, ToolStream};
+use crate::tools::{Function, StreamDelta, ToolParser, ToolStream};
 
 const ROUTE: &str = "/v1/chat/completions";
 
@@ -67,6 +67,7 @@ pub(super) async fn chat_completions(
         (true, Some(m)) if m.role == Role::Assistant => m.content.clone(),
         _ => String::new(),
     };
+    let grammar = tools.grammar;
     let generation = Generation {
         route: ROUTE,
         id_prefix: "chatcmpl",
@@ -77,7 +78,7 @@ pub(super) async fn chat_completions(
         stream: chat.stream,
         include_usage: chat.include_usage,
         kv_params,
-        tool_grammar: tools.grammar,
+        tool_grammar: grammar,
     };
     let received = Received {
         span,
@@ -87,6 +88,7 @@ pub(super) async fn chat_completions(
     let shape = ChatShape {
         echo_prefix,
         parser: tools.plan.parser,
+        functions: tools.plan.functions.into(),
         reasoning: state.tools.reasoning_parser,
         streams: Vec::new(),
     };
@@ -99,6 +101,8 @@ struct ChatShape {
     echo_prefix: String,
     /// The tool-call parser, when the request's calls are parsed.
     parser: Option<ToolParser>,
+    /// The request's functions (the parser types XML values by their schemas).
+    functions: Arc<[Function]>,
     /// `--reasoning-parser`.
     reasoning: Option<ReasoningParser>,
     /// Per streamed choice, its parsers' state.
@@ -155,9 +159,10 @@ impl ChatShape {
             self.streams.resize_with(choice + 1, || None);
         }
         let (parser, reasoning) = (self.parser, self.reasoning);
+        let functions = self.functions.clone();
         Some(self.streams[choice].get_or_insert_with(|| ChoiceStream {
             reasoning: reasoning.map(ReasoningStream::new),
-            tools: parser.map(ToolStream::new),
+            tools: parser.map(|p| ToolStream::new(p, functions)),
         }))
     }
 
@@ -192,7 +197,7 @@ impl AnswerShape for ChatShape {
                 });
                 let finish = c.finish.as_ref().map(api_finish);
                 let (mut message, finish_reason) = match self.parser {
-                    Some(parser) => split_answer(parser, &text, finish),
+                    Some(parser) => split_answer(parser, &self.functions, &text, finish),
                     None => (ResponseMessage::assistant(text), finish),
                 };
                 message.reasoning_content = reasoning.filter(|r| !r.is_empty());

@@ -9,7 +9,9 @@ use strata_api::ApiError;
 
 use super::state::AppState;
 use crate::chat_template::{ChatMessage, RenderExtras};
-use crate::tools::{call_grammar, new_call_id, plan_tools, ToolParser, ToolPlan};
+use crate::tools::{
+    auto_grammar, call_grammar, new_call_id, plan_tools, Function, ToolMode, ToolParser, ToolPlan,
+};
 
 /// The raw tool fields `validate_chat` does not keep: taken from the request first.
 pub(super) struct RawTools {
@@ -45,7 +47,8 @@ pub(super) struct ChatTools {
     /// The messages as the template sees them.
     pub messages: Vec<ChatMessage>,
     pub extras: RenderExtras,
-    /// The grammar that enforces the calls (required or named).
+    /// The grammar that holds the calls to their schemas (required, named, or `auto`'s
+    /// lazy one).
     pub grammar: Option<String>,
 }
 
@@ -113,9 +116,20 @@ fn check_schemas(state: &AppState, plan: &ToolPlan) -> Result<(), ApiError> {
 }
 
 fn enforcing_grammar(plan: &ToolPlan, chat: &ValidatedChat) -> Result<Option<String>, ApiError> {
-    let Some(parser) = plan.parser.filter(|_| plan.enforced()) else {
+    let Some(parser) = plan.parser else {
         return Ok(None);
     };
+    if plan.mode == ToolMode::Auto {
+        // `auto` with response_format or guided decoding: that constraint holds the
+        // whole output (calls are parsed, not held); pythonic calls are parsed only.
+        if chat.sampling.structured.is_some() {
+            return Ok(None);
+        }
+        return Ok(auto_grammar(parser, &plan.callable(), plan.parallel));
+    }
+    if !plan.enforced() {
+        return Ok(None);
+    }
     if chat.sampling.structured.is_some() {
         return Err(ApiError::invalid(
             "tool_choice",
@@ -139,10 +153,11 @@ fn enforcing_grammar(plan: &ToolPlan, chat: &ValidatedChat) -> Result<Option<Str
 /// finish reason when the model called and stopped by itself.
 pub(super) fn split_answer(
     parser: ToolParser,
+    functions: &[Function],
     text: &str,
     finish: Option<ApiFinish>,
 ) -> (ResponseMessage, Option<ApiFinish>) {
-    let parsed = parser.parse(text, new_call_id);
+    let parsed = parser.parse(text, functions, new_call_id);
     let mut message = ResponseMessage::assistant("");
     message.content = parsed.content;
     if parsed.calls.is_empty() {

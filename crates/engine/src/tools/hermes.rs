@@ -67,7 +67,7 @@ mod tests {
     fn vllm_recorded_truncated_call_is_content() {
         // vLLM 0.32's `required` answer on the 135M model (fixtures/.../tool_required.json).
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"Paris\"}\n</";
-        let p = ToolParser::Hermes.parse(text, || "id".into());
+        let p = ToolParser::Hermes.parse(text, &[], || "id".into());
         assert!(p.calls.is_empty());
         assert_eq!(p.content.as_deref(), Some(text));
     }
@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn arguments_that_are_not_an_object_are_not_a_call() {
         let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"Paris\"}\n</tool_call>";
-        let p = ToolParser::Hermes.parse(text, || "id".into());
+        let p = ToolParser::Hermes.parse(text, &[], || "id".into());
         assert!(p.calls.is_empty());
     }
 }

@@ -11,13 +11,16 @@
 mod grammar;
 mod hermes;
 mod json_scan;
+mod lark;
 mod llama3_json;
 mod mistral;
 mod plan;
 mod pythonic;
+mod qwen3_xml;
 mod stream;
+mod xml_grammar;
 
-pub use grammar::call_grammar;
+pub use grammar::{auto_grammar, call_grammar};
 pub use plan::{plan_tools, Function, ToolMode, ToolPlan, MAX_TOOLS, MAX_TOOLS_BYTES};
 pub use stream::{StreamDelta, ToolStream};
 
@@ -83,18 +86,24 @@ pub enum ToolParser {
     Mistral,
     /// `[f(a=1), g(b="x")]` (Llama 3.2 / 4 pythonic).
     Pythonic,
+    /// `<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>`
+    /// (Qwen3-Coder), values typed by the function's schema.
+    Qwen3Xml,
 }
 
 impl ToolParser {
-    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "pythonic"];
+    pub const NAMES: [&'static str; 5] =
+        ["hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"];
 
-    /// The parser of a vLLM name (`llama4_json` is an alias of `llama3_json`).
+    /// The parser of a vLLM name (`llama4_json` is an alias of `llama3_json`, `qwen3_coder`
+    /// of `qwen3_xml`: vLLM's two parsers of the same format).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "hermes" => Some(Self::Hermes),
             "llama3_json" | "llama4_json" => Some(Self::Llama3Json),
             "mistral" => Some(Self::Mistral),
             "pythonic" => Some(Self::Pythonic),
+            "qwen3_xml" | "qwen3_coder" => Some(Self::Qwen3Xml),
             _ => None,
         }
     }
@@ -105,24 +114,32 @@ impl ToolParser {
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
             Self::Pythonic => "pythonic",
+            Self::Qwen3Xml => "qwen3_xml",
         }
     }
 
-    /// The view of `text`; `done` when no more text will come.
-    pub fn view(self, text: &str, done: bool) -> View {
+    /// The view of `text`; `done` when no more text will come. `functions` are the
+    /// request's (the XML format types its values by their schemas).
+    pub fn view(self, text: &str, done: bool, functions: &[Function]) -> View {
         match self {
             Self::Hermes => hermes::view(text, done),
             Self::Llama3Json => llama3_json::view(text, done),
             Self::Mistral => mistral::view(text, done),
             Self::Pythonic => pythonic::view(text, done),
+            Self::Qwen3Xml => qwen3_xml::view(text, done, functions),
         }
     }
 
     /// The whole output split into content and calls; an output whose calls do not all
     /// parse (an argument that is not JSON, an unclosed call) is all content. Call ids
     /// come from `new_id`.
-    pub fn parse(self, text: &str, mut new_id: impl FnMut() -> String) -> Parsed {
-        let view = self.final_view(text);
+    pub fn parse(
+        self,
+        text: &str,
+        functions: &[Function],
+        mut new_id: impl FnMut() -> String,
+    ) -> Parsed {
+        let view = self.final_view(text, functions);
         let calls: Vec<ToolCall> = view
             .calls
             .into_iter()
@@ -139,8 +156,8 @@ impl ToolParser {
     }
 
     /// The view of the whole text, or all of it as content when its calls do not parse.
-    pub(crate) fn final_view(self, text: &str) -> View {
-        let view = self.view(text, true);
+    pub(crate) fn final_view(self, text: &str, functions: &[Function]) -> View {
+        let view = self.view(text, true, functions);
         let valid = view.calls.len() == view.opened
             && view.calls.iter().all(|c| {
                 c.done
@@ -170,11 +187,27 @@ pub fn new_call_id() -> String {
 pub(crate) mod test_util {
     use super::*;
 
+    /// Functions with these names and parameter schemas.
+    pub fn schema_functions(list: &[(&str, Value)]) -> Vec<Function> {
+        list.iter()
+            .map(|(name, parameters)| Function {
+                name: name.to_string(),
+                parameters: parameters.clone(),
+                strict: false,
+            })
+            .collect()
+    }
+
     /// Streams `text` in chunks of `size` chars and checks the deltas reassemble to the
     /// non-streamed answer; returns that answer.
-    pub fn check_stream(parser: ToolParser, text: &str, size: usize) -> Parsed {
-        let whole = parser.parse(text, || "id".into());
-        let mut stream = ToolStream::new(parser);
+    pub fn check_stream(
+        parser: ToolParser,
+        text: &str,
+        size: usize,
+        functions: &[Function],
+    ) -> Parsed {
+        let whole = parser.parse(text, functions, || "id".into());
+        let mut stream = ToolStream::new(parser, functions.to_vec().into());
         let chars: Vec<char> = text.chars().collect();
         let mut deltas = Vec::new();
         for chunk in chars.chunks(size) {
@@ -217,9 +250,18 @@ pub(crate) mod test_util {
 
     /// `check_stream` at several chunk sizes.
     pub fn check_all_chunkings(parser: ToolParser, text: &str) -> Parsed {
+        check_all_chunkings_with(parser, text, &[])
+    }
+
+    /// `check_all_chunkings` with the request's functions.
+    pub fn check_all_chunkings_with(
+        parser: ToolParser,
+        text: &str,
+        functions: &[Function],
+    ) -> Parsed {
         for size in [1, 2, 3, 7, 1000] {
-            check_stream(parser, text, size);
+            check_stream(parser, text, size, functions);
         }
-        parser.parse(text, || "id".into())
+        parser.parse(text, functions, || "id".into())
     }
 }

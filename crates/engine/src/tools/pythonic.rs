@@ -112,6 +112,16 @@ fn call(s: &str, i: usize) -> Result<(CallView, usize), Lit> {
     }
 }
 
+/// A whole text that is one Python literal, as JSON (`None` when it is not one).
+pub(super) fn literal_text(s: &str) -> Option<Value> {
+    // A bare word is complete only before a delimiter.
+    let padded = format!("{s} ");
+    match literal(&padded, skip_ws(&padded, 0)) {
+        Ok((v, end)) if skip_ws(&padded, end) == padded.len() => Some(v),
+        _ => None,
+    }
+}
+
 /// A Python literal at `i` as JSON: strings, numbers, `True`/`False`/`None`, lists,
 /// tuples and dicts.
 fn literal(s: &str, i: usize) -> Result<(Value, usize), Lit> {
@@ -256,10 +266,10 @@ mod tests {
     fn text_and_broken_lists_are_content() {
         let p = check_all_chunkings(ToolParser::Pythonic, "Paris is sunny.");
         assert_eq!(p.content.as_deref(), Some("Paris is sunny."));
-        let p = ToolParser::Pythonic.parse("[1, 2, 3]", || "id".into());
+        let p = ToolParser::Pythonic.parse("[1, 2, 3]", &[], || "id".into());
         assert!(p.calls.is_empty());
         assert_eq!(p.content.as_deref(), Some("[1, 2, 3]"));
-        let p = ToolParser::Pythonic.parse("[f(a=1)", || "id".into());
+        let p = ToolParser::Pythonic.parse("[f(a=1)", &[], || "id".into());
         assert!(p.calls.is_empty());
     }
 }

@@ -1,9 +1,11 @@
 //! A streamed output's tool-call deltas, as OpenAI sends them: a call's first delta
 //! carries its index, id, type and name; later ones carry argument fragments.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
-use super::{new_call_id, ToolParser, View};
+use super::{new_call_id, Function, ToolParser, View};
 
 /// What one step of the stream adds.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -24,6 +26,8 @@ impl StreamDelta {
 #[derive(Debug)]
 pub struct ToolStream {
     parser: ToolParser,
+    /// The request's functions (the XML format types values by their schemas).
+    functions: Arc<[Function]>,
     text: String,
     sent_content: usize,
     /// Per call sent: its id and how much of its arguments went out.
@@ -31,9 +35,10 @@ pub struct ToolStream {
 }
 
 impl ToolStream {
-    pub fn new(parser: ToolParser) -> Self {
+    pub fn new(parser: ToolParser, functions: Arc<[Function]>) -> Self {
         Self {
             parser,
+            functions,
             text: String::new(),
             sent_content: 0,
             sent_calls: Vec::new(),
@@ -43,13 +48,13 @@ impl ToolStream {
     /// Adds generated text; returns what can be sent of it.
     pub fn push(&mut self, chunk: &str) -> StreamDelta {
         self.text.push_str(chunk);
-        let view = self.parser.view(&self.text, false);
+        let view = self.parser.view(&self.text, false, &self.functions);
         self.diff(view)
     }
 
     /// The output ended: what is left to send.
     pub fn finish(&mut self) -> StreamDelta {
-        let view = self.parser.final_view(&self.text);
+        let view = self.parser.final_view(&self.text, &self.functions);
         self.diff(view)
     }
 
