@@ -212,7 +212,12 @@ impl ChatToResponseEvents {
                 item_id,
                 output_index,
                 content_index: 0,
-                part: ContentPart::output_text(""),
+                // An empty part, `logprobs: []` as OpenAI and vLLM send it.
+                part: ContentPart::OutputText {
+                    text: String::new(),
+                    annotations: Vec::new(),
+                    logprobs: Some(serde_json::Value::Array(Vec::new())),
+                },
                 sequence_number: seq,
             });
             self.open = Open::Text {
