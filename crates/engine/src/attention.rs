@@ -61,6 +61,27 @@ pub struct AttnShape {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// The factor on `q·k` (`1/√head_dim` for most families).
+    pub scale: f32,
+    /// A query at position `p` sees keys `p - window + 1 ..= p` only (a sliding layer).
+    pub window: Option<usize>,
+    /// `cap · tanh(score / cap)` before softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+impl AttnShape {
+    /// Full causal attention scaled by `1/√head_dim`, without soft-capping.
+    pub fn causal(n_head: usize, n_kv_head: usize, head_dim: usize, block_size: usize) -> Self {
+        Self {
+            n_head,
+            n_kv_head,
+            head_dim,
+            block_size,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
 }
 
 /// One token of the step: where it is and which blocks hold its sequence.
@@ -70,8 +91,9 @@ pub struct TokenCtx<'a> {
     pub block_table: &'a [u32],
 }
 
-/// `out[t]` (all heads, `n_head × head_dim`) = softmax(q·Kᵀ / √d)·V over positions
-/// `0..=pos` of token `t`'s sequence. `q` is `[tokens, n_head × head_dim]`; `keys` and
+/// `out[t]` (all heads, `n_head × head_dim`) = softmax(q·Kᵀ · scale)·V over positions
+/// `0..=pos` of token `t`'s sequence (the last `window` of them in a sliding layer), the
+/// scores soft-capped first when asked. `q` is `[tokens, n_head × head_dim]`; `keys` and
 /// `values` are one layer of the cache (`slot × n_kv_head × head_dim`), already holding this
 /// step's keys and values. The block tables must cover every position (the caller checked).
 pub fn attend(
@@ -105,11 +127,13 @@ fn attend_with<K: KvElem, V: KvElem>(
         n_kv_head,
         head_dim: hd,
         block_size,
+        scale,
+        window,
+        softcap,
     } = shape;
     let group = n_head / n_kv_head;
     let width = n_head * hd;
     let kv_dim = n_kv_head * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
     debug_assert_eq!(out.len(), tokens.len() * width);
     out.par_chunks_mut(group * hd).enumerate().for_each_init(
         Scratch::default,
@@ -117,16 +141,20 @@ fn attend_with<K: KvElem, V: KvElem>(
             let (t, kvh) = (idx / n_kv_head, idx % n_kv_head);
             let TokenCtx { pos, block_table } = tokens[t];
             let q = &q[t * width + kvh * group * hd..t * width + (kvh + 1) * group * hd];
-            // Where position j's key and value start, for j in 0..=pos.
+            // Where position j's key and value start, for j in 0..=pos (inside the window).
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             scratch.offs.clear();
-            for_each_slot(block_table, block_size, pos + 1, |_, slot| {
-                scratch.offs.push(slot * kv_dim + kvh * hd);
+            for_each_slot(block_table, block_size, pos + 1, |j, slot| {
+                if j >= first {
+                    scratch.offs.push(slot * kv_dim + kvh * hd);
+                }
             });
             let head = Head {
                 q,
                 group,
                 hd,
                 scale,
+                softcap,
             };
             #[cfg(target_arch = "x86_64")]
             {
@@ -149,6 +177,7 @@ struct Head<'a> {
     group: usize,
     hd: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 /// Per-thread buffers, reused from task to task.
@@ -197,6 +226,15 @@ fn softmax_rows(scores: &mut [f32], n_ctx: usize, inv: &mut Vec<f32>) {
     }
 }
 
+/// `cap · tanh(score / cap)` on every score, when a cap is set.
+fn soft_cap(scores: &mut [f32], cap: Option<f32>) {
+    if let Some(c) = cap {
+        for s in scores {
+            *s = c * (*s / c).tanh();
+        }
+    }
+}
+
 /// Sum of eight lanes as a pairwise tree: a shorter dependency chain than a running sum.
 fn pairwise8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
@@ -217,6 +255,7 @@ fn attend_group<K: KvElem, V: KvElem>(
             s.scores[g * n_ctx + j] = dot(qh, k) * h.scale;
         }
     }
+    soft_cap(&mut s.scores, h.softcap);
     softmax_rows(&mut s.scores, n_ctx, &mut s.inv);
     out.fill(0.0);
     for (j, &off) in s.offs.iter().enumerate() {
@@ -234,7 +273,7 @@ fn attend_group<K: KvElem, V: KvElem>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{softmax_rows, Head, KvElem, Scratch};
+    use super::{soft_cap, softmax_rows, Head, KvElem, Scratch};
     use std::arch::x86_64::*;
 
     /// Query heads scored together against each key: three rows × four keys of 8-lane
@@ -269,6 +308,7 @@ mod avx2 {
             }
             g += r;
         }
+        soft_cap(&mut s.scores, h.softcap);
         softmax_rows(&mut s.scores, n_ctx, &mut s.inv);
         let (p, o) = (s.scores.as_ptr(), out.as_mut_ptr());
         let mut g = 0;
@@ -482,21 +522,27 @@ mod tests {
                     tok.block_table[j / shape.block_size] as usize * shape.block_size
                         + j % shape.block_size
                 };
-                let s: Vec<f64> = (0..=tok.pos)
+                let first = shape.window.map_or(0, |w| (tok.pos + 1).saturating_sub(w));
+                let s: Vec<f64> = (first..=tok.pos)
                     .map(|j| {
                         let kk = &k[slot(j) * kv_dim + kvh * hd..][..hd];
-                        qh.iter()
+                        let s = qh
+                            .iter()
                             .zip(kk)
                             .map(|(a, b)| *a as f64 * *b as f64)
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            * shape.scale as f64;
+                        match shape.softcap {
+                            Some(c) => c as f64 * (s / c as f64).tanh(),
+                            None => s,
+                        }
                     })
                     .collect();
                 let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
                 let sum: f64 = e.iter().sum();
-                for (j, p) in e.iter().enumerate() {
-                    let vv = &v[slot(j) * kv_dim + kvh * hd..][..hd];
+                for (i, p) in e.iter().enumerate() {
+                    let vv = &v[slot(first + i) * kv_dim + kvh * hd..][..hd];
                     for d in 0..hd {
                         out[t * nh * hd + h * hd + d] += (p / sum * vv[d] as f64) as f32;
                     }
@@ -513,14 +559,18 @@ mod tests {
         for (n_head, n_kv_head) in [(6, 2), (8, 2), (2, 2)] {
             for head_dim in [16, 64, 12] {
                 for simd in [true, false] {
-                    let shape = AttnShape {
-                        n_head,
-                        n_kv_head,
-                        head_dim,
-                        block_size: 4,
+                    let causal = AttnShape::causal(n_head, n_kv_head, head_dim, 4);
+                    // A sliding layer with Gemma 2's soft-cap and its own scale.
+                    let sliding = AttnShape {
+                        scale: 0.3,
+                        window: Some(5),
+                        softcap: Some(2.0),
+                        ..causal
                     };
-                    check_against_reference(shape, simd, false);
-                    check_against_reference(shape, simd, true);
+                    for shape in [causal, sliding] {
+                        check_against_reference(shape, simd, false);
+                        check_against_reference(shape, simd, true);
+                    }
                 }
             }
         }

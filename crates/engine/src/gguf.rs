@@ -1,4 +1,5 @@
-//! Reading a GGUF file: the llama hyper-parameters from its metadata and its tensors.
+//! Reading a GGUF file: typed metadata values and checked tensors (the hyper-parameters
+//! each family reads are in [`crate::model::config`]).
 //!
 //! Every problem with the file (not GGUF, truncated, a missing key or tensor, an
 //! architecture or tensor type Strata does not run) becomes a [`ModelError`] that names
@@ -48,22 +49,6 @@ pub const SUPPORTED_TENSOR_TYPES: &[GgmlDType] = &[
     GgmlDType::Q6K,
 ];
 
-/// Hyper-parameters of a llama-architecture model, read from GGUF metadata.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
-    pub n_layer: usize,
-    pub hidden: usize,
-    pub ffn_hidden: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub context_len: usize,
-    pub rope_theta: f32,
-    pub rms_eps: f32,
-    pub tied_embeddings: bool,
-}
-
 /// An opened GGUF file: parsed header and a reader positioned anywhere.
 pub struct GgufFile {
     pub path: PathBuf,
@@ -95,6 +80,14 @@ impl GgufFile {
 
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
+    }
+
+    /// A tensor's dimensions in row-major order, if the file has it.
+    pub fn tensor_dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|i| i.shape.dims().to_vec())
     }
 
     /// Reads one tensor, checking its type is supported and its shape is `expected`
@@ -129,15 +122,17 @@ impl GgufFile {
     }
 }
 
-fn get<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value, ModelError> {
+/// A metadata value, or an error naming the missing key.
+pub fn metadata<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a Value, ModelError> {
     md.get(key).ok_or_else(|| ModelError::Metadata {
         key: key.to_string(),
         reason: "missing".into(),
     })
 }
 
-fn as_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize, ModelError> {
-    let v = get(md, key)?;
+/// Reads a non-negative integer metadata value.
+pub fn metadata_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize, ModelError> {
+    let v = metadata(md, key)?;
     let n = match v {
         Value::U8(x) => *x as u64,
         Value::U16(x) => *x as u64,
@@ -160,8 +155,9 @@ fn as_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize, ModelError>
     })
 }
 
-fn as_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32, ModelError> {
-    match get(md, key)? {
+/// Reads a float metadata value.
+pub fn metadata_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32, ModelError> {
+    match metadata(md, key)? {
         Value::F32(x) => Ok(*x),
         Value::F64(x) => Ok(*x as f32),
         other => Err(ModelError::Metadata {
@@ -176,110 +172,6 @@ pub fn metadata_str<'a>(md: &'a HashMap<String, Value>, key: &str) -> Option<&'a
     match md.get(key) {
         Some(Value::String(s)) => Some(s.as_str()),
         _ => None,
-    }
-}
-
-impl LlamaConfig {
-    /// Reads and checks the llama hyper-parameters.
-    pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
-        let md = file.metadata();
-        let arch =
-            metadata_str(md, "general.architecture").ok_or_else(|| ModelError::Metadata {
-                key: "general.architecture".into(),
-                reason: "missing".into(),
-            })?;
-        if arch != "llama" {
-            return Err(ModelError::Unsupported(format!(
-                "architecture `{arch}` (this engine runs `llama`)"
-            )));
-        }
-        let n_layer = as_usize(md, "llama.block_count")?;
-        let hidden = as_usize(md, "llama.embedding_length")?;
-        let ffn_hidden = as_usize(md, "llama.feed_forward_length")?;
-        let n_head = as_usize(md, "llama.attention.head_count")?;
-        let n_kv_head = match md.get("llama.attention.head_count_kv") {
-            Some(_) => as_usize(md, "llama.attention.head_count_kv")?,
-            None => n_head,
-        };
-        let context_len = as_usize(md, "llama.context_length")?;
-        let rope_theta = match md.get("llama.rope.freq_base") {
-            Some(_) => as_f32(md, "llama.rope.freq_base")?,
-            None => 10_000.0,
-        };
-        let rms_eps = as_f32(md, "llama.attention.layer_norm_rms_epsilon")?;
-        let bad = |key: &str, reason: &str| ModelError::Metadata {
-            key: key.into(),
-            reason: reason.into(),
-        };
-        if n_layer == 0 || hidden == 0 || ffn_hidden == 0 || context_len == 0 {
-            return Err(bad("llama.*", "a size is zero"));
-        }
-        if n_head == 0 || hidden % n_head != 0 {
-            return Err(bad(
-                "llama.attention.head_count",
-                "must be non-zero and divide embedding_length",
-            ));
-        }
-        if n_kv_head == 0 || n_head % n_kv_head != 0 {
-            return Err(bad(
-                "llama.attention.head_count_kv",
-                "must be non-zero and divide head_count",
-            ));
-        }
-        let head_dim = hidden / n_head;
-        if head_dim % 2 != 0 {
-            return Err(bad(
-                "llama.attention.head_count",
-                "head dimension must be even",
-            ));
-        }
-        if md.contains_key("llama.rope.dimension_count") {
-            let rope_dim = as_usize(md, "llama.rope.dimension_count")?;
-            if rope_dim != head_dim {
-                return Err(ModelError::Unsupported(format!(
-                    "partial rotary embeddings (rope dimension {rope_dim}, head dimension {head_dim})"
-                )));
-            }
-        }
-        if !(rms_eps > 0.0 && rms_eps < 1.0) {
-            return Err(bad(
-                "llama.attention.layer_norm_rms_epsilon",
-                "out of range",
-            ));
-        }
-        if !(rope_theta > 0.0 && rope_theta.is_finite()) {
-            return Err(bad("llama.rope.freq_base", "out of range"));
-        }
-        let embd = file
-            .content
-            .tensor_infos
-            .get("token_embd.weight")
-            .ok_or_else(|| ModelError::Tensor {
-                name: "token_embd.weight".into(),
-                reason: "missing from the file".into(),
-            })?;
-        let vocab_size = match embd.shape.dims() {
-            [v, h] if *h == hidden => *v,
-            dims => {
-                return Err(ModelError::Tensor {
-                    name: "token_embd.weight".into(),
-                    reason: format!("shape {dims:?}, expected [vocab, {hidden}]"),
-                })
-            }
-        };
-        Ok(Self {
-            n_layer,
-            hidden,
-            ffn_hidden,
-            n_head,
-            n_kv_head,
-            head_dim,
-            vocab_size,
-            context_len,
-            rope_theta,
-            rms_eps,
-            tied_embeddings: !file.has_tensor("output.weight"),
-        })
     }
 }
 

@@ -806,7 +806,7 @@ fn a_gguf_adapter_loads_as_the_same_peft_adapter_and_bad_ones_are_named() {
     let a = adapters();
     let dir = TempDir::new("gguf");
     let file = strata_engine::gguf::GgufFile::open(&common::model_path()).expect("model");
-    let cfg = strata_engine::gguf::LlamaConfig::from_gguf(&file).expect("config");
+    let cfg = strata_engine::model::config::read(&file).expect("config").0;
     let peft = LoraAdapter::load("p", &a.real, &cfg, 16).expect("peft");
     let path = dir.0.join("real.gguf");
     write_gguf_adapter(&peft, &path, "adapter", 16.0);

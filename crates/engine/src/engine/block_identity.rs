@@ -94,7 +94,8 @@ pub fn weights_digest(path: &std::path::Path) -> std::io::Result<String> {
 fn arch_identity(model: &Llama) -> String {
     let c = &model.config;
     format!(
-        "llama:l{}:d{}:f{}:h{}:kv{}x{}:v{}:rope{}:{}",
+        "{}:l{}:d{}:f{}:h{}:kv{}x{}:v{}:rope{}:{}",
+        model.architecture(),
         c.n_layer,
         c.hidden,
         c.ffn_hidden,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use serde::Deserialize;
 
-use crate::gguf::LlamaConfig;
+use crate::model::config::ModelConfig;
 
 /// A projection an adapter may target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -65,7 +65,7 @@ impl Module {
     }
 
     /// `(in, out)` of this projection in `cfg`'s model.
-    pub fn dims(self, cfg: &LlamaConfig) -> (usize, usize) {
+    pub fn dims(self, cfg: &ModelConfig) -> (usize, usize) {
         let q = cfg.n_head * cfg.head_dim;
         let kv = cfg.n_kv_head * cfg.head_dim;
         match self {
@@ -181,7 +181,7 @@ impl LoraAdapter {
     pub fn load(
         name: &str,
         path: &Path,
-        base: &LlamaConfig,
+        base: &ModelConfig,
         max_rank: usize,
     ) -> Result<Self, LoraError> {
         if path.is_file() {
@@ -198,7 +198,7 @@ impl LoraAdapter {
     pub fn load_gguf(
         name: &str,
         path: &Path,
-        base: &LlamaConfig,
+        base: &ModelConfig,
         max_rank: usize,
     ) -> Result<Self, LoraError> {
         use crate::gguf::{metadata_str, GgufFile};
@@ -323,7 +323,7 @@ impl LoraAdapter {
     pub fn load_peft(
         name: &str,
         dir: &Path,
-        base: &LlamaConfig,
+        base: &ModelConfig,
         max_rank: usize,
     ) -> Result<Self, LoraError> {
         let config_path = dir.join("adapter_config.json");
@@ -503,7 +503,7 @@ impl LoraAdapter {
 /// `fix_b` moves `B`'s rows into the engine's order); an empty adapter is an error.
 fn pair_up(
     halves: BTreeMap<(usize, Module), Halves>,
-    base: &LlamaConfig,
+    base: &ModelConfig,
     stem: impl Fn(usize, Module) -> String,
     fix_b: impl Fn(Module, Vec<f32>) -> Vec<f32>,
 ) -> Result<BTreeMap<(usize, Module), LoraPair>, LoraError> {
@@ -729,8 +729,8 @@ pub(crate) mod tests {
     use candle_core::Tensor;
     use std::collections::HashMap;
 
-    pub(crate) fn tiny_base() -> LlamaConfig {
-        LlamaConfig {
+    pub(crate) fn tiny_base() -> ModelConfig {
+        ModelConfig {
             n_layer: 2,
             hidden: 8,
             ffn_hidden: 12,
@@ -987,8 +987,8 @@ pub(crate) mod tests {
     }
 
     /// The default model's shapes, as `tools/make_lora_adapter.py` writes for them.
-    fn smollm2() -> LlamaConfig {
-        LlamaConfig {
+    fn smollm2() -> ModelConfig {
+        ModelConfig {
             n_layer: 30,
             hidden: 576,
             ffn_hidden: 1536,

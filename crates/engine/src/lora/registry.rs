@@ -16,7 +16,7 @@ use strata_api::ApiError;
 
 use super::adapter::{LoraAdapter, LoraError};
 use super::allowed::AllowedDirs;
-use crate::gguf::LlamaConfig;
+use crate::model::config::ModelConfig;
 
 /// Body of `POST /v1/load_lora_adapter` (fields optional here so a missing one earns a
 /// precise 400).
@@ -34,7 +34,7 @@ pub struct UnloadLoraRequest {
 
 /// The loaded adapters and the limits they are held to.
 pub struct LoraRegistry {
-    base: LlamaConfig,
+    base: ModelConfig,
     base_name: String,
     max_rank: usize,
     /// Adapters held at once (`--max-cpu-loras`).
@@ -47,7 +47,7 @@ pub struct LoraRegistry {
 }
 
 impl LoraRegistry {
-    pub fn new(base: LlamaConfig, base_name: &str, max_rank: usize, max_cpu_loras: usize) -> Self {
+    pub fn new(base: ModelConfig, base_name: &str, max_rank: usize, max_cpu_loras: usize) -> Self {
         Self {
             base,
             base_name: base_name.to_string(),
@@ -127,7 +127,7 @@ impl LoraRegistry {
     }
 
     /// The base model's shapes and the rank limit, for reading adapters elsewhere.
-    pub fn limits(&self) -> (LlamaConfig, usize) {
+    pub fn limits(&self) -> (ModelConfig, usize) {
         (self.base.clone(), self.max_rank)
     }
 
@@ -201,7 +201,7 @@ impl LoraRegistry {
 pub fn read_adapter(
     name: &str,
     path: &str,
-    base: &LlamaConfig,
+    base: &ModelConfig,
     max_rank: usize,
 ) -> Result<LoraAdapter, ApiError> {
     LoraAdapter::load(name, Path::new(path), base, max_rank).map_err(|e| match e {

@@ -1,87 +1,45 @@
-//! Strata's llama: weights from GGUF and one batched forward pass over a ragged batch.
+//! Strata's transformer: weights from GGUF and one batched forward pass over a ragged
+//! batch, for every model family the engine runs ([`arch`]).
 //!
 //! A step's batch is any number of sequences, each contributing a run of new tokens at
 //! its own positions (a prefill chunk or a single decode token). The dense layers run as
 //! one matrix product over every token of the step; attention reads each sequence's own
 //! keys and values through its block table ([`KvCache`]), so sequences of any length batch
 //! together without padding.
+//!
+//! One forward pass serves every family: the family's table ([`arch::Family`]) and its
+//! hyper-parameters ([`config`]) switch its steps (biases, query/key norms, post-norms,
+//! the activation, soft-caps, sliding windows, RoPE layout and scaling).
+
+pub mod activation;
+pub mod arch;
+pub mod config;
+pub mod format;
+mod linear;
+pub mod norm;
+mod par;
+pub mod rope;
+mod weights;
 
 use std::path::Path;
-use std::str::FromStr;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::attention::{attend, AttnShape, TokenCtx};
-use crate::gguf::{GgufFile, LlamaConfig, ModelError};
-use crate::kernels::{BlockMatrix, BlockType};
+use crate::gguf::{GgufFile, ModelError};
 use crate::kv::cache::{KvCache, KvDtype};
 use crate::lora::{apply_rows_strided, LoraAdapter, Module as LoraModule};
-use crate::sampler::fast_exp;
-use rayon::prelude::*;
+use activation::gated;
+use config::ArchConfig;
+pub use config::ModelConfig;
+pub use format::WeightFormat;
+use linear::{matmul, merge_into, Linear};
+use norm::{rms_norm, rms_norm_in_place};
+use rope::{Rope, RopeConfig, RopeRows};
+use weights::{load_globals, load_layer, Layer};
 
-/// How weight matrices are held in memory and multiplied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightFormat {
-    /// Dequantized to f32 at load; matrix products through a GEMM. Exact reference mode.
-    F32,
-    /// Requantized at load to Q8_0 and multiplied by candle's kernels, which also quantize
-    /// the activations to 8 bits.
-    Q8_0,
-    /// Kept in the file's own blocks. Q4_0, Q4_1 and Q8_0 are multiplied by Strata's
-    /// kernels ([`crate::kernels`]): rows of 4-bit weights, and of a Q8_0 `lm_head`, with
-    /// 8-bit activations unless [`Llama::q8_prompt`] (prompt rows) or
-    /// [`Llama::q8_decode`] (decode rows) is off, with f32 activations otherwise. Other
-    /// types by candle's.
-    Gguf,
-}
-
-impl FromStr for WeightFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "q8_0" => Ok(Self::Q8_0),
-            "gguf" => Ok(Self::Gguf),
-            other => Err(format!(
-                "unknown weight format `{other}` (expected f32, q8_0 or gguf)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for WeightFormat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::F32 => "f32",
-            Self::Q8_0 => "q8_0",
-            Self::Gguf => "gguf",
-        })
-    }
-}
-
-/// A weight matrix `[out, in]` and how it is multiplied.
-enum Linear {
-    /// candle: f32 GEMM, or its quantized kernels.
-    Candle(QMatMul),
-    /// Strata's block kernels with f32 activations.
-    Blocks(BlockMatrix),
-}
-
-/// Several projections of the same input: fused into one matrix when the format allows.
-enum Proj {
-    Fused { mat: Linear, splits: Vec<usize> },
-    Separate(Vec<Linear>),
-}
-
-struct Layer {
-    attn_norm: Vec<f32>,
-    qkv: Proj,
-    wo: Linear,
-    ffn_norm: Vec<f32>,
-    gate_up: Proj,
-    down: Linear,
-}
+/// The name the rest of the engine knew the model by when it ran llama alone.
+pub type Llama = Model;
 
 /// One sequence's share of a step.
 #[derive(Debug, Clone, Copy)]
@@ -94,15 +52,17 @@ pub struct SeqInput<'a> {
     /// Whether to compute logits for the last token.
     pub want_logits: bool,
     /// Positions from here on hold generated tokens: their rows are decode rows (see
-    /// [`Llama::q8_decode`]), the others prompt rows ([`Llama::q8_prompt`]). The role
+    /// [`Model::q8_decode`]), the others prompt rows ([`Model::q8_prompt`]). The role
     /// follows the position, so a sequence recomputed after preemption gets the same keys
     /// and values as the first time.
     pub prompt_len: usize,
 }
 
-/// A loaded llama model.
-pub struct Llama {
-    pub config: LlamaConfig,
+/// A loaded model.
+pub struct Model {
+    pub config: ModelConfig,
+    /// The family and what its metadata adds to the shape.
+    pub arch: ArchConfig,
     pub format: WeightFormat,
     /// Decode rows of 4-bit block weights (and of a Q8_0 `lm_head`) quantize their
     /// activations to 8 bits per block of 32 for integer dot products (as llama.cpp does
@@ -119,118 +79,61 @@ pub struct Llama {
     layers: Vec<Layer>,
     output_norm: Vec<f32>,
     lm_head: Linear,
-    /// cos/sin per (position, pair): `context_len * head_dim / 2` each.
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
+    /// RoPE of the global layers, and of the sliding ones when it differs.
+    rope: Rope,
+    window_rope: Option<Rope>,
 }
 
-fn to_linear(w: QTensor, format: WeightFormat) -> Result<Linear, ModelError> {
-    match format {
-        WeightFormat::Gguf => match block_type(w.dtype()) {
-            Some(kind) => Ok(Linear::Blocks(to_blocks(&w, kind)?)),
-            None => Ok(Linear::Candle(QMatMul::from_qtensor(w)?)),
-        },
-        WeightFormat::F32 => Ok(Linear::Candle(QMatMul::Tensor(w.dequantize(&Device::Cpu)?))),
-        WeightFormat::Q8_0 => dense_to_format(w.dequantize(&Device::Cpu)?, format),
-    }
+/// A step's rows, in the order the matrix products take them.
+struct StepRows {
+    ids: Vec<u32>,
+    positions: Vec<usize>,
+    slots: Vec<usize>,
+    seq_of: Vec<usize>,
+    /// Rows of each sequence's last `tails[s]` tokens, in position order.
+    tail_rows: Vec<Vec<usize>>,
+    /// Rows before this one keep f32 activations; the rest are 8-bit rows.
+    exact: usize,
 }
 
-fn block_type(dtype: GgmlDType) -> Option<BlockType> {
-    match dtype {
-        GgmlDType::Q4_0 => Some(BlockType::Q4_0),
-        GgmlDType::Q4_1 => Some(BlockType::Q4_1),
-        GgmlDType::Q8_0 => Some(BlockType::Q8_0),
-        _ => None,
-    }
-}
-
-fn to_blocks(w: &QTensor, kind: BlockType) -> Result<BlockMatrix, ModelError> {
-    let (rows, cols) = w.shape().dims2()?;
-    BlockMatrix::new(kind, rows, cols, w.data()?.into_owned())
-        .map_err(|e| ModelError::Unsupported(format!("weight layout: {e}")))
-}
-
-fn dense_to_format(w: Tensor, format: WeightFormat) -> Result<Linear, ModelError> {
-    let k = w.dim(1)?;
-    if format == WeightFormat::Q8_0 && k % GgmlDType::Q8_0.block_size() == 0 {
-        Ok(Linear::Candle(QMatMul::from_qtensor(QTensor::quantize(
-            &w,
-            GgmlDType::Q8_0,
-        )?)?))
-    } else {
-        Ok(Linear::Candle(QMatMul::Tensor(w)))
-    }
-}
-
-impl Llama {
-    /// Loads a llama GGUF from `path`.
+impl Model {
+    /// Loads a GGUF from `path`.
     pub fn load(path: &Path, format: WeightFormat) -> Result<Self, ModelError> {
         let mut file = GgufFile::open(path)?;
         Self::from_gguf(&mut file, format)
     }
 
     pub fn from_gguf(file: &mut GgufFile, format: WeightFormat) -> Result<Self, ModelError> {
-        let cfg = LlamaConfig::from_gguf(file)?;
-        let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let kv_dim = cfg.n_kv_head * hd;
-        let embed_q = file.tensor("token_embd.weight", &[cfg.vocab_size, h])?;
-        let embed = embed_q.dequantize(&Device::Cpu)?;
-        let lm_head = if cfg.tied_embeddings {
-            match format {
-                WeightFormat::Gguf => to_linear(embed_q, format)?,
-                _ => dense_to_format(embed.clone(), format)?,
-            }
-        } else {
-            to_linear(file.tensor("output.weight", &[cfg.vocab_size, h])?, format)?
-        };
-        // A Q8_0 `lm_head` (the default model's tied embeddings) is the largest matrix of
-        // a decode step; with 8-bit decode activations it runs the batched integer kernel
-        // instead of expanding every weight to f32 (3–5× faster). Rows whose role keeps
-        // f32 activations (`q8_prompt` / `q8_decode` off) still multiply them.
-        let lm_head = match lm_head {
-            Linear::Blocks(b) => Linear::Blocks(b.with_q8_decode_rows()),
-            other => other,
-        };
-        let norm = |file: &mut GgufFile, name: &str| -> Result<Vec<f32>, ModelError> {
-            Ok(file
-                .tensor(name, &[h])?
-                .dequantize(&Device::Cpu)?
-                .to_dtype(DType::F32)?
-                .to_vec1::<f32>()?)
-        };
-        let output_norm = norm(file, "output_norm.weight")?;
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let p = |s: &str| format!("blk.{i}.{s}.weight");
-            let q = file.tensor(&p("attn_q"), &[h, h])?;
-            let k = file.tensor(&p("attn_k"), &[kv_dim, h])?;
-            let v = file.tensor(&p("attn_v"), &[kv_dim, h])?;
-            let qkv = proj(vec![q, k, v], format)?;
-            let gate = file.tensor(&p("ffn_gate"), &[cfg.ffn_hidden, h])?;
-            let up = file.tensor(&p("ffn_up"), &[cfg.ffn_hidden, h])?;
-            let gate_up = proj(vec![gate, up], format)?;
-            layers.push(Layer {
-                attn_norm: norm(file, &p("attn_norm"))?,
-                qkv,
-                wo: to_linear(file.tensor(&p("attn_output"), &[h, h])?, format)?,
-                ffn_norm: norm(file, &p("ffn_norm"))?,
-                gate_up,
-                down: to_linear(file.tensor(&p("ffn_down"), &[h, cfg.ffn_hidden])?, format)?,
-            });
-        }
-        let (rope_cos, rope_sin) = rope_tables(cfg.context_len, hd, cfg.rope_theta);
+        let (cfg, mut arch) = config::read(file)?;
+        let globals = load_globals(file, &cfg, &arch, format)?;
+        arch.rope.freq_factors = globals.rope_freqs;
+        let layers = (0..cfg.n_layer)
+            .map(|i| load_layer(file, i, &cfg, &arch, format))
+            .collect::<Result<Vec<_>, _>>()?;
+        let layout = arch.family.rope;
+        let rope = Rope::new(&arch.rope, cfg.head_dim, layout);
+        let window_rope = arch
+            .window_rope
+            .as_ref()
+            .map(|r: &RopeConfig| Rope::new(r, cfg.head_dim, layout));
         Ok(Self {
             config: cfg,
+            arch,
             q8_decode: format == WeightFormat::Gguf,
             q8_prompt: format == WeightFormat::Gguf,
             format,
-            embed,
+            embed: globals.embed,
             layers,
-            output_norm,
-            lm_head,
-            rope_cos,
-            rope_sin,
+            output_norm: globals.output_norm,
+            lm_head: globals.lm_head,
+            rope,
+            window_rope,
         })
+    }
+
+    /// The `general.architecture` this model was loaded as.
+    pub fn architecture(&self) -> &'static str {
+        self.arch.family.name
     }
 
     /// The KV-cache entry type when none is asked for: f32 with f32 weights (the exact
@@ -245,6 +148,17 @@ impl Llama {
     /// Numbers one KV-cache slot holds per layer (keys or values).
     pub fn kv_slot_width(&self) -> usize {
         self.config.n_kv_head * self.config.head_dim
+    }
+
+    /// The widest window any layer attends over: `None` when some layer is global (every
+    /// position may be read again), else the number of trailing positions a query sees.
+    pub fn attention_window(&self) -> Option<usize> {
+        let all_sliding = (0..self.config.n_layer).all(|l| self.arch.is_window_layer(l));
+        if all_sliding {
+            self.arch.window
+        } else {
+            None
+        }
     }
 
     /// Whether a row of this role (decode or prompt) quantizes its activations. Prompt rows
@@ -297,32 +211,16 @@ impl Llama {
         rayon::scope(|_| self.forward_in_pool(cache, seqs, tails, loras))
     }
 
-    fn forward_in_pool(
+    /// Checks the step and lays out its rows: per token its position and cache slot, rows
+    /// with f32 activations first, then rows with 8-bit ones (the matrix products take the
+    /// two groups apart; a row's group follows its role, prompt or decode).
+    fn step_rows(
         &self,
-        cache: &mut KvCache,
+        cache: &KvCache,
         seqs: &[SeqInput<'_>],
         tails: &[usize],
-        loras: &[Option<&LoraAdapter>],
-    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+    ) -> Result<StepRows, ModelError> {
         let cfg = &self.config;
-        let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
-        let kv_dim = nkv * hd;
-        if cache.slot_width != kv_dim || cache.keys.len() != cfg.n_layer {
-            return Err(ModelError::Unsupported(
-                "KV cache shape does not match the model".into(),
-            ));
-        }
-        // Per token: its position and cache slot, rows with f32 activations first, then
-        // rows with 8-bit ones (the matrix products take the two groups apart; a row's
-        // group follows its role, prompt or decode); per sequence: its last token's row.
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut slots = Vec::new();
-        let mut seq_of = Vec::new();
-        // Rows of each sequence's last `tails[s]` tokens (a sequence's prompt rows never
-        // come after its decode rows: they share a group or take the earlier one, see
-        // `quantizes`; positions ascend within each group, so these stay in position order).
-        let mut tail_rows: Vec<Vec<usize>> = vec![Vec::new(); seqs.len()];
         for seq in seqs {
             if seq.start_pos + seq.tokens.len() > cfg.context_len {
                 return Err(ModelError::Unsupported(format!(
@@ -332,7 +230,17 @@ impl Llama {
                 )));
             }
         }
-        let mut exact = 0;
+        let mut r = StepRows {
+            ids: Vec::new(),
+            positions: Vec::new(),
+            slots: Vec::new(),
+            seq_of: Vec::new(),
+            // A sequence's prompt rows never come after its decode rows: they share a
+            // group or take the earlier one (see `quantizes`); positions ascend within each
+            // group, so tails stay in position order.
+            tail_rows: vec![Vec::new(); seqs.len()],
+            exact: 0,
+        };
         for quantized in [false, true] {
             for (s, seq) in seqs.iter().enumerate() {
                 for (i, &t) in seq.tokens.iter().enumerate() {
@@ -352,98 +260,182 @@ impl Llama {
                         ))
                     })?;
                     if i + tails.get(s).copied().unwrap_or(0) >= seq.tokens.len() {
-                        tail_rows[s].push(ids.len());
+                        r.tail_rows[s].push(r.ids.len());
                     }
-                    ids.push(t);
-                    positions.push(pos);
-                    slots.push(slot);
-                    seq_of.push(s);
+                    r.ids.push(t);
+                    r.positions.push(pos);
+                    r.slots.push(slot);
+                    r.seq_of.push(s);
                 }
             }
             if !quantized {
-                exact = ids.len();
+                r.exact = r.ids.len();
             }
         }
-        let n_tok = ids.len();
-        if n_tok == 0 {
-            return Ok(vec![Vec::new(); seqs.len()]);
-        }
-        // Each row's adapter; none at all skips every LoRA pass.
-        let row_lora: Vec<Option<&LoraAdapter>> = seq_of
-            .iter()
-            .map(|&s| loras.get(s).copied().flatten())
-            .collect();
-        let any_lora = row_lora.iter().any(Option::is_some);
-        let lora = |layer: usize, m: LoraModule, x: &[f32], y: &mut [f32], stride, offset| {
-            if any_lora {
-                apply_rows_strided(&row_lora, layer, m, x, y, stride, offset);
-            }
-        };
-        let ids_t = Tensor::from_slice(&ids, n_tok, &Device::Cpu)?;
+        Ok(r)
+    }
+
+    /// The step's token embeddings, scaled where the family scales them.
+    fn embed(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let ids_t = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
         let mut x: Vec<f32> = self
             .embed
             .index_select(&ids_t, 0)?
             .flatten_all()?
             .to_vec1()?;
+        if let Some(s) = self.arch.embed_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(x)
+    }
 
-        let mut attn = vec![0f32; n_tok * h];
-        let shape = AttnShape {
-            n_head: nh,
-            n_kv_head: nkv,
-            head_dim: hd,
-            block_size: cache.block_size,
-        };
-        let ctx: Vec<TokenCtx<'_>> = positions
+    fn forward_in_pool(
+        &self,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+        tails: &[usize],
+        loras: &[Option<&LoraAdapter>],
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        let cfg = &self.config;
+        if cache.slot_width != self.kv_slot_width() || cache.keys.len() != cfg.n_layer {
+            return Err(ModelError::Unsupported(
+                "KV cache shape does not match the model".into(),
+            ));
+        }
+        let rows = self.step_rows(cache, seqs, tails)?;
+        if rows.ids.is_empty() {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        // Each row's adapter; none at all skips every LoRA pass.
+        let row_lora: Vec<Option<&LoraAdapter>> = rows
+            .seq_of
             .iter()
-            .zip(&seq_of)
+            .map(|&s| loras.get(s).copied().flatten())
+            .collect();
+        let ctx: Vec<TokenCtx<'_>> = rows
+            .positions
+            .iter()
+            .zip(&rows.seq_of)
             .map(|(&pos, &s)| TokenCtx {
                 pos,
                 block_table: seqs[s].block_table,
             })
             .collect();
+        let step = Step {
+            rows: &rows,
+            ctx: &ctx,
+            row_lora: &row_lora,
+            any_lora: row_lora.iter().any(Option::is_some),
+            rope: self.rope.rows(&rows.positions),
+            window_rope: self.window_rope.as_ref().map(|r| r.rows(&rows.positions)),
+        };
+        let mut x = self.embed(&rows.ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            let normed = rms_norm(&x, &layer.attn_norm, cfg.rms_eps);
-            let mut qkv = layer.qkv.forward(&normed, n_tok, exact)?;
-            let v = qkv.pop().unwrap_or_default();
-            let mut k = qkv.pop().unwrap_or_default();
-            let mut q = qkv.pop().unwrap_or_default();
-            let mut v = v;
-            lora(l, LoraModule::Q, &normed, &mut q, nh * hd, 0);
-            lora(l, LoraModule::K, &normed, &mut k, kv_dim, 0);
-            lora(l, LoraModule::V, &normed, &mut v, kv_dim, 0);
-            self.apply_rope(&mut q, &positions, nh);
-            self.apply_rope(&mut k, &positions, nkv);
-            let (kc, vc) = (&mut cache.keys[l], &mut cache.values[l]);
-            for (t, &slot) in slots.iter().enumerate() {
-                kc.write(slot * kv_dim, &k[t * kv_dim..(t + 1) * kv_dim]);
-                vc.write(slot * kv_dim, &v[t * kv_dim..(t + 1) * kv_dim]);
-            }
-            attend(shape, &q, &cache.keys[l], &cache.values[l], &ctx, &mut attn);
-            let mut o = matmul(&layer.wo, &attn, n_tok, exact)?;
-            lora(l, LoraModule::O, &attn, &mut o, h, 0);
-            add_in_place(&mut x, &o);
-
-            let normed = rms_norm(&x, &layer.ffn_norm, cfg.rms_eps);
-            let ffn = cfg.ffn_hidden;
-            let mut gu = layer.gate_up.gate_up(&normed, n_tok, exact, ffn)?;
-            lora(l, LoraModule::Gate, &normed, &mut gu, 2 * ffn, 0);
-            lora(l, LoraModule::Up, &normed, &mut gu, 2 * ffn, ffn);
-            let act = silu_mul(&gu, n_tok, ffn);
-            let mut d = matmul(&layer.down, &act, n_tok, exact)?;
-            lora(l, LoraModule::Down, &act, &mut d, h, 0);
-            add_in_place(&mut x, &d);
+            self.layer_forward(l, layer, &step, cache, &mut x)?;
         }
+        self.logits(&x, &rows, seqs.len())
+    }
 
-        // Logits only for the rows asked for: f32 rows first, then 8-bit rows, so that the
-        // `lm_head` product keeps each row's kernel. Each sequence's rows stay in position
-        // order (its prompt rows come before its decode rows).
-        let mut rows = Vec::new();
+    /// One block over the step's rows: attention, then the feed-forward, each added to the
+    /// residual `x`.
+    fn layer_forward(
+        &self,
+        l: usize,
+        layer: &Layer,
+        step: &Step<'_>,
+        cache: &mut KvCache,
+        x: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.n_head, cfg.n_kv_head);
+        let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+        let (n_tok, exact) = (step.rows.ids.len(), step.rows.exact);
+        let lora = |m: LoraModule, x: &[f32], y: &mut [f32], stride, offset| {
+            if step.any_lora {
+                apply_rows_strided(step.row_lora, l, m, x, y, stride, offset);
+            }
+        };
+        let normed = rms_norm(x, &layer.attn_norm, cfg.rms_eps);
+        let mut qkv = layer.qkv.forward(&normed, n_tok, exact)?;
+        let mut v = qkv.pop().unwrap_or_default();
+        let mut k = qkv.pop().unwrap_or_default();
+        let mut q = qkv.pop().unwrap_or_default();
+        lora(LoraModule::Q, &normed, &mut q, q_dim, 0);
+        lora(LoraModule::K, &normed, &mut k, kv_dim, 0);
+        lora(LoraModule::V, &normed, &mut v, kv_dim, 0);
+        if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            rms_norm_in_place(&mut q, qn, cfg.rms_eps);
+            rms_norm_in_place(&mut k, kn, cfg.rms_eps);
+        }
+        let sliding = self.arch.is_window_layer(l);
+        let (rope, angles) = match (&self.window_rope, &step.window_rope) {
+            (Some(r), Some(a)) if sliding => (r, a),
+            _ => (&self.rope, &step.rope),
+        };
+        rope.apply(angles, &mut q, nh);
+        rope.apply(angles, &mut k, nkv);
+        let (kc, vc) = (&mut cache.keys[l], &mut cache.values[l]);
+        for (t, &slot) in step.rows.slots.iter().enumerate() {
+            kc.write(slot * kv_dim, &k[t * kv_dim..(t + 1) * kv_dim]);
+            vc.write(slot * kv_dim, &v[t * kv_dim..(t + 1) * kv_dim]);
+        }
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            block_size: cache.block_size,
+            scale: self.arch.attn_scale,
+            window: if sliding { self.arch.window } else { None },
+            softcap: self.arch.attn_softcap,
+        };
+        let mut attn = vec![0f32; n_tok * q_dim];
+        attend(
+            shape,
+            &q,
+            &cache.keys[l],
+            &cache.values[l],
+            step.ctx,
+            &mut attn,
+        );
+        let mut o = matmul(&layer.wo, &attn, n_tok, exact)?;
+        lora(LoraModule::O, &attn, &mut o, h, 0);
+        if let Some(w) = &layer.post_attn_norm {
+            rms_norm_in_place(&mut o, w, cfg.rms_eps);
+        }
+        add_in_place(x, &o);
+
+        let normed = rms_norm(x, &layer.ffn_norm, cfg.rms_eps);
+        let ffn = cfg.ffn_hidden;
+        let mut gu = layer.gate_up.gate_up(&normed, n_tok, exact, ffn)?;
+        lora(LoraModule::Gate, &normed, &mut gu, 2 * ffn, 0);
+        lora(LoraModule::Up, &normed, &mut gu, 2 * ffn, ffn);
+        let act = gated(self.arch.family.activation, &gu, n_tok, ffn);
+        let mut d = matmul(&layer.down, &act, n_tok, exact)?;
+        lora(LoraModule::Down, &act, &mut d, h, 0);
+        if let Some(w) = &layer.post_ffn_norm {
+            rms_norm_in_place(&mut d, w, cfg.rms_eps);
+        }
+        add_in_place(x, &d);
+        Ok(())
+    }
+
+    /// Logits only for the rows asked for: f32 rows first, then 8-bit rows, so that the
+    /// `lm_head` product keeps each row's kernel. Each sequence's rows stay in position
+    /// order (its prompt rows come before its decode rows).
+    fn logits(
+        &self,
+        x: &[f32],
+        rows: &StepRows,
+        n_seqs: usize,
+    ) -> Result<Vec<Vec<Vec<f32>>>, ModelError> {
+        let (h, v) = (self.config.hidden, self.config.vocab_size);
+        let mut picked = Vec::new();
         let mut which = Vec::new();
         let mut exact_logits = 0;
         for quantized in [false, true] {
-            for (s, tail) in tail_rows.iter().enumerate() {
-                for &r in tail.iter().filter(|&&r| (r >= exact) == quantized) {
-                    rows.extend_from_slice(&x[r * h..(r + 1) * h]);
+            for (s, tail) in rows.tail_rows.iter().enumerate() {
+                for &r in tail.iter().filter(|&&r| (r >= rows.exact) == quantized) {
+                    picked.extend_from_slice(&x[r * h..(r + 1) * h]);
                     which.push(s);
                 }
             }
@@ -451,13 +443,15 @@ impl Llama {
                 exact_logits = which.len();
             }
         }
-        let mut out = vec![Vec::new(); seqs.len()];
+        let mut out = vec![Vec::new(); n_seqs];
         if which.is_empty() {
             return Ok(out);
         }
-        let normed = rms_norm(&rows, &self.output_norm, cfg.rms_eps);
-        let logits = matmul(&self.lm_head, &normed, which.len(), exact_logits)?;
-        let v = cfg.vocab_size;
+        let normed = rms_norm(&picked, &self.output_norm, self.config.rms_eps);
+        let mut logits = matmul(&self.lm_head, &normed, which.len(), exact_logits)?;
+        if let Some(cap) = self.arch.final_softcap {
+            logits.iter_mut().for_each(|z| *z = cap * (*z / cap).tanh());
+        }
         for (r, s) in which.into_iter().enumerate() {
             out[s].push(logits[r * v..(r + 1) * v].to_vec());
         }
@@ -473,286 +467,36 @@ impl Llama {
                 "merging a LoRA adapter needs f32 weights".into(),
             ));
         }
-        let cfg = self.config.clone();
-        let q = cfg.n_head * cfg.head_dim;
-        let kv = cfg.n_kv_head * cfg.head_dim;
         for (l, layer) in self.layers.iter_mut().enumerate() {
-            let parts = [
-                (
-                    &mut layer.qkv,
-                    vec![
-                        (LoraModule::Q, 0),
-                        (LoraModule::K, q),
-                        (LoraModule::V, q + kv),
-                    ],
-                ),
-                (
-                    &mut layer.gate_up,
-                    vec![(LoraModule::Gate, 0), (LoraModule::Up, cfg.ffn_hidden)],
-                ),
-            ];
-            for (proj, modules) in parts {
-                let Proj::Fused { mat, .. } = proj else {
-                    return Err(ModelError::Unsupported("unfused f32 projections".into()));
-                };
-                merge_into(mat, adapter, l, &modules)?;
-            }
+            layer.qkv.merge_lora(
+                adapter,
+                l,
+                &[(LoraModule::Q, 0), (LoraModule::K, 1), (LoraModule::V, 2)],
+            )?;
+            layer
+                .gate_up
+                .merge_lora(adapter, l, &[(LoraModule::Gate, 0), (LoraModule::Up, 1)])?;
             merge_into(&mut layer.wo, adapter, l, &[(LoraModule::O, 0)])?;
             merge_into(&mut layer.down, adapter, l, &[(LoraModule::Down, 0)])?;
         }
         Ok(())
     }
-
-    /// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head: GGUF stores llama's Q/K
-    /// rows permuted for this "normal" RoPE layout.
-    fn apply_rope(&self, x: &mut [f32], positions: &[usize], n_heads: usize) {
-        let hd = self.config.head_dim;
-        let half = hd / 2;
-        for_rows(x, n_heads * hd, |t, row| {
-            let pos = positions[t];
-            let cos = &self.rope_cos[pos * half..(pos + 1) * half];
-            let sin = &self.rope_sin[pos * half..(pos + 1) * half];
-            for head in row.chunks_exact_mut(hd) {
-                for i in 0..half {
-                    let (a, b) = (head[2 * i], head[2 * i + 1]);
-                    head[2 * i] = a * cos[i] - b * sin[i];
-                    head[2 * i + 1] = a * sin[i] + b * cos[i];
-                }
-            }
-        });
-    }
 }
 
-/// Adds `scale·B·A` of each `(module, first row)` into an f32 matrix whose rows from
-/// `first row` on are that module's.
-fn merge_into(
-    mat: &mut Linear,
-    adapter: &LoraAdapter,
-    layer: usize,
-    modules: &[(LoraModule, usize)],
-) -> Result<(), ModelError> {
-    let Linear::Candle(QMatMul::Tensor(t)) = mat else {
-        return Err(ModelError::Unsupported(
-            "merging needs an f32 matrix".into(),
-        ));
-    };
-    let (rows, cols) = t.dims2()?;
-    let mut w: Vec<f32> = t.flatten_all()?.to_vec1()?;
-    for &(m, first) in modules {
-        let Some(p) = adapter.pair(layer, m) else {
-            continue;
-        };
-        if p.inp != cols || first + p.out > rows {
-            return Err(ModelError::Unsupported(format!(
-                "adapter {} does not fit layer {layer}",
-                adapter.name
-            )));
-        }
-        let block = &mut w[first * cols..(first + p.out) * cols];
-        let merged = adapter.merged(layer, m, block);
-        block.copy_from_slice(&merged);
-    }
-    *mat = Linear::Candle(QMatMul::Tensor(Tensor::from_vec(
-        w,
-        (rows, cols),
-        &Device::Cpu,
-    )?));
-    Ok(())
-}
-
-fn proj(ws: Vec<QTensor>, format: WeightFormat) -> Result<Proj, ModelError> {
-    if format == WeightFormat::Gguf {
-        let splits = ws
-            .iter()
-            .map(|w| w.shape().dims2().map(|d| d.0))
-            .collect::<Result<Vec<_>, _>>()?;
-        let kinds: Vec<_> = ws.iter().map(|w| block_type(w.dtype())).collect();
-        if let Some(Some(kind)) = kinds.first().copied() {
-            if kinds.iter().all(|k| *k == Some(kind)) {
-                let blocks = ws
-                    .iter()
-                    .map(|w| to_blocks(w, kind))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if let Some(mat) = BlockMatrix::concat_rows(blocks) {
-                    return Ok(Proj::Fused {
-                        mat: Linear::Blocks(mat),
-                        splits,
-                    });
-                }
-            }
-        }
-        let mats = ws
-            .into_iter()
-            .map(|w| to_linear(w, format))
-            .collect::<Result<Vec<_>, _>>()?;
-        return Ok(Proj::Separate(mats));
-    }
-    let mut splits = Vec::with_capacity(ws.len());
-    let mut dense = Vec::with_capacity(ws.len());
-    for w in &ws {
-        let t = w.dequantize(&Device::Cpu)?;
-        splits.push(t.dim(0)?);
-        dense.push(t);
-    }
-    let cat = Tensor::cat(&dense, 0)?;
-    Ok(Proj::Fused {
-        mat: dense_to_format(cat, format)?,
-        splits,
-    })
-}
-
-impl Proj {
-    /// `x` is `[rows, in]`; returns one `[rows, out_i]` buffer per projection. Rows from
-    /// `exact` on are decode rows.
-    fn forward(&self, x: &[f32], rows: usize, exact: usize) -> Result<Vec<Vec<f32>>, ModelError> {
-        match self {
-            Proj::Separate(mats) => mats.iter().map(|m| matmul(m, x, rows, exact)).collect(),
-            Proj::Fused { mat, splits } => {
-                let y = matmul(mat, x, rows, exact)?;
-                let total: usize = splits.iter().sum();
-                let mut outs: Vec<Vec<f32>> = splits
-                    .iter()
-                    .map(|&n| Vec::with_capacity(rows * n))
-                    .collect();
-                for row in y.chunks_exact(total) {
-                    let mut at = 0;
-                    for (out, &n) in outs.iter_mut().zip(splits) {
-                        out.extend_from_slice(&row[at..at + n]);
-                        at += n;
-                    }
-                }
-                Ok(outs)
-            }
-        }
-    }
-}
-
-/// `x: [rows, in]` times the matrix; rows from `exact` on are decode rows.
-impl Proj {
-    /// The gate and up products side by side, `[rows, 2·ffn]` (each row: gate, then up).
-    fn gate_up(
-        &self,
-        x: &[f32],
-        rows: usize,
-        exact: usize,
-        ffn: usize,
-    ) -> Result<Vec<f32>, ModelError> {
-        let gu = match self {
-            Proj::Fused { mat, .. } => matmul(mat, x, rows, exact)?,
-            Proj::Separate(_) => {
-                let parts = self.forward(x, rows, exact)?;
-                let mut gu = Vec::with_capacity(rows * 2 * ffn);
-                for r in 0..rows {
-                    for part in &parts {
-                        gu.extend_from_slice(&part[r * ffn..(r + 1) * ffn]);
-                    }
-                }
-                gu
-            }
-        };
-        if gu.len() != rows * 2 * ffn {
-            return Err(ModelError::Unsupported(
-                "gate and up projections do not match the feed-forward size".into(),
-            ));
-        }
-        Ok(gu)
-    }
-}
-
-/// `silu(gate) · up` row by row over `gu: [rows, 2·ffn]`.
-fn silu_mul(gu: &[f32], rows: usize, ffn: usize) -> Vec<f32> {
-    let mut out = vec![0f32; rows * ffn];
-    for_rows(&mut out, ffn, |t, o| {
-        let (gate, up) = gu[t * 2 * ffn..(t + 1) * 2 * ffn].split_at(ffn);
-        for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-            *o = g / (1.0 + fast_exp(-g)) * u;
-        }
-    });
-    out
-}
-
-/// Rows at and above which row-wise work is split over the pool.
-const PAR_MIN_ROWS: usize = 8;
-
-/// Calls `f(t, row)` for each row of `out` (`width` floats each); rows are independent, so
-/// they run in parallel when there are enough of them.
-fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if out.len() >= PAR_MIN_ROWS * width {
-        out.par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(t, row)| f(t, row));
-    } else {
-        for (t, row) in out.chunks_mut(width).enumerate() {
-            f(t, row);
-        }
-    }
-}
-
-fn matmul(m: &Linear, x: &[f32], rows: usize, exact: usize) -> Result<Vec<f32>, ModelError> {
-    match m {
-        Linear::Blocks(b) => Ok(b.matmul_split(x, rows, exact)),
-        Linear::Candle(q) => {
-            let k = x.len() / rows.max(1);
-            let t = Tensor::from_slice(x, (rows, k), &Device::Cpu)?;
-            Ok(q.forward(&t)?.flatten_all()?.to_vec1()?)
-        }
-    }
-}
-
-fn rope_tables(context_len: usize, head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(context_len * half);
-    let mut sin = Vec::with_capacity(context_len * half);
-    for pos in 0..context_len {
-        for &f in &inv_freq {
-            let a = pos as f32 * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-    (cos, sin)
-}
-
-/// RMSNorm over rows of `weight.len()`.
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let n = weight.len();
-    let mut out = vec![0f32; x.len()];
-    for_rows(&mut out, n, |t, o| {
-        let row = &x[t * n..(t + 1) * n];
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for ((o, v), w) in o.iter_mut().zip(row).zip(weight) {
-            *o = v * inv * w;
-        }
-    });
-    out
+/// What every layer of a step shares.
+struct Step<'a> {
+    rows: &'a StepRows,
+    ctx: &'a [TokenCtx<'a>],
+    row_lora: &'a [Option<&'a LoraAdapter>],
+    any_lora: bool,
+    /// RoPE angles of the step's positions: global layers', and sliding layers' when
+    /// they differ.
+    rope: RopeRows,
+    window_rope: Option<RopeRows>,
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rms_norm_unit_rows() {
-        let out = rms_norm(&[3.0, 4.0, 0.0, 0.0], &[1.0, 2.0], 1e-6);
-        let inv = 1.0 / (12.5f32 + 1e-6).sqrt();
-        assert!((out[0] - 3.0 * inv).abs() < 1e-6);
-        assert!((out[1] - 8.0 * inv).abs() < 1e-6);
-        assert_eq!(&out[2..], &[0.0, 0.0]);
-    }
-
-    #[test]
-    fn weight_format_parses() {
-        assert_eq!("q8_0".parse::<WeightFormat>(), Ok(WeightFormat::Q8_0));
-        assert!("q4".parse::<WeightFormat>().is_err());
     }
 }
