@@ -1,5 +1,5 @@
 //! The whole Helm chart over the matrix of values files in `deploy/helm/strata/ci/`
-//! (minimal, full, multi-model, P/D, scale to zero, external stores): `helm lint --strict`
+//! (minimal, full, multi-model, P/D, scale to zero, external stores, TLS): `helm lint --strict`
 //! passes for each; every rendered object deserializes into its `k8s-openapi` type (CRD
 //! objects are checked field by field); and the objects line up: every selector selects
 //! rendered pods, every named port exists where it points, each pool's picker watches that
@@ -14,7 +14,7 @@
 
 mod helm;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use helm::checks::*;
 use helm::*;
@@ -37,6 +37,7 @@ fn every_values_file_lints_and_lines_up() {
         "pd",
         "scale-to-zero",
         "external-stores",
+        "tls",
     ] {
         assert!(
             names.contains(&format!("{want}-values.yaml")),
@@ -548,6 +549,244 @@ fn contradictory_values_are_refused() {
         ),
     ] {
         let err = render_err(&[], &sets);
+        assert!(err.contains(says), "{sets:?}: {err}");
+    }
+}
+
+/// The TLS files a container reads (flag values, controller.yaml and gateway.yaml paths)
+/// all lie under its read-only `tls` mount, which is the pod's `tls` volume.
+fn tls_paths_are_mounted(p: &Pods, c: &k8s_openapi::api::core::v1::Container, paths: &[&str]) {
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "tls")
+        .unwrap_or_else(|| panic!("{} {}: no tls mount", p.owner, c.name));
+    assert_eq!(mount.read_only, Some(true), "{}", p.owner);
+    for path in paths {
+        assert!(
+            path.starts_with(&format!("{}/", mount.mount_path)),
+            "{} {}: {path} is not under {}",
+            p.owner,
+            c.name,
+            mount.mount_path
+        );
+    }
+}
+
+/// The pod's `tls` volume: a Secret's name, or the CSI driver's attributes.
+fn tls_volume(p: &Pods) -> &k8s_openapi::api::core::v1::Volume {
+    p.spec()
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "tls")
+        .unwrap_or_else(|| panic!("{}: no tls volume", p.owner))
+}
+
+fn probes_are_https(p: &Pods, c: &k8s_openapi::api::core::v1::Container) {
+    for probe in [&c.readiness_probe, &c.liveness_probe, &c.startup_probe]
+        .into_iter()
+        .flatten()
+    {
+        let get = probe.http_get.as_ref().unwrap();
+        assert_eq!(
+            get.scheme.as_deref(),
+            Some("HTTPS"),
+            "{} {}",
+            p.owner,
+            c.name
+        );
+    }
+}
+
+#[test]
+fn tls_mounts_certificates_and_every_client_trusts_the_ca() {
+    let objs = render(&[values_file("tls")], &[]);
+    let pods = check_render(&objs, &[]);
+    let certs: BTreeMap<String, &Value> = of_kind(&objs, "Certificate")
+        .map(|c| (c["spec"]["secretName"].as_str().unwrap().to_string(), c))
+        .collect();
+    let mut mounted = BTreeSet::new();
+    for p in &pods {
+        let c = &p.spec().containers[0];
+        let args = args_of(c);
+        let vol = tls_volume(p);
+        match c.name.as_str() {
+            "engine" => {
+                // One certificate per pod, naming its IP, from cert-manager's CSI driver.
+                let csi = vol.csi.as_ref().expect("the CSI driver");
+                assert_eq!(csi.driver, "csi.cert-manager.io");
+                let attrs = csi.volume_attributes.as_ref().unwrap();
+                assert_eq!(attrs["csi.cert-manager.io/ip-sans"], "${POD_IP}");
+                assert_eq!(attrs["csi.cert-manager.io/issuer-name"], "strata-ca");
+                assert_eq!(attrs["csi.cert-manager.io/issuer-kind"], "ClusterIssuer");
+                probes_are_https(p, c);
+                let strata = args[0] == "engine";
+                let (cert, key) = if strata {
+                    ("--tls-cert", "--tls-key")
+                } else {
+                    ("--ssl-certfile", "--ssl-keyfile")
+                };
+                let mut files = vec![flag(&args, cert).unwrap(), flag(&args, key).unwrap()];
+                let role = p.labels().get("llm-d.ai/role").cloned();
+                if strata && role.is_some() {
+                    assert!(args.iter().any(|a| a == "--kv-tls"), "{}", p.owner);
+                    files.push(flag(&args, "--kv-tls-ca").unwrap());
+                }
+                tls_paths_are_mounted(p, c, &files);
+            }
+            "epp" => {
+                let r = router_args(c);
+                assert!(r.pool_https, "{}: the pool's pods are https", p.owner);
+                let files = [
+                    r.http.tls_cert.clone().expect("ext_proc over TLS"),
+                    r.http.tls_key.clone().unwrap(),
+                    r.upstream_tls_ca.clone().expect("the CA of the pods"),
+                ];
+                let files: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+                tls_paths_are_mounted(p, c, &files);
+                mounted.insert(vol.secret.as_ref().unwrap().secret_name.clone().unwrap());
+            }
+            "controller" => {
+                probes_are_https(p, c);
+                let owner = p.owner.trim_start_matches("Deployment/");
+                let cm: ConfigMap = typed(find(&objs, "ConfigMap", owner));
+                let cfg: serde_yaml::Value =
+                    serde_yaml::from_str(&cm.data.unwrap()["controller.yaml"]).unwrap();
+                assert_eq!(cfg["driver"]["https"], true);
+                let files: Vec<&str> = ["caFile", "certFile", "keyFile"]
+                    .iter()
+                    .map(|k| cfg["tls"][*k].as_str().unwrap())
+                    .collect();
+                tls_paths_are_mounted(p, c, &files);
+                mounted.insert(vol.secret.as_ref().unwrap().secret_name.clone().unwrap());
+            }
+            "gateway" => {
+                probes_are_https(p, c);
+                let secret: Secret = typed(find(&objs, "Secret", "t-strata-gateway"));
+                let cfg: serde_yaml::Value =
+                    serde_yaml::from_slice(&secret.data.unwrap()["gateway.yaml"].0).unwrap();
+                let mut files = vec![
+                    cfg["server"]["tls"]["cert"].as_str().unwrap(),
+                    cfg["server"]["tls"]["key"].as_str().unwrap(),
+                ];
+                for u in cfg["upstreams"].as_sequence().unwrap() {
+                    assert!(u["base_url"].as_str().unwrap().starts_with("https://"));
+                    files.push(u["ca_file"].as_str().unwrap());
+                }
+                tls_paths_are_mounted(p, c, &files);
+                mounted.insert(vol.secret.as_ref().unwrap().secret_name.clone().unwrap());
+            }
+            other => panic!("unexpected container {other}"),
+        }
+    }
+    // Each Secret mounted is a Certificate's, and each Certificate is mounted by the pods
+    // of the object it names, whose Service its names carry.
+    assert_eq!(mounted, certs.keys().cloned().collect::<BTreeSet<_>>());
+    for (secret, cert) in &certs {
+        let object = secret.strip_suffix("-tls").unwrap();
+        assert_eq!(name(cert), object);
+        let dns: Vec<&str> = cert["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert!(
+            dns.contains(&format!("{object}.{NS}.svc").as_str()),
+            "{dns:?}"
+        );
+        find(&objs, "Service", object);
+    }
+    assert_eq!(certs.len(), 5, "two pickers, two controllers, the gateway");
+    // ServiceMonitors scrape the HTTPS ports with a CA a Certificate's Secret carries.
+    for (component, server_name) in [
+        ("engine", None),
+        ("controller", Some("t-controller.serving.svc")),
+        ("gateway", Some("t-strata-gateway.serving.svc")),
+    ] {
+        let sm = find(&objs, "ServiceMonitor", &format!("t-{component}"));
+        let ep = &sm["spec"]["endpoints"][0];
+        assert_eq!(ep["scheme"], "https", "{component}");
+        let ca = ep["tlsConfig"]["ca"]["secret"]["name"].as_str().unwrap();
+        assert!(certs.contains_key(ca), "{component}: {ca}");
+        assert_eq!(ep["tlsConfig"]["serverName"].as_str(), server_name);
+        if let Some(n) = server_name {
+            let object = ca.strip_suffix("-tls").unwrap();
+            let c = find(&objs, "Certificate", object);
+            assert!(c["spec"]["dnsNames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d == n));
+        }
+    }
+    let picker = find(&objs, "ServiceMonitor", "t-picker");
+    assert!(picker["spec"]["endpoints"][0].get("scheme").is_none());
+}
+
+#[test]
+fn tls_with_existing_secrets_mounts_them_and_makes_no_certificate() {
+    let objs = render(
+        &[values_file("tls")],
+        &[
+            "tls.certManager.enabled=false",
+            "tls.picker.existingSecret=picker-tls",
+            "tls.controller.existingSecret=controller-tls",
+            "tls.strataGateway.existingSecret=gateway-tls",
+            "tls.engine.existingSecret=engine-tls",
+        ],
+    );
+    let pods = check_render(&objs, &[]);
+    assert_eq!(of_kind(&objs, "Certificate").count(), 0);
+    for p in &pods {
+        let want = match p.spec().containers[0].name.as_str() {
+            "engine" => "engine-tls",
+            "epp" => "picker-tls",
+            "controller" => "controller-tls",
+            "gateway" => "gateway-tls",
+            other => panic!("{other}"),
+        };
+        let secret = tls_volume(p).secret.as_ref().expect("a Secret volume");
+        assert_eq!(secret.secret_name.as_deref(), Some(want), "{}", p.owner);
+    }
+    // Mutual TLS on the pickers: with the Gateway API path only.
+    let objs = render(
+        &[values_file("tls")],
+        &[
+            "tls.picker.clientAuth=true",
+            "strataGateway.upstream=gatewayApi",
+        ],
+    );
+    let pods = check_render(&objs, &[]);
+    let epp = container(&pods, "Deployment/t-llama-epp", "epp");
+    assert!(router_args(epp).http.tls_client_ca.is_some());
+}
+
+#[test]
+fn tls_values_that_cannot_work_are_refused() {
+    for (sets, says) in [
+        (vec!["tls.certManager.enabled=false"], "tls.enabled needs"),
+        (
+            vec![
+                "tls.certManager.enabled=false",
+                "tls.picker.existingSecret=p",
+                "tls.controller.existingSecret=c",
+                "tls.strataGateway.existingSecret=g",
+            ],
+            "tls.engine.existingSecret",
+        ),
+        (vec!["tls.certManager.issuerRef.name="], "issuerRef.name"),
+        (vec!["tls.picker.clientAuth=true"], "clientAuth"),
+        (
+            vec!["models[0].engine.kind=sglang"],
+            "engine.kind strata or vllm",
+        ),
+    ] {
+        let err = render_err(&[values_file("tls")], &sets);
         assert!(err.contains(says), "{sets:?}: {err}");
     }
 }

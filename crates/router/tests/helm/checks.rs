@@ -89,6 +89,12 @@ pub fn check_all_typed(objs: &[Value]) {
                     assert!(e["port"].is_string(), "ServiceMonitor ports are named");
                 }
             }
+            "Certificate" => {
+                assert_eq!(o["apiVersion"], "cert-manager.io/v1");
+                assert!(o["spec"]["secretName"].is_string());
+                assert!(!o["spec"]["dnsNames"].as_array().unwrap().is_empty());
+                assert!(o["spec"]["issuerRef"]["name"].is_string());
+            }
             "LeaderWorkerSet" => {
                 assert_eq!(o["apiVersion"], "leaderworkerset.x-k8s.io/v1");
                 let t = &o["spec"]["leaderWorkerTemplate"];
@@ -160,7 +166,8 @@ pub fn check_pods_hardened(pods: &[Pods]) {
                     v.empty_dir.is_some()
                         || v.config_map.is_some()
                         || v.secret.is_some()
-                        || v.persistent_volume_claim.is_some(),
+                        || v.persistent_volume_claim.is_some()
+                        || v.csi.as_ref().is_some_and(|c| c.read_only == Some(true)),
                     "{}: volume {} has no source",
                     p.owner,
                     v.name
@@ -622,7 +629,23 @@ pub fn check_strata_gateway(objs: &[Value], pods: &[Pods], external_secrets: &[&
             ["openai", "strata_router"].contains(&kind),
             "upstream kind {kind}"
         );
-        let (svc, sport, path) = cluster_url(u["base_url"].as_str().unwrap(), "http");
+        let base_url = u["base_url"].as_str().unwrap();
+        let scheme = if base_url.starts_with("https://") {
+            // An https upstream is verified against a CA file the gateway has mounted.
+            let ca = u["ca_file"]
+                .as_str()
+                .expect("an https upstream names its CA");
+            assert!(
+                mounts
+                    .iter()
+                    .any(|m| ca.starts_with(&format!("{}/", m.mount_path))),
+                "upstream {uname}: ca_file {ca} is not mounted"
+            );
+            "https"
+        } else {
+            "http"
+        };
+        let (svc, sport, path) = cluster_url(base_url, scheme);
         if let Some(s) = services.get(&svc) {
             // The picker's HTTP front: a rendered Service port that reaches pickers that
             // serve HTTP on it.

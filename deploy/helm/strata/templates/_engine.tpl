@@ -6,6 +6,11 @@ Shared by the Deployment(s) and the LeaderWorkerSet's leader and workers. */}}
 {{- $e := .m.engine -}}
 {{- $role := .role -}}
 {{- $gpu := and (ne $e.kind "strata") (gt (int $e.gpu.count) 0) -}}
+{{- $tls := $r.Values.tls.enabled -}}
+{{- $tlsDir := include "strata.tlsDir" $r -}}
+{{- if and $tls (not (has $e.kind (list "strata" "vllm"))) -}}
+{{- fail "tls.enabled needs engine.kind strata or vllm (the engines whose TLS flags the chart wires)" -}}
+{{- end -}}
 metadata:
   labels:
     {{- include "strata.engineSelector" . | nindent 4 }}
@@ -77,6 +82,18 @@ spec:
     - --kv-peers
     - {{ $e.pd.kvPeers | quote }}
     {{- end }}
+    {{- if $tls }}
+    - --tls-cert
+    - {{ $tlsDir }}/tls.crt
+    - --tls-key
+    - {{ $tlsDir }}/tls.key
+    {{- if $role }}
+    # Block transfer over mutual TLS, and the x-prefiller-host-port phase 1 over TLS.
+    - --kv-tls
+    - --kv-tls-ca
+    - {{ $tlsDir }}/ca.crt
+    {{- end }}
+    {{- end }}
     {{- range $e.strataArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -103,6 +120,12 @@ spec:
     {{- range $e.adapters }}
     - {{ printf "%s=%s" .name .source | quote }}
     {{- end }}
+    {{- end }}
+    {{- if $tls }}
+    - --ssl-certfile
+    - {{ $tlsDir }}/tls.crt
+    - --ssl-keyfile
+    - {{ $tlsDir }}/tls.key
     {{- end }}
     {{- if $role }}
     - --kv-transfer-config
@@ -166,12 +189,18 @@ spec:
       httpGet:
         path: /health
         port: http
+        {{- if $tls }}
+        scheme: HTTPS
+        {{- end }}
       periodSeconds: 5
       failureThreshold: 3
     livenessProbe:
       httpGet:
         path: /health
         port: http
+        {{- if $tls }}
+        scheme: HTTPS
+        {{- end }}
       periodSeconds: 10
       timeoutSeconds: 5
       failureThreshold: 6
@@ -179,6 +208,9 @@ spec:
       httpGet:
         path: /health
         port: http
+        {{- if $tls }}
+        scheme: HTTPS
+        {{- end }}
       periodSeconds: 10
       failureThreshold: {{ $e.startupFailureThreshold }}
     {{- $res := deepCopy ($e.resources | default dict) }}
@@ -199,6 +231,9 @@ spec:
       mountPath: /cache
     - name: shm
       mountPath: /dev/shm
+    {{- if $tls }}
+    {{- include "strata.tlsMount" $r | nindent 4 }}
+    {{- end }}
   volumes:
   - name: tmp
     emptyDir: {}
@@ -216,4 +251,7 @@ spec:
     emptyDir:
       medium: Memory
       sizeLimit: {{ $e.shmSize }}
+  {{- if $tls }}
+  {{- include "strata.engineTlsVolume" $r | nindent 2 }}
+  {{- end }}
 {{- end -}}

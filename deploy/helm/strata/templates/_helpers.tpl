@@ -162,7 +162,7 @@ seccompProfile:
 {{- define "strata.upstreamUrl" -}}
 {{- $r := .root -}}
 {{- if eq $r.Values.strataGateway.upstream "router" -}}
-http://{{ .m.pickerName }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.picker.httpPort }}
+{{ if $r.Values.tls.enabled }}https{{ else }}http{{ end }}://{{ .m.pickerName }}.{{ $r.Release.Namespace }}.svc:{{ $r.Values.picker.httpPort }}
 {{- else -}}
 {{- $svc := default (include "strata.gatewayName" $r) $r.Values.strataGateway.gatewayApiService.name -}}
 http://{{ $svc }}.{{ default $r.Release.Namespace $r.Values.strataGateway.gatewayApiService.namespace }}.svc:{{ $r.Values.strataGateway.gatewayApiService.port }}{{ if .m.key }}/models/{{ .m.key }}{{ end }}
@@ -210,19 +210,84 @@ postgres://{{ .Values.postgres.user }}:{{ include "strata.postgresPassword" . }}
 {{- end -}}
 {{- end -}}
 
-{{/* Readiness and liveness probes on an HTTP /health port name: (dict "port" NAME). */}}
+{{/* Readiness and liveness probes on an HTTP /health port name: (dict "port" NAME
+"tls" BOOL); over HTTPS with tls (the kubelet does not verify the certificate). */}}
 {{- define "strata.httpProbes" -}}
 readinessProbe:
   httpGet:
     path: /health
     port: {{ .port }}
+    {{- if .tls }}
+    scheme: HTTPS
+    {{- end }}
   periodSeconds: 5
   failureThreshold: 3
 livenessProbe:
   httpGet:
     path: /health
     port: {{ .port }}
+    {{- if .tls }}
+    scheme: HTTPS
+    {{- end }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
+{{- end -}}
+
+{{/* TLS (tls.*): where every component finds its files. */}}
+{{- define "strata.tlsDir" -}}/etc/strata-tls{{- end -}}
+
+{{/* The Secret with the TLS files of one component: (dict "root" $ "component" "picker"|
+"controller"|"strataGateway" "object" NAME). cert-manager's Certificate is <object>-tls;
+otherwise the component's existingSecret, required. */}}
+{{- define "strata.tlsSecret" -}}
+{{- $t := .root.Values.tls -}}
+{{- $existing := (get $t .component).existingSecret -}}
+{{- if $existing -}}
+{{- $existing -}}
+{{- else if $t.certManager.enabled -}}
+{{- .object }}-tls
+{{- else -}}
+{{- fail (printf "tls.enabled needs tls.certManager.enabled or tls.%s.existingSecret" .component) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The read-only mount of the TLS files. */}}
+{{- define "strata.tlsMount" -}}
+- name: tls
+  mountPath: {{ include "strata.tlsDir" . }}
+  readOnly: true
+{{- end -}}
+
+{{/* The volume of one component's TLS Secret: (dict "root" $ "component" C "object" NAME). */}}
+{{- define "strata.tlsVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ include "strata.tlsSecret" . }}
+{{- end -}}
+
+{{/* The engines' TLS volume: an existing Secret, or cert-manager's CSI driver issuing a
+certificate per pod for its IP and name. */}}
+{{- define "strata.engineTlsVolume" -}}
+{{- $t := .Values.tls -}}
+- name: tls
+{{- if $t.engine.existingSecret }}
+  secret:
+    secretName: {{ $t.engine.existingSecret }}
+{{- else if $t.certManager.enabled }}
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ required "tls.certManager.issuerRef.name is required" $t.certManager.issuerRef.name }}
+      csi.cert-manager.io/issuer-kind: {{ $t.certManager.issuerRef.kind }}
+      csi.cert-manager.io/issuer-group: {{ $t.certManager.issuerRef.group }}
+      csi.cert-manager.io/ip-sans: ${POD_IP}
+      csi.cert-manager.io/dns-names: ${POD_NAME}.${POD_NAMESPACE}.pod
+      csi.cert-manager.io/duration: {{ $t.certManager.duration }}
+      csi.cert-manager.io/renew-before: {{ $t.certManager.renewBefore }}
+      csi.cert-manager.io/fs-group: {{ .Values.security.uid | quote }}
+{{- else }}
+{{- fail "tls.enabled needs tls.certManager.enabled (the CSI driver) or tls.engine.existingSecret" }}
+{{- end }}
 {{- end -}}
