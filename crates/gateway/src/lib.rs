@@ -40,6 +40,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 pub mod admin;
 pub mod anthropic;
+pub mod apis;
 pub mod auth;
 pub mod budget;
 pub mod cache;

@@ -8,22 +8,9 @@
 //! Anything else (the default: a Strata engine, any OpenAI-compatible server) is
 //! translated to chat and back ([`crate::translate`]).
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::apis::Api;
 use crate::config::Resolved;
 use crate::state::Gateway;
-
-/// A generation API besides chat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Api {
-    /// `chat` (always served; accepted for completeness in `apis:`).
-    Chat,
-    /// Anthropic's Messages API, `/v1/messages` and `/v1/messages/count_tokens`.
-    Messages,
-    /// OpenAI's Responses API, `/v1/responses`.
-    Responses,
-}
 
 /// True when every upstream that a request for `model` may reach speaks `api`.
 pub fn speaks(gw: &Gateway, model: &str, api: Api) -> bool {

@@ -186,7 +186,7 @@ pub struct UpstreamConfig {
     /// when every upstream of the model lists the API, else translated to chat
     /// ([`crate::passthrough`]). Default: none (a Strata engine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub apis: Vec<crate::passthrough::Api>,
+    pub apis: Vec<crate::apis::Api>,
 }
 
 /// One replica of a `router` upstream.

@@ -87,7 +87,7 @@ impl ChatToResponseEvents {
     fn close(&mut self, out: &mut Vec<StreamEvent>) {
         let output_index = self.output_index();
         match std::mem::replace(&mut self.open, Open::None) {
-            Open::None => return,
+            Open::None => {}
             Open::Text { text } => {
                 let item_id = self.ids.message();
                 let part = ContentPart::output_text(text.clone());
