@@ -5,7 +5,9 @@
 //! removed (`stream`, `stream_options`, `user`). The tenant is part of the key, so one
 //! tenant can never be served another's entry. Only deterministic requests are cached
 //! (temperature 0, or an explicit `seed`), only non-streamed 200 answers are stored, and a
-//! request with `Cache-Control: no-cache` (or `no-store`) skips the lookup.
+//! request with `Cache-Control: no-cache` (or `no-store`) skips the lookup. An answer
+//! that calls tools is never stored ([`is_tool_call_answer`]): a call stands for an
+//! action the client is about to take, and a replay would hand it another call's id.
 //!
 //! Backends: an in-memory LRU with a TTL and an entry-count bound, or Redis (`SET .. EX`;
 //! size is bounded by Redis's own `maxmemory` policy). A Redis failure is a miss (or an
@@ -33,6 +35,30 @@ pub fn is_deterministic(body: &Value) -> bool {
         .is_some_and(|t| t == 0.0);
     let seeded = body.get("seed").is_some_and(|s| !s.is_null());
     temp_zero || seeded
+}
+
+/// True when an answer body calls tools: a choice whose `finish_reason` is `tool_calls`
+/// or whose message carries `tool_calls` (a body that mentions them but is not JSON
+/// counts too). Neither cache stores such an answer.
+pub fn is_tool_call_answer(body: &[u8]) -> bool {
+    const NEEDLE: &[u8] = b"tool_calls";
+    if !body.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+        return false;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return true;
+    };
+    v.get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(|choices| {
+            choices.iter().any(|c| {
+                c.get("finish_reason").and_then(Value::as_str) == Some("tool_calls")
+                    || c.get("message")
+                        .and_then(|m| m.get("tool_calls"))
+                        .and_then(Value::as_array)
+                        .is_some_and(|t| !t.is_empty())
+            })
+        })
 }
 
 /// The cache key of a request for `tenant` on `route`.
@@ -132,7 +158,7 @@ impl MemoryCache {
     }
 
     pub fn put(&self, key: [u8; 32], body: Bytes, now: Instant) {
-        if body.len() > self.max_entry_bytes {
+        if body.len() > self.max_entry_bytes || is_tool_call_answer(&body) {
             return;
         }
         self.map.lock().put(
@@ -193,8 +219,8 @@ impl ResponseCache {
         }
     }
 
-    /// Stores `body` under `key` (an entry over the size bound is skipped); an error only
-    /// from Redis.
+    /// Stores `body` under `key` (an entry over the size bound, or one that calls tools,
+    /// is skipped); an error only from Redis.
     pub async fn put(&self, key: [u8; 32], body: Bytes) -> Result<(), RedisError> {
         match self {
             ResponseCache::Memory(m) => {
@@ -202,7 +228,7 @@ impl ResponseCache {
                 Ok(())
             }
             ResponseCache::Redis(r) => {
-                if body.len() > r.max_entry_bytes {
+                if body.len() > r.max_entry_bytes || is_tool_call_answer(&body) {
                     return Ok(());
                 }
                 let cmd = redis::cmd("SET")
@@ -251,6 +277,23 @@ mod tests {
         assert!(!is_deterministic(&json!({"temperature": 0.7})));
         assert!(!is_deterministic(&json!({})));
         assert!(!is_deterministic(&json!({"seed": null})));
+    }
+
+    #[test]
+    fn tool_call_answers_are_never_stored() {
+        let call = br#"{"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"content": null, "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}]}"#;
+        let cut = br#"{"choices": [{"finish_reason": "length", "message": {"tool_calls": [{"id": "x"}]}}]}"#;
+        let text = br#"{"choices": [{"finish_reason": "stop", "message": {"content": "tool_calls are JSON"}}]}"#;
+        assert!(is_tool_call_answer(call));
+        assert!(is_tool_call_answer(cut));
+        assert!(!is_tool_call_answer(text));
+        assert!(!is_tool_call_answer(b"{\"choices\": []}"));
+        let c = MemoryCache::new(4, Duration::from_secs(60), 1 << 20);
+        let now = Instant::now();
+        c.put([1; 32], Bytes::from_static(call), now);
+        c.put([2; 32], Bytes::from_static(text), now);
+        assert!(c.get(&[1; 32], now).is_none());
+        assert!(c.get(&[2; 32], now).is_some());
     }
 
     #[test]

@@ -252,8 +252,8 @@ impl Guardrails {
     }
 
     /// Applies the guardrails to every string leaf of a request's text fields
-    /// (`messages[].content` as string or text parts, `prompt`, `input`) in place.
-    /// Returns `Err(reason)` when blocked.
+    /// (`messages[].content` as string or text parts, the arguments of earlier turns'
+    /// `tool_calls`, `prompt`, `input`) in place. Returns `Err(reason)` when blocked.
     pub fn apply_request(&self, body: &mut serde_json::Value) -> Result<bool, String> {
         if self.guards.is_empty() {
             return Ok(false);
@@ -298,11 +298,17 @@ impl Guardrails {
                 None => {}
             }
         }
+        if let Some(messages) = body.get_mut("messages").and_then(|m| m.as_array_mut()) {
+            for m in messages {
+                changed |= self.apply_tool_calls(Stage::Input, m.get_mut("tool_calls"))?;
+            }
+        }
         Ok(changed)
     }
 
     /// Applies output guardrails to a non-streamed response's texts
-    /// (`choices[].message.content`, `choices[].text`).
+    /// (`choices[].message.content`, the arguments of `choices[].message.tool_calls`,
+    /// `choices[].text`).
     pub fn apply_response(&self, body: &mut serde_json::Value) -> Result<bool, String> {
         if self.guards.is_empty() {
             return Ok(false);
@@ -310,6 +316,9 @@ impl Guardrails {
         let mut changed = false;
         if let Some(choices) = body.get_mut("choices").and_then(|c| c.as_array_mut()) {
             for c in choices {
+                if let Some(m) = c.get_mut("message") {
+                    changed |= self.apply_tool_calls(Stage::Output, m.get_mut("tool_calls"))?;
+                }
                 let slot = match c.get_mut("message") {
                     Some(m) => m.get_mut("content"),
                     None => c.get_mut("text"),
@@ -325,6 +334,85 @@ impl Guardrails {
                     }
                 }
             }
+        }
+        Ok(changed)
+    }
+
+    /// The guardrails over each call's `function.arguments` in a `tool_calls` list: an
+    /// arguments string that is JSON is checked value by value (every string, keys
+    /// included) and written back as JSON, so a redaction never breaks it; one that is
+    /// not JSON is checked as text.
+    fn apply_tool_calls(
+        &self,
+        stage: Stage,
+        calls: Option<&mut serde_json::Value>,
+    ) -> Result<bool, String> {
+        let Some(serde_json::Value::Array(calls)) = calls else {
+            return Ok(false);
+        };
+        let mut changed = false;
+        for call in calls {
+            let Some(serde_json::Value::String(args)) = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"))
+            else {
+                continue;
+            };
+            let new = match serde_json::from_str::<serde_json::Value>(args) {
+                Ok(mut parsed) => {
+                    if self.apply_json(stage, &mut parsed)? {
+                        Some(parsed.to_string())
+                    } else {
+                        None
+                    }
+                }
+                Err(_) => match self.apply(stage, args) {
+                    Outcome::Unchanged => None,
+                    Outcome::Rewritten(new) => Some(new),
+                    Outcome::Blocked(reason) => return Err(reason),
+                },
+            };
+            if let Some(new) = new {
+                *args = new;
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+
+    /// The guardrails over every string in a JSON value (object keys included), in place.
+    fn apply_json(&self, stage: Stage, v: &mut serde_json::Value) -> Result<bool, String> {
+        let mut changed = false;
+        match v {
+            serde_json::Value::String(s) => match self.apply(stage, s) {
+                Outcome::Unchanged => {}
+                Outcome::Rewritten(new) => {
+                    *s = new;
+                    changed = true;
+                }
+                Outcome::Blocked(reason) => return Err(reason),
+            },
+            serde_json::Value::Array(items) => {
+                for it in items {
+                    changed |= self.apply_json(stage, it)?;
+                }
+            }
+            serde_json::Value::Object(map) => {
+                let old = std::mem::take(map);
+                for (k, mut item) in old {
+                    changed |= self.apply_json(stage, &mut item)?;
+                    let key = match self.apply(stage, &k) {
+                        Outcome::Unchanged => k,
+                        Outcome::Rewritten(new) => {
+                            changed = true;
+                            new
+                        }
+                        Outcome::Blocked(reason) => return Err(reason),
+                    };
+                    map.insert(key, item);
+                }
+            }
+            _ => {}
         }
         Ok(changed)
     }
@@ -410,6 +498,45 @@ mod tests {
         let mut resp = serde_json::json!({"choices": [{"message": {"content": "x@y.io"}}]});
         assert!(g.apply_response(&mut resp).unwrap());
         assert_eq!(resp["choices"][0]["message"]["content"], "[REDACTED:email]");
+    }
+
+    #[test]
+    fn tool_call_arguments_are_checked_and_stay_json() {
+        let g = rules(&[("email", GuardAction::Redact)]);
+        let call = |args: &str| {
+            serde_json::json!([{"id": "c", "type": "function",
+                "function": {"name": "send", "arguments": args}}])
+        };
+        let mut resp = serde_json::json!({"choices": [{"message": {"content": null,
+            "tool_calls": call(r#"{"to": "x@y.io", "cc": ["a@b.co"], "n": 1}"#)}}]});
+        assert!(g.apply_response(&mut resp).unwrap());
+        let args = resp["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        let args: serde_json::Value = serde_json::from_str(args).expect("still JSON");
+        assert_eq!(
+            args,
+            serde_json::json!({"to": "[REDACTED:email]", "cc": ["[REDACTED:email]"], "n": 1})
+        );
+        // Arguments that are not JSON are checked as text.
+        let mut resp =
+            serde_json::json!({"choices": [{"message": {"tool_calls": call("to x@y.io")}}]});
+        assert!(g.apply_response(&mut resp).unwrap());
+        assert_eq!(
+            resp["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "to [REDACTED:email]"
+        );
+        // An earlier turn's call in the history is input.
+        let block = rules(&[("api_key", GuardAction::Block)]);
+        let mut req = serde_json::json!({"messages": [
+            {"role": "assistant", "content": null,
+             "tool_calls": call(r#"{"key": "AKIAABCDEFGHIJKLMNOP"}"#)}]});
+        assert!(block
+            .apply_request(&mut req)
+            .unwrap_err()
+            .contains("api_key"));
+        let mut clean = serde_json::json!({"choices": [{"message": {"tool_calls": call("{}")}}]});
+        assert!(!block.apply_response(&mut clean).unwrap());
     }
 
     #[test]

@@ -352,9 +352,11 @@ impl SemanticIndex {
     }
 
     /// Stores an answer (stored at `now`); the oldest entries go once the bound is
-    /// reached. A vector whose length differs from the bucket's is not stored.
+    /// reached. A vector whose length differs from the bucket's is not stored, nor an
+    /// answer that calls tools (never served from this cache, even if its request slipped
+    /// past [`request_key`]).
     pub fn put(&self, bucket: [u8; 32], vector: Vec<f32>, answer: Bytes, now: Instant) {
-        if vector.is_empty() {
+        if vector.is_empty() || crate::cache::is_tool_call_answer(&answer) {
             return;
         }
         let mut inner = self.inner.lock();
@@ -611,6 +613,17 @@ mod tests {
             .get(&[3; 32], &v, 0.9, t0 + Duration::from_secs(11))
             .is_none());
         assert_eq!(idx.len(), 1, "the expired entry was dropped");
+    }
+
+    #[test]
+    fn tool_call_answers_are_not_stored() {
+        let idx = SemanticIndex::new(4, Duration::from_secs(10));
+        let t0 = Instant::now();
+        let v = minilm(FRANCE);
+        let call = br#"{"choices": [{"finish_reason": "tool_calls", "message": {"tool_calls": [{"id": "1"}]}}]}"#;
+        idx.put([1; 32], v.clone(), Bytes::from_static(call), t0);
+        assert!(idx.is_empty());
+        assert!(idx.get(&[1; 32], &v, 0.9, t0).is_none());
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! The OpenAI Python client runs a whole tool loop (`tests/openai_tools.py`: two tools,
+//! `required`, the call parsed, a `tool` message with the result, the final answer; the
+//! call streamed; a named function; seeded calls at temperature 1.0 that validate; an
+//! unknown function refused) against `strata engine --enable-auto-tool-choice
+//! --tool-call-parser hermes` as a real process, directly and through `strata gateway`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, http, read_until, start_engine_with, strata, workspace_root};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+fn run_script(base_url: &str, key: Option<&str>) {
+    let script = workspace_root().join("tests/openai_tools.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg(base_url).arg(MODEL);
+    if let Some(k) = key {
+        cmd.arg(k);
+    }
+    let out = cmd.output().expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tool loop through {base_url} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
+/// A child killed when the test ends, however it ends.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn openai_client_runs_the_tool_loop_against_the_engine_and_through_the_gateway() {
+    let engine = start_engine_with(&[
+        "--kv-cache-memory",
+        "268435456",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]);
+    run_script(&format!("http://{}/v1", engine.addr), None);
+
+    let port = free_port();
+    let mut gateway = Proc(
+        strata()
+            .args([
+                "gateway",
+                "--port",
+                &port.to_string(),
+                "--db",
+                ":memory:",
+                "--upstream",
+                &format!("http://{}", engine.addr),
+                "--model",
+                MODEL,
+                "--create-key-for",
+                "tools",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn strata gateway"),
+    );
+    let lines = read_until(&mut gateway.0, "gateway API key", Duration::from_secs(60))
+        .expect("the gateway prints its key");
+    let key = lines
+        .last()
+        .and_then(|l| l.rsplit(": ").next())
+        .expect("a key")
+        .trim()
+        .to_string();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(http(addr, "GET", "/health", ""), Some((200, _))) {
+        if let Ok(Some(status)) = gateway.0.try_wait() {
+            panic!("the gateway exited early with {status}");
+        }
+        assert!(Instant::now() < deadline, "gateway not ready in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_script(&format!("http://{addr}/v1"), Some(&key));
+}
