@@ -238,7 +238,10 @@ pub enum StopReason {
 /// Token accounting of an answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessagesUsage {
+    /// Absent from Anthropic's `message_delta` usage (only `output_tokens` is sent there).
+    #[serde(default)]
     pub input_tokens: u64,
+    #[serde(default)]
     pub output_tokens: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_creation_input_tokens: Option<u64>,

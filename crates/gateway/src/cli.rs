@@ -67,12 +67,7 @@ pub fn passthrough_config(upstream_url: &str, models: &[String]) -> Config {
             name: "default".into(),
             kind: UpstreamKind::Openai,
             base_url: upstream_url.to_string(),
-            api_key_env: None,
-            ca_file: None,
-            endpoints: Vec::new(),
-            config: None,
-            router: None,
-            apis: Vec::new(),
+            ..Default::default()
         }],
         models: models
             .iter()

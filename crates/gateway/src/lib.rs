@@ -18,7 +18,12 @@
 //!   replicas through a Redis stream) and [`sse_answer`] (a streamed answer as a whole
 //!   one and back, so both kinds of request share the caches).
 //! * [`guardrails`]: pluggable checks before and after the model (patterns, prompt size).
-//! * [`routing`]: pure plan of tries (weighted targets, fallbacks), backoff, failure classes.
+//! * [`routing`]: pure plan of tries (weighted targets, fallbacks, per-upstream prices),
+//!   failure classes; [`retry`]: the pure retry policy (backoff with jitter,
+//!   `Retry-After`).
+//! * [`provider`]: hosted providers (OpenAI, Anthropic, OpenAI-compatible): keys from an
+//!   environment variable or file, each one's auth headers and routes, and a chat
+//!   request sent to Anthropic's Messages API (through [`translate`]) and back.
 //! * [`translate`]: chat completions ⇄ Anthropic Messages and OpenAI Responses (requests,
 //!   answers, streams), pure; [`anthropic`] and [`responses`] serve those APIs through the
 //!   proxy's stages as chat requests ([`via_chat`]), or pass them through to upstreams
@@ -53,11 +58,13 @@ pub mod guardrails;
 pub mod keys;
 pub mod metrics;
 pub mod passthrough;
+pub mod provider;
 pub mod proxy;
 pub mod ratelimit;
 pub mod redis_conn;
 pub mod responses;
 pub mod restart_only;
+pub mod retry;
 pub mod role;
 pub mod routing;
 pub mod semantic;

@@ -1,7 +1,8 @@
 //! Where a request goes: the ordered list of tries for a public model name.
 //!
 //! Pure: the plan is a function of the config, the request's estimated size and a seeded
-//! RNG. The order is the model's targets (weighted random order: the first is a weighted
+//! RNG. Each try is priced by its upstream's `prices` table when it names the model sent,
+//! else by the public model's `price`. The order is the model's targets (weighted random order: the first is a weighted
 //! pick, the rest follow by weighted sampling without replacement; weight-0 targets only as
 //! a last resort), then each fallback model's targets the same way. Fallbacks are followed
 //! one level deep, in the order written. A model whose `context_length` is smaller than the
@@ -51,8 +52,8 @@ pub fn plan(
             out.push(Attempt {
                 model: m.name.clone(),
                 upstream: t.upstream.clone(),
+                price: target_price(resolved, m, &t.upstream, t.model.as_deref()),
                 upstream_model: t.model.clone().unwrap_or_else(|| m.name.clone()),
-                price: m.price,
                 retries: m.retries,
                 backoff_ms: m.backoff_ms,
                 try_timeout: Duration::from_millis(m.try_timeout_ms),
@@ -60,6 +61,24 @@ pub fn plan(
         }
     }
     out
+}
+
+/// What an answer of `upstream` for model group `m` costs: the upstream's price for the
+/// model it is sent (its `prices` table, e.g. a provider's list prices), else the public
+/// model's `price`.
+pub fn target_price(
+    resolved: &Resolved,
+    m: &ModelConfig,
+    upstream: &str,
+    upstream_model: Option<&str>,
+) -> Price {
+    let sent = upstream_model.unwrap_or(&m.name);
+    resolved
+        .upstreams
+        .get(upstream)
+        .and_then(|u| u.prices.get(sent))
+        .copied()
+        .unwrap_or(m.price)
 }
 
 /// Indices ordered by weighted sampling without replacement; zero weights go last in
@@ -85,23 +104,13 @@ pub fn weighted_order(weights: &[u32], rng: &mut impl Rng) -> Vec<usize> {
     out
 }
 
-/// Delay before retry number `n` (0-based): `base·2ⁿ`, capped at 5 s, with equal jitter
-/// (half fixed, half uniform) so that replicas retrying together spread out.
-pub fn backoff(base_ms: u64, n: u32, rng: &mut impl Rng) -> Duration {
-    let exp = base_ms.saturating_mul(1u64 << n.min(16)).min(5_000);
-    let half = exp / 2;
-    let jitter = if half == 0 {
-        0
-    } else {
-        rng.random_range(0..=half)
-    };
-    Duration::from_millis(exp - half + jitter)
-}
-
 /// Why one try failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     Connect,
+    /// The upstream's certificate was refused (unknown issuer, expired, another host's
+    /// name) or its TLS handshake broke: the reason.
+    Tls(String),
     Timeout,
     /// An HTTP status from the upstream with its (possibly truncated) body.
     Status(u16, String),
@@ -118,7 +127,8 @@ pub enum Next {
     Relay,
 }
 
-/// The policy for a failure (pure). Of the 4xx, only 408 and 429 are retried (the
+/// The policy for a failure (pure; [`crate::retry::decide`] adds the retry budget and
+/// the waits). A refused certificate moves on at once. Of the 4xx, only 408 and 429 are retried (the
 /// upstream was busy, another try or target may not be); a context-length error and a 404
 /// (an upstream without the model) move on at once, because a fallback with a larger
 /// window or another target may serve it; every other 4xx is the request's own fault and
@@ -126,6 +136,8 @@ pub enum Next {
 pub fn classify(f: &Failure) -> Next {
     match f {
         Failure::Connect | Failure::Timeout => Next::Retry,
+        // The same certificate is refused again; another upstream may be reachable.
+        Failure::Tls(_) => Next::NextTarget,
         Failure::Status(status, body) => match *status {
             408 | 429 | 500..=599 => Next::Retry,
             400 | 413 | 422 if is_context_length_error(body) => Next::NextTarget,
@@ -150,6 +162,7 @@ pub fn is_context_length_error(body: &str) -> bool {
         || b.contains("maximum context")
         || b.contains("context window")
         || b.contains("exceeds the available context")
+        || b.contains("prompt is too long")
 }
 
 #[cfg(test)]
@@ -216,17 +229,6 @@ models:
     }
 
     #[test]
-    fn backoff_grows_and_is_capped() {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        for n in 0..5 {
-            let d = backoff(100, n, &mut rng).as_millis() as u64;
-            let exp = 100u64 << n;
-            assert!(d >= exp / 2 && d <= exp, "{n}: {d}");
-        }
-        assert!(backoff(100, 30, &mut rng) <= Duration::from_secs(5));
-    }
-
-    #[test]
     fn failure_classes() {
         assert_eq!(classify(&Failure::Connect), Next::Retry);
         assert_eq!(classify(&Failure::Status(503, String::new())), Next::Retry);
@@ -241,6 +243,12 @@ models:
         assert_eq!(classify(&Failure::Status(400, "bad".into())), Next::Relay);
         assert_eq!(classify(&Failure::Status(401, String::new())), Next::Relay);
         assert_eq!(classify(&Failure::Status(408, String::new())), Next::Retry);
+        assert_eq!(classify(&Failure::Tls("expired".into())), Next::NextTarget);
+        let anthropic_ctx = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        assert_eq!(
+            classify(&Failure::Status(400, anthropic_ctx.into())),
+            Next::NextTarget
+        );
         assert!(is_client_error(400) && is_client_error(429) && is_client_error(499));
         assert!(!is_client_error(500) && !is_client_error(302));
     }

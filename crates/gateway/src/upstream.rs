@@ -3,8 +3,9 @@
 //! rustls on `ring`, verifying servers against the system's roots plus, per upstream, the
 //! CAs of its `ca_file` (an upstream with one gets a client of its own).
 //!
-//! Requests go to a URI parsed once when the config is loaded, with a prebuilt
-//! `Authorization` value, so a try builds no strings. Answers come back as an
+//! Requests go to a URI parsed once when the config is loaded, with prebuilt auth headers
+//! (the provider's, [`crate::provider`]), so a try builds no strings. A refused
+//! certificate is told apart from other connect errors ([`SendError::Tls`]). Answers come back as an
 //! `http::Response` over a boxed body, so the request path has one way to read or stream
 //! them.
 
@@ -33,6 +34,10 @@ pub enum SendError {
     /// broke before the response headers.
     #[error("upstream unreachable: {0}")]
     Connect(String),
+    /// The TLS handshake failed: the server's certificate was refused (unknown issuer,
+    /// expired, issued for another name) or the handshake itself broke.
+    #[error("upstream TLS: {0}")]
+    Tls(String),
     /// The connect timeout passed.
     #[error("upstream connect timed out")]
     Timeout,
@@ -67,28 +72,27 @@ impl UpstreamClient {
         })
     }
 
-    /// POSTs a JSON body, with the W3C `traceparent` when the request is traced. Any
+    /// POSTs a body of `content_type` (JSON, or a client's multipart form), with the
+    /// upstream's `auth` headers and the W3C `traceparent` when the request is traced. Any
     /// status comes back as a response; only a failure to get response headers is an
     /// error. Bounding the wait is the caller's job.
-    pub async fn post_json(
+    pub async fn post(
         &self,
         uri: &Uri,
         body: Bytes,
+        content_type: &HeaderValue,
         request_id: (&'static str, &HeaderValue),
-        auth: Option<&HeaderValue>,
+        auth: &[(HeaderName, HeaderValue)],
         traceparent: Option<&HeaderValue>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri.clone();
         let h = req.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        h.insert(header::CONTENT_TYPE, content_type.clone());
         h.insert(HeaderName::from_static(request_id.0), request_id.1.clone());
-        if let Some(a) = auth {
-            h.insert(header::AUTHORIZATION, a.clone());
+        for (name, value) in auth {
+            h.insert(name.clone(), value.clone());
         }
         if let Some(tp) = traceparent {
             h.insert(
@@ -99,6 +103,7 @@ impl UpstreamClient {
         match self.http.request(req).await {
             Ok(resp) => Ok(resp.map(|b| b.map_err(BodyError::from).boxed_unsync())),
             Err(e) if is_timeout(&e) => Err(SendError::Timeout),
+            Err(e) if is_tls(&e) => Err(SendError::Tls(error_chain(&e))),
             Err(e) => Err(SendError::Connect(error_chain(&e))),
         }
     }
@@ -127,6 +132,27 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
             if io.kind() == std::io::ErrorKind::TimedOut {
                 return true;
             }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// True when an error's cause chain holds a TLS error: rustls's, carried by the handshake
+/// in an I/O error, itself wrapped in another by the connector (an I/O error's `source`
+/// skips what it wraps, so each is opened with `get_ref`).
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        let mut inner: Option<&(dyn std::error::Error + 'static)> = Some(err);
+        while let Some(i) = inner {
+            if i.downcast_ref::<rustls::Error>().is_some() {
+                return true;
+            }
+            inner = i
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .map(|b| b as &(dyn std::error::Error + 'static));
         }
         cur = err.source();
     }
@@ -168,6 +194,15 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    #[test]
+    fn tls_errors_are_told_apart() {
+        let cert = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, cert);
+        // The connector wraps the handshake's I/O error in another.
+        assert!(is_tls(&Wrap(std::io::Error::other(io))));
+        assert!(!is_tls(&Wrap(std::io::Error::other("refused"))));
     }
 
     #[test]

@@ -6,69 +6,27 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::tls::{self, Dir, Leaf};
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-use strata_api::edge::EdgeLimits;
 use strata_api::tls::TlsFiles;
 use strata_mock::MockConfig;
 
-/// A scratch folder for PEM files, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!(
-            "strata-gw-tls-{tag}-{}-{:?}",
-            std::process::id(),
-            Instant::now()
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A CA and a server certificate it signs for `names`: (CA PEM, server files).
 fn chain(dir: &Dir, names: &[&str]) -> (PathBuf, TlsFiles) {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, "test ca");
-    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_key = KeyPair::generate().unwrap();
-    let ca = p.self_signed(&ca_key).unwrap();
-    let mut leaf =
-        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    leaf.distinguished_name.push(DnType::CommonName, names[0]);
-    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &ca, &ca_key).unwrap();
-    (
-        dir.write("ca.pem", &ca.pem()),
-        TlsFiles {
-            cert: dir.write("server.pem", &cert.pem()),
-            key: dir.write("server.key", &key.serialize_pem()),
-            client_ca: None,
+    tls::chain(
+        dir,
+        "t",
+        Leaf {
+            names,
+            ..Default::default()
         },
     )
 }
 
 /// A mock engine serving `m` over HTTPS with `files`; its `https://127.0.0.1:PORT` URL.
 async fn tls_mock(files: TlsFiles) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let app = strata_mock::app(
         MockConfig {
             model: "m".into(),
@@ -79,15 +37,7 @@ async fn tls_mock(files: TlsFiles) -> (String, tokio::sync::oneshot::Sender<()>)
         },
         "tls".into(),
     );
-    let limits = EdgeLimits {
-        tls: Some(files),
-        ..Default::default()
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(strata_api::edge::serve(listener, app, limits, async move {
-        let _ = rx.await;
-    }));
-    (format!("https://{addr}"), tx)
+    tls::serve_tls(app, files).await
 }
 
 fn yaml(url: &str, ca: Option<&PathBuf>) -> String {

@@ -13,9 +13,15 @@ pub(super) fn validate_router_upstream(u: &UpstreamConfig) -> Result<(), ConfigE
             "upstream `{name}`: `kind: router` takes `endpoints`, not `base_url`"
         )));
     }
-    if u.api_key_env.is_some() {
+    if u.api_key_env.is_some() || u.api_key_file.is_some() {
         return Err(invalid(format!(
-            "upstream `{name}`: `api_key_env` is not used by `kind: router`"
+            "upstream `{name}`: `api_key_env` and `api_key_file` are not used by `kind: router`"
+        )));
+    }
+    if u.provider.is_some() || u.connect_timeout_ms.is_some() || !u.prices.is_empty() {
+        return Err(invalid(format!(
+            "upstream `{name}`: `provider`, `connect_timeout_ms` and `prices` are for \
+             fixed-URL upstreams, not `kind: router`"
         )));
     }
     if u.ca_file.is_some() {

@@ -15,6 +15,7 @@ use crate::guardrails::GuardrailsConfig;
 
 mod embedded_router;
 mod handle;
+mod provider;
 mod resolved;
 mod server;
 
@@ -148,7 +149,7 @@ fn default_hold_ttl_secs() -> u64 {
 }
 
 /// Where requests can go.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     pub name: String,
@@ -161,10 +162,33 @@ pub struct UpstreamConfig {
     /// `openai` and `strata_router`; not used by `router`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub base_url: String,
-    /// Name of an environment variable holding the upstream's API key, sent as
-    /// `Authorization: Bearer`. Read at load time; never written to logs.
+    /// Whose API the upstream speaks ([`crate::provider::kind::Provider`]: `openai`,
+    /// `anthropic`, `openai-compatible`): its auth header, wire format and routes. Absent:
+    /// a Strata engine, router or vLLM server (every route passed through as is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<crate::provider::kind::Provider>,
+    /// Name of an environment variable holding the upstream's API key, sent the
+    /// provider's way (`Authorization: Bearer`, or Anthropic's `x-api-key`). Read at load
+    /// time; never written to logs.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// A file holding the upstream's API key (a mounted secret; surrounding whitespace
+    /// dropped; relative paths from the gateway config's directory); not with
+    /// `api_key_env`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
+    /// `provider: anthropic`: the `anthropic-version` header sent (default
+    /// [`crate::provider::kind::DEFAULT_ANTHROPIC_VERSION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic_version: Option<String>,
+    /// How long a connect (TCP and the TLS handshake) may take, in ms (default 5000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// Prices of the models this upstream serves, by the `model` sent to it (US dollars
+    /// per 1M tokens): an answer from this upstream is charged at these, over the public
+    /// model's `price`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: std::collections::BTreeMap<String, Price>,
     /// `https://` upstreams: a PEM file of CAs trusted besides the system's roots
     /// (relative paths are read from the gateway config's directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +211,16 @@ pub struct UpstreamConfig {
     /// ([`crate::passthrough`]). Default: none (a Strata engine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub apis: Vec<crate::apis::Api>,
+}
+
+impl UpstreamConfig {
+    /// `base_url`, or the provider's own when it is not given.
+    pub fn base_url(&self) -> &str {
+        match self.provider.and_then(|p| p.default_base_url()) {
+            Some(default) if self.base_url.is_empty() => default,
+            _ => &self.base_url,
+        }
+    }
 }
 
 /// One replica of a `router` upstream.
@@ -542,7 +576,8 @@ impl Config {
                     u.name
                 )));
             }
-            let url = u.base_url.trim_end_matches('/');
+            provider::validate_provider_upstream(u)?;
+            let url = u.base_url().trim_end_matches('/');
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(invalid(format!(
                     "upstream `{}`: base_url must start with http:// or https://",

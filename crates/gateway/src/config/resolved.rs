@@ -27,14 +27,19 @@ pub struct ResolvedUpstream {
     pub name: String,
     /// Empty for `kind: router`.
     pub base_url: String,
-    pub api_key: Option<String>,
+    /// Whose API it speaks (`None`: a Strata engine, router or vLLM server).
+    pub provider: Option<crate::provider::kind::Provider>,
     /// `kind: router`: the in-process router that picks a replica for each try.
     pub router: Option<EmbeddedRouter>,
-    /// The forwarded routes' URLs, parsed once at load (chat, completions, embeddings);
-    /// empty for `kind: router`.
+    /// The forwarded routes' URLs (each route's path, or its provider's), parsed once at
+    /// load, in [`ROUTE_PATHS`] order; empty for `kind: router`.
     pub route_urls: Vec<axum::http::Uri>,
-    /// `Authorization: Bearer <api_key>`, built once at load.
-    pub auth_header: Option<axum::http::HeaderValue>,
+    /// The headers carrying the upstream's key the provider's way (`Authorization:
+    /// Bearer`, or `x-api-key` and `anthropic-version`), built once at load; the values
+    /// are marked sensitive (never printed).
+    pub auth: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+    /// Prices by the `model` sent to this upstream ([`UpstreamConfig::prices`]).
+    pub prices: std::collections::BTreeMap<String, Price>,
     /// A client of its own trusting `ca_file` too; `None` uses the gateway's (system
     /// roots).
     pub client: Option<crate::upstream::UpstreamClient>,
@@ -95,67 +100,17 @@ impl Resolved {
                     ResolvedUpstream {
                         name: u.name.clone(),
                         base_url: String::new(),
-                        api_key: None,
+                        provider: None,
                         router: Some(embedded),
                         route_urls: Vec::new(),
-                        auth_header: None,
+                        auth: Vec::new(),
+                        prices: Default::default(),
                         client: None,
                     },
                 );
                 continue;
             }
-            let api_key = match &u.api_key_env {
-                Some(var) => Some(std::env::var(var).map_err(|_| {
-                    invalid(format!(
-                        "upstream `{}`: environment variable `{var}` is not set",
-                        u.name
-                    ))
-                })?),
-                None => None,
-            };
-            let base_url = u.base_url.trim_end_matches('/').to_string();
-            let route_urls = ROUTE_PATHS
-                .iter()
-                .map(|p| format!("{base_url}{p}").parse::<axum::http::Uri>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid(format!("upstream `{}`: bad base_url: {e}", u.name)))?;
-            let auth_header = match &api_key {
-                Some(k) => Some(crate::upstream::bearer(k).ok_or_else(|| {
-                    invalid(format!(
-                        "upstream `{}`: the API key cannot be sent in a header",
-                        u.name
-                    ))
-                })?),
-                None => None,
-            };
-            let client = match &u.ca_file {
-                Some(ca) => {
-                    let ca = match base_dir {
-                        Some(dir) if ca.is_relative() => dir.join(ca),
-                        _ => ca.clone(),
-                    };
-                    Some(
-                        crate::upstream::UpstreamClient::new(
-                            crate::upstream::CONNECT_TIMEOUT,
-                            Some(&ca),
-                        )
-                        .map_err(|e| invalid(format!("upstream `{}`: ca_file: {e}", u.name)))?,
-                    )
-                }
-                None => None,
-            };
-            upstreams.insert(
-                u.name.clone(),
-                ResolvedUpstream {
-                    name: u.name.clone(),
-                    base_url,
-                    api_key,
-                    router: None,
-                    route_urls,
-                    auth_header,
-                    client,
-                },
-            );
+            upstreams.insert(u.name.clone(), resolve_fixed(u, base_dir)?);
         }
         let tenants = config
             .tenants
@@ -209,4 +164,64 @@ impl Resolved {
         let set: BTreeMap<&str, ()> = self.model_index.keys().map(|k| (k.as_str(), ())).collect();
         set.into_keys().map(str::to_string).collect()
     }
+}
+
+/// A fixed-URL upstream: its key read, its auth headers and route URLs built, and a
+/// client of its own when it trusts a `ca_file` or connects with its own timeout.
+fn resolve_fixed(
+    u: &UpstreamConfig,
+    base_dir: Option<&Path>,
+) -> Result<ResolvedUpstream, ConfigError> {
+    let name = &u.name;
+    let key = crate::provider::key::read_key(
+        u.api_key_env.as_deref(),
+        u.api_key_file.as_deref(),
+        base_dir,
+    )
+    .map_err(|e| invalid(format!("upstream `{name}`: {e}")))?;
+    let version = u
+        .anthropic_version
+        .as_deref()
+        .unwrap_or(crate::provider::kind::DEFAULT_ANTHROPIC_VERSION);
+    let auth =
+        crate::provider::key::auth_headers(u.provider, key.as_ref(), version).ok_or_else(|| {
+            invalid(format!(
+                "upstream `{name}`: the API key cannot be sent in a header"
+            ))
+        })?;
+    let base_url = u.base_url().trim_end_matches('/').to_string();
+    let route_urls = ROUTE_PATHS
+        .iter()
+        .map(|&route_path| {
+            let path = u.provider.map_or(route_path, |p| p.path(route_path));
+            format!("{base_url}{path}").parse::<axum::http::Uri>()
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(format!("upstream `{name}`: bad base_url: {e}")))?;
+    let ca = u.ca_file.as_ref().map(|ca| match base_dir {
+        Some(dir) if ca.is_relative() => dir.join(ca),
+        _ => ca.clone(),
+    });
+    let client = if ca.is_some() || u.connect_timeout_ms.is_some() {
+        let connect = u.connect_timeout_ms.map_or(
+            crate::upstream::CONNECT_TIMEOUT,
+            std::time::Duration::from_millis,
+        );
+        Some(
+            crate::upstream::UpstreamClient::new(connect, ca.as_deref())
+                .map_err(|e| invalid(format!("upstream `{name}`: ca_file: {e}")))?,
+        )
+    } else {
+        None
+    };
+    Ok(ResolvedUpstream {
+        name: name.clone(),
+        base_url,
+        provider: u.provider,
+        router: None,
+        route_urls,
+        auth,
+        prices: u.prices.clone(),
+        client,
+    })
 }

@@ -1,23 +1,29 @@
-//! Stage 4, try: the plan's tries in order, each retried with backoff while the failure
-//! allows, until one answers 2xx or the request's deadline passes. The stage *returns*
+//! Stage 4, try: the plan's tries in order, each retried while the retry policy allows
+//! ([`crate::retry`]: backoff with jitter, the upstream's `Retry-After`), until one
+//! answers 2xx or the request's deadline passes. Targets on a provider that cannot take
+//! the route are skipped; a provider speaking another API gets the request translated,
+//! and its answer is translated back ([`crate::provider`]). The stage *returns*
 //! the answer (a whole body, or a stream's head with its lease) instead of sending it, so
 //! a later stage can look at it (guardrails, the cache, a cascade's escalation check).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Bytes;
 use axum::http::HeaderValue;
+use rand::Rng;
 use serde_json::Value;
 use strata_api::trace::{self, TraceParent};
 use tracing::Instrument;
 
 use super::send::{
-    read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, ERROR_BODY_LIMIT,
+    read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, ERROR_BODY_LIMIT, JSON,
 };
 use super::shape::prompt_prefix_text;
 use super::values::{Admitted, Served, Tried};
 use crate::config::ResolvedUpstream;
-use crate::routing::{self, Attempt, Failure, Next};
+use crate::provider::anthropic;
+use crate::retry::{self, Decision, FailedTry, RetryPolicy};
+use crate::routing::{Attempt, Failure};
 use crate::state::Gateway;
 
 /// What the tries of one request carry from one to the next.
@@ -63,13 +69,27 @@ pub(crate) async fn try_plan(
         let Some(up) = resolved.upstreams.get(&att.upstream) else {
             continue;
         };
-        let Some(payload) = payload(req, att) else {
+        if let Some(p) = up.provider.filter(|p| !p.serves(req.route)) {
+            // Named as a 404 when no other target takes the route.
+            let why = strata_api::ApiError::not_found(format!(
+                "Upstream `{}` (provider {}) does not serve {}.",
+                up.name,
+                p.name(),
+                req.route.path()
+            ));
+            tries.last = Some(Failure::Status(404, why.to_json_string()));
             continue;
-        };
-        for n in 0..=att.retries {
-            if n > 0 && !back_off(gw, att, n, deadline).await {
-                break 'targets;
+        }
+        let payload = match payload(req, att, up) {
+            Ok(p) => p,
+            Err(Some(refused)) => {
+                tries.last = Some(refused);
+                continue;
             }
+            Err(None) => continue,
+        };
+        let mut retries_made = 0;
+        loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break 'targets;
@@ -92,48 +112,61 @@ pub(crate) async fn try_plan(
                 tries.incoming.as_ref(),
             )
             .await;
-            let failure = match sent {
-                Err(f) => f,
+            let (failure, retry_after) = match sent {
+                Err(f) => (f, None),
                 Ok(reply) => match answer(gw, req, &one, reply, started).await {
                     Ok(tried) => return tried,
-                    Err(f) => f,
+                    Err(failed) => failed,
                 },
             };
             count_failure(gw, req, att, &failure);
-            let next = routing::classify(&failure);
+            let decision = {
+                let jitter = gw.rng.lock().random::<f64>();
+                let failed = FailedTry {
+                    failure: &failure,
+                    retry_after,
+                    retries_made,
+                };
+                let policy = RetryPolicy {
+                    retries: att.retries,
+                    base_ms: att.backoff_ms,
+                };
+                retry::decide(policy, failed, jitter, Instant::now(), deadline)
+            };
             tries.last = Some(failure);
-            match next {
-                Next::Retry => continue,
-                Next::NextTarget => continue 'targets,
-                Next::Relay => break 'targets,
+            match decision {
+                Decision::Retry { after } => {
+                    tokio::time::sleep(after).await;
+                    retries_made += 1;
+                }
+                Decision::NextTarget => continue 'targets,
+                Decision::Relay => break 'targets,
             }
         }
     }
     Tried::Failed(tries.last)
 }
 
-/// The body sent for `att`: as received when only its `model` could differ and does not;
-/// `None` when it cannot be serialized (the target is skipped).
-fn payload(req: &mut Admitted, att: &Attempt) -> Option<Bytes> {
-    if !req.rewritten && att.upstream_model == req.requested {
-        return Some(req.bytes.clone());
+/// The body sent for `att` on `up`: as received when only its `model` could differ and
+/// does not; translated for a provider that speaks another API. `Err(None)` when it cannot
+/// be serialized, `Err(Some(400))` when the request cannot be said in the provider's API
+/// (the target is skipped either way).
+fn payload(
+    req: &mut Admitted,
+    att: &Attempt,
+    up: &ResolvedUpstream,
+) -> Result<Bytes, Option<Failure>> {
+    let translates = up.provider.is_some_and(|p| p.translates(req.route));
+    if !translates && !req.rewritten && att.upstream_model == req.requested {
+        return Ok(req.bytes.clone());
     }
     req.body["model"] = Value::String(att.upstream_model.clone());
-    serde_json::to_vec(&req.body).ok().map(Bytes::from)
-}
-
-/// Waits before retry `n` (from 1) of `att`; false, without waiting, when the wait would
-/// reach the deadline (no try is left).
-async fn back_off(gw: &Gateway, att: &Attempt, n: u32, deadline: Instant) -> bool {
-    let wait = {
-        let mut rng = gw.rng.lock();
-        routing::backoff(att.backoff_ms, n - 1, &mut *rng)
-    };
-    if Instant::now() + wait >= deadline {
-        return false;
+    if translates {
+        return anthropic::request_body(&req.body).map_err(Some);
     }
-    tokio::time::sleep(wait).await;
-    true
+    serde_json::to_vec(&req.body)
+        .map(Bytes::from)
+        .map_err(|_| None)
 }
 
 /// Sends one try, in its own span (the upstream sees it as its parent): to the upstream's
@@ -167,6 +200,7 @@ async fn send(
                     one.up,
                     req.route,
                     one.payload,
+                    &JSON,
                     &req.request_id,
                     one.per_try,
                     traceparent,
@@ -186,6 +220,7 @@ async fn send(
                         .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
                     flow: &req.key.record.tenant,
                     traceparent,
+                    content_type: &JSON,
                 };
                 send_via_router(
                     gw,
@@ -214,26 +249,44 @@ async fn send(
 }
 
 /// What one try's answer comes to: a 2xx is the request's answer (a stream's head, or a
-/// body read whole within the try's deadline); anything else is a failure, its error
-/// body kept for classification and relay.
+/// body read whole within the try's deadline), translated back to chat when the provider
+/// speaks another API; anything else is a failure, its error body kept (in OpenAI's
+/// shape) for classification and relay, with the wait the upstream asked for.
 async fn answer(
     gw: &Gateway,
     req: &Admitted,
     one: &OneTry<'_>,
     reply: UpstreamReply,
     started: Instant,
-) -> Result<Tried, Failure> {
+) -> Result<Tried, (Failure, Option<Duration>)> {
     let UpstreamReply { resp, mut lease } = reply;
     let att = one.att;
+    let translates = one.up.provider.is_some_and(|p| p.translates(req.route));
     if !resp.status().is_success() {
         let status = resp.status().as_u16();
-        let text = match read_limited(resp, ERROR_BODY_LIMIT, one.deadline).await {
+        let wait = {
+            let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+            retry::retry_after(
+                header("retry-after-ms"),
+                header("retry-after"),
+                SystemTime::now(),
+            )
+        };
+        let mut text = match read_limited(resp, ERROR_BODY_LIMIT, one.deadline).await {
             Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
             Err(_) => String::new(),
         };
+        if translates {
+            text = anthropic::error_text(status, &text);
+        }
         drop(lease);
-        return Err(Failure::Status(status, text));
+        return Err((Failure::Status(status, text), wait));
     }
+    let resp = if translates && req.stream {
+        anthropic::stream_response(resp)
+    } else {
+        resp
+    };
     tracing::debug!(
         request_id = req.request_id.to_str().unwrap_or(""),
         key = %req.key.record.id,
@@ -262,6 +315,13 @@ async fn answer(
     match read_limited(resp, max_response_bytes, one.deadline).await {
         Ok((status, content_type, bytes)) => {
             drop(lease);
+            let (content_type, bytes) = if translates {
+                let chat = anthropic::answer_body(&bytes)
+                    .map_err(|why| (Failure::Status(502, why), None))?;
+                (Some(JSON.clone()), chat)
+            } else {
+                (content_type, bytes)
+            };
             Ok(Tried::Whole {
                 status,
                 content_type,
@@ -273,7 +333,7 @@ async fn answer(
             if let Some(l) = &mut lease {
                 l.fail();
             }
-            Err(f)
+            Err((f, None))
         }
     }
 }
@@ -282,6 +342,7 @@ async fn answer(
 fn count_failure(gw: &Gateway, req: &Admitted, att: &Attempt, failure: &Failure) {
     let kind = match failure {
         Failure::Connect => "connect".to_string(),
+        Failure::Tls(_) => "tls".to_string(),
         Failure::Timeout => "timeout".to_string(),
         Failure::Status(s, _) => s.to_string(),
     };

@@ -24,7 +24,7 @@ use serde_json::json;
 
 use super::headers::CACHE_HEADER;
 use super::route::Route;
-use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply};
+use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, JSON};
 use super::values::{Admitted, Lookup, Store};
 use crate::cache;
 use crate::config::Resolved;
@@ -207,6 +207,7 @@ async fn embed(
                     up,
                     Route::Embeddings,
                     &payload,
+                    &JSON,
                     &req.request_id,
                     per_try,
                     None,
@@ -221,6 +222,7 @@ async fn embed(
                     priority: 0,
                     flow: &req.key.record.tenant,
                     traceparent: None,
+                    content_type: &JSON,
                 };
                 send_via_router(
                     gw,

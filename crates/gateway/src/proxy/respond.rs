@@ -202,6 +202,7 @@ fn failed(model: &str, last: Option<Failure>) -> Response {
             let why = match other {
                 Some(Failure::Timeout) => "timed out".to_string(),
                 Some(Failure::Connect) => "could not be reached".to_string(),
+                Some(Failure::Tls(why)) => format!("could not be reached over TLS ({why})"),
                 Some(Failure::Status(s, _)) => format!("answered {s}"),
                 None => "were not tried (deadline)".to_string(),
             };

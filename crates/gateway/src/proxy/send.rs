@@ -17,6 +17,9 @@ use crate::routing::Failure;
 use crate::state::Gateway;
 use crate::upstream::{SendError, UpstreamBody};
 
+/// The `Content-Type` of a JSON body.
+pub(crate) static JSON: HeaderValue = HeaderValue::from_static("application/json");
+
 /// Bytes of an upstream error body kept for classification and relay.
 pub(super) const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
@@ -64,15 +67,19 @@ fn classify_send_error(e: &SendError) -> Failure {
     match e {
         SendError::Timeout => Failure::Timeout,
         SendError::Connect(_) => Failure::Connect,
+        SendError::Tls(why) => Failure::Tls(why.clone()),
     }
 }
 
-/// One try against a fixed base URL: any status comes back as an [`UpstreamReply`].
+/// One try against a fixed base URL (the upstream's path for the route, its auth
+/// headers): any status comes back as an [`UpstreamReply`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn send_direct(
     gw: &Gateway,
     up: &ResolvedUpstream,
     route: Route,
     payload: &Bytes,
+    content_type: &HeaderValue,
     request_id: &HeaderValue,
     per_try: Duration,
     traceparent: Option<&HeaderValue>,
@@ -89,11 +96,12 @@ pub(crate) async fn send_direct(
         }
     };
     let client = up.client.as_ref().unwrap_or(&gw.client);
-    let send = client.post_json(
+    let send = client.post(
         uri,
         payload.clone(),
+        content_type,
         (REQUEST_ID_HEADER, request_id),
-        up.auth_header.as_ref(),
+        &up.auth,
         traceparent,
     );
     match tokio::time::timeout(per_try, send).await {
@@ -116,6 +124,8 @@ pub(crate) struct RouterAsk<'a> {
     pub flow: &'a str,
     /// The W3C `traceparent` to send, when the request is traced.
     pub traceparent: Option<&'a HeaderValue>,
+    /// The body's `Content-Type`.
+    pub content_type: &'a HeaderValue,
 }
 
 /// One try through an embedded router: admission, a pick, then the ranked replicas in
@@ -192,11 +202,12 @@ pub(crate) async fn send_via_router(
             last = Failure::Connect;
             continue;
         };
-        let send = gw.client.post_json(
+        let send = gw.client.post(
             &uri,
             payload.clone(),
+            ask.content_type,
             (REQUEST_ID_HEADER, request_id),
-            None,
+            &[],
             ask.traceparent,
         );
         match tokio::time::timeout(left, send).await {

@@ -2,6 +2,8 @@
 //! ephemeral loopback port, keys and a plain HTTP client.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
