@@ -68,7 +68,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ModelCmd {
-    /// Download a known model into the cache (a no-op when it is already there).
+    /// Download a known model into the cache (a no-op when it is already there), or copy
+    /// a local GGUF file, or every GGUF file of a directory, into it.
     Pull {
         #[arg(default_value = DEFAULT_MODEL)]
         name: String,

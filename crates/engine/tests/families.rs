@@ -365,3 +365,44 @@ fn an_unsupported_architecture_or_tensor_type_is_refused_by_name() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn model_pull_copies_a_local_gguf_or_a_directory_of_them_into_the_cache() {
+    let root = std::env::temp_dir().join(format!("strata-families-pull-{}", std::process::id()));
+    let home = root.join("home");
+    let src = root.join("src");
+    std::fs::create_dir_all(&src).expect("dirs");
+    // This test runs in a process of its own (nextest), so setting the variable is safe.
+    std::env::set_var("STRATA_HOME", &home);
+    let cache = strata_engine::model_cache::ModelCache::new(&home);
+
+    strata_engine::cli::model_pull(dir().join("qwen2.gguf").to_str().expect("utf-8"))
+        .expect("pull a file");
+    let cached = cache.resolve("qwen2").expect("resolves by its stem");
+    assert_eq!(
+        std::fs::read(&cached).expect("cached"),
+        std::fs::read(dir().join("qwen2.gguf")).expect("source")
+    );
+
+    for f in ["gemma3", "phi3"] {
+        std::fs::copy(
+            dir().join(format!("{f}.gguf")),
+            src.join(format!("{f}.gguf")),
+        )
+        .expect("copy");
+    }
+    std::fs::write(src.join("notes.txt"), "not a model").expect("write");
+    strata_engine::cli::model_pull(src.to_str().expect("utf-8")).expect("pull a directory");
+    assert!(cache.resolve("gemma3").is_ok() && cache.resolve("phi3").is_ok());
+
+    // A file that is not GGUF, and a directory without any, are refused; nothing is cached.
+    std::fs::write(src.join("broken.gguf"), b"GGUF but not really").expect("write");
+    let err = strata_engine::cli::model_pull(src.join("broken.gguf").to_str().expect("utf-8"))
+        .expect_err("not GGUF");
+    assert!(err.to_string().contains("broken.gguf"), "{err}");
+    assert!(cache.resolve("broken").is_err());
+    let empty = root.join("empty");
+    std::fs::create_dir_all(&empty).expect("dir");
+    assert!(strata_engine::cli::model_pull(empty.to_str().expect("utf-8")).is_err());
+    let _ = std::fs::remove_dir_all(&root);
+}

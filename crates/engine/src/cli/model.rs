@@ -3,13 +3,33 @@
 
 use std::io::Write;
 
-use crate::model_cache::{ModelCache, PullEvent, KNOWN_MODELS};
+use crate::model_cache::{local_ggufs, ModelCache, PullEvent, KNOWN_MODELS};
 
-/// `strata model pull NAME`: downloads a known model (a no-op when it is there) and prints
-/// its path.
+/// `strata model pull NAME|PATH`: downloads a known model (a no-op when it is there), or
+/// copies a local GGUF file (or every GGUF file of a directory) into the cache after
+/// checking that the engine runs it; prints each cached path.
 pub fn model_pull(name: &str) -> anyhow::Result<()> {
-    let path = ModelCache::from_env().pull(name, &mut print_progress)?;
+    let cache = ModelCache::from_env();
+    let local = std::path::Path::new(name);
+    if local.exists() {
+        for file in local_ggufs(local)? {
+            check_runs(&file)?;
+        }
+        for path in cache.import_local(local)? {
+            println!("{}", path.display());
+        }
+        return Ok(());
+    }
+    let path = cache.pull(name, &mut print_progress)?;
     println!("{}", path.display());
+    Ok(())
+}
+
+/// Refuses a file the engine cannot run: not GGUF, an architecture it does not know, or
+/// hyper-parameters it cannot use (the error names what is wrong).
+fn check_runs(file: &std::path::Path) -> anyhow::Result<()> {
+    let gguf = crate::gguf::GgufFile::open(file)?;
+    crate::model::config::read(&gguf).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     Ok(())
 }
 
