@@ -3,7 +3,8 @@
 //!
 //! - [`local::LocalDriver`] runs `strata engine` processes on this machine.
 //! - [`kubernetes::KubernetesDriver`] scales a Deployment or LeaderWorkerSet through the
-//!   API server (cargo feature `kubernetes`, on by default).
+//!   API server (cargo feature `kubernetes`, on by default); [`kubernetes_rollout`] moves
+//!   a canary's traffic by HTTPRoute weights and reads each version's pods' metrics.
 
 use std::fmt;
 use std::future::Future;
@@ -12,6 +13,8 @@ use serde::Serialize;
 
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes_rollout;
 pub mod local;
 
 /// Where a replica is in its life.
