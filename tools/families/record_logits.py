@@ -41,6 +41,16 @@ CORPUS = [
     "model:the,cat;dog.",
     "",
 ]
+# Chat-formatted texts tokenized with special tokens parsed: each family's markers are
+# special tokens in its own vocabulary and plain text in the others'. Phi-3's specials
+# strip the whitespace after them in llama.cpp (its files' names say phi3).
+SPECIAL_CORPUS = [
+    "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n",
+    "<|user|>\n hello the cat <|end|>\n<|assistant|>\n",
+    "<start_of_turn>user\nhello<end_of_turn>\n<start_of_turn>model\n",
+    "<s> [INST] hi the dog [/INST] it is</s>",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|>",
+]
 STEPS = 12
 TOP = 10
 
@@ -82,11 +92,14 @@ def record(path):
         cases.append({"name": name, "prompt_ids": ids, "greedy_ids": greedy, "steps": steps})
     corpus = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=False)}
               for t in CORPUS]
+    special = [{"text": t, "ids": llm.tokenize(t.encode(), add_bos=False, special=True)}
+               for t in SPECIAL_CORPUS]
     return {
         "model_sha256": sha256(path),
         "reference": "llama.cpp via llama-cpp-python, f32 KV",
         "cases": cases,
         "tokenize": corpus,
+        "tokenize_special": special,
     }
 
 

@@ -37,6 +37,7 @@ struct Fixture {
     model_sha256: String,
     cases: Vec<Case>,
     tokenize: Vec<Tokenized>,
+    tokenize_special: Vec<Tokenized>,
 }
 
 #[derive(Deserialize)]
@@ -238,11 +239,14 @@ fn every_family_tokenizes_like_llama_cpp() {
     for family in FAMILIES {
         let fx = fixture(family);
         let tok = Tokenizer::from_gguf_path(dir().join(format!("{family}.gguf"))).expect("tok");
-        for t in &fx.tokenize {
-            let ours = tok.encode(&t.text, false, false).expect("encode");
+        let plain = fx.tokenize.iter().map(|t| (t, false));
+        let special = fx.tokenize_special.iter().map(|t| (t, true));
+        for (t, parse_special) in plain.chain(special) {
+            let ours = tok.encode(&t.text, false, parse_special).expect("encode");
             if ours != t.ids {
                 failures.push(format!(
-                    "{family} {:?}: ours {ours:?}, llama.cpp {:?}",
+                    "{family} {:?} (specials parsed: {parse_special}): ours {ours:?}, \
+                     llama.cpp {:?}",
                     t.text, t.ids
                 ));
             }

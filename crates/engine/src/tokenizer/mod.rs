@@ -138,6 +138,10 @@ pub struct Tokenizer {
     token_to_id: HashMap<String, u32>,
     /// Control, user-defined and unknown tokens, longest text first.
     special_order: Vec<u32>,
+    /// Special tokens that swallow the whitespace after them when parsed from text
+    /// (llama.cpp's RSTRIP attribute: every special token of a Phi-3 file but `<unk>`,
+    /// `<s>` and `<|endoftext|>`).
+    rstrip: std::collections::HashSet<u32>,
     bpe: Option<tokenizers::Tokenizer>,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -400,6 +404,8 @@ impl Tokenizer {
                 .then(a.cmp(&b))
         });
 
+        let rstrip = rstrip_tokens(md, &special_order, &token_to_id)?;
+
         let bpe = match (&spec, vocab_type) {
             (Some(spec), VocabType::Bpe) => Some(build_bpe(md, &tokens, spec)?),
             _ => None,
@@ -414,6 +420,7 @@ impl Tokenizer {
             pieces,
             token_to_id,
             special_order,
+            rstrip,
             bpe,
             bos,
             eos,
@@ -638,6 +645,9 @@ impl Tokenizer {
                             }
                             next.push(Fragment::Token(id));
                             rest = &rest[pos + pat.len()..];
+                            if self.rstrip.contains(&id) {
+                                rest = rest.trim_start_matches(is_c_space);
+                            }
                         }
                         if !rest.is_empty() {
                             next.push(Fragment::Text(rest));
@@ -679,3 +689,31 @@ impl Tokenizer {
 
 #[cfg(test)]
 mod tests;
+
+/// C's `isspace` over ASCII: what llama.cpp strips next to a special token.
+fn is_c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
+/// The special tokens that strip the whitespace after them: llama.cpp gives every special
+/// token of a model whose `general.name` says Phi-3 (and `</s>`) that attribute, except
+/// `<unk>`, `<s>` and `<|endoftext|>` (Phi-3's tokenizer marks its added tokens so).
+fn rstrip_tokens(
+    md: &HashMap<String, Value>,
+    special: &[u32],
+    token_to_id: &HashMap<String, u32>,
+) -> Result<std::collections::HashSet<u32>> {
+    let name = get_str(md, "general.name")?.unwrap_or("").to_lowercase();
+    let mut set = std::collections::HashSet::new();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return Ok(set);
+    }
+    set.extend(special.iter().copied());
+    set.extend(token_to_id.get("</s>").copied());
+    for keep in ["<unk>", "<s>", "<|endoftext|>"] {
+        if let Some(id) = token_to_id.get(keep) {
+            set.remove(id);
+        }
+    }
+    Ok(set)
+}
