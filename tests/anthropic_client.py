@@ -5,6 +5,7 @@ Usage: python3 tests/anthropic_client.py GATEWAY_URL API_KEY MODEL
 when any check fails; prints "all checks passed" last.
 """
 
+import json
 import sys
 
 import anthropic
@@ -102,6 +103,21 @@ long = client.messages.count_tokens(
     messages=[{"role": "user", "content": "Hi there, how are you doing on this fine day?"}],
 )
 assert 0 < short.input_tokens < long.input_tokens, (short, long)
+
+# Structured output: output_config's JSON schema holds the answer to it.
+schema = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+structured = client.messages.create(
+    model=model,
+    max_tokens=32,
+    messages=[{"role": "user", "content": "Name a city in France as JSON."}],
+    output_config={"format": {"type": "json_schema", "schema": schema}},
+)
+assert isinstance(json.loads(structured.content[0].text)["city"], str), structured.content
 
 # Errors come in Anthropic's shape, as the SDK's typed exceptions.
 try:

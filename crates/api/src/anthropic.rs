@@ -196,6 +196,27 @@ pub struct MessagesRequest {
     /// `{"user_id": ...}`, kept raw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// Structured output: `{"format": {"type": "json_schema", "schema": {...}}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_config: Option<OutputConfig>,
+}
+
+/// `output_config`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputConfig {
+    /// The answer is JSON matching this schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<OutputFormat>,
+    /// `low` … `max` (kept; a chat model has no such knob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<String>,
+}
+
+/// `output_config.format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputFormat {
+    JsonSchema { schema: Value },
 }
 
 /// Body of `POST /v1/messages/count_tokens`: a Messages request without `max_tokens`.

@@ -198,6 +198,7 @@ pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
         tools: req.tools,
         tool_choice: None,
         metadata: None,
+        output_config: None,
     };
     let chat = match messages_to_chat(&as_messages) {
         Ok(c) => c,

@@ -4,10 +4,10 @@
 use serde_json::{json, Value};
 use strata_api::anthropic::{
     Content, ContentBlock, Message, MessageRole, MessagesRequest, MessagesResponse, MessagesUsage,
-    StopReason, Tool, ToolChoice, ToolResultContent, OBJECT_MESSAGE,
+    OutputFormat, StopReason, Tool, ToolChoice, ToolResultContent, OBJECT_MESSAGE,
 };
 use strata_api::types::chat::{ContentPart, MessageContent};
-use strata_api::types::{FinishReason, StreamOptions};
+use strata_api::types::{FinishReason, ResponseFormat, StreamOptions};
 use strata_api::{
     ChatCompletionRequest, ChatCompletionResponse, RequestMessage, Role, StopReason as ChatStop,
 };
@@ -59,6 +59,14 @@ pub fn messages_to_chat(req: &MessagesRequest) -> Result<ChatCompletionRequest, 
         if !tools.is_empty() {
             chat.tools = Some(Value::Array(tools.iter().map(chat_tool).collect()));
         }
+    }
+    if let Some(OutputFormat::JsonSchema { schema }) =
+        req.output_config.as_ref().and_then(|o| o.format.as_ref())
+    {
+        chat.response_format = Some(ResponseFormat {
+            kind: "json_schema".into(),
+            json_schema: Some(json!({"name": "output", "schema": schema})),
+        });
     }
     if let Some(choice) = &req.tool_choice {
         let (value, parallel) = chat_tool_choice(choice);
@@ -337,7 +345,8 @@ mod tests {
                 ]}
             ],
             "tools": [{"name": "get", "description": "weather", "input_schema": {"type": "object"}}],
-            "tool_choice": {"type": "tool", "name": "get", "disable_parallel_tool_use": true}
+            "tool_choice": {"type": "tool", "name": "get", "disable_parallel_tool_use": true},
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}
         }));
         let chat = serde_json::to_value(messages_to_chat(&r).unwrap()).unwrap();
         assert_eq!(
@@ -364,6 +373,10 @@ mod tests {
             json!({"type": "function", "function": {"name": "get"}})
         );
         assert_eq!(chat["parallel_tool_calls"], false);
+        assert_eq!(
+            chat["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}})
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 use strata_api::anthropic::{
     Content, ContentBlock, ImageSource, Message, MessageRole, MessagesRequest, MessagesResponse,
-    StopReason, SystemPrompt, Tool, ToolChoice, ToolResultContent,
+    OutputConfig, OutputFormat, StopReason, SystemPrompt, Tool, ToolChoice, ToolResultContent,
 };
 use strata_api::types::chat::MessageContent;
 use strata_api::types::{FinishReason, StopReason as ChatStop, OBJECT_CHAT_COMPLETION};
@@ -83,6 +83,21 @@ pub fn chat_to_messages_request(
             .map(|c| messages_tool_choice(c, parallel_off))
             .transpose()?,
         metadata: chat.user.as_ref().map(|u| json!({ "user_id": u })),
+        output_config: output_config(chat),
+    })
+}
+
+/// Chat's `response_format: json_schema` as Messages' `output_config` (other formats have
+/// no Messages counterpart and are left to the prompt).
+fn output_config(chat: &ChatCompletionRequest) -> Option<OutputConfig> {
+    let f = chat
+        .response_format
+        .as_ref()
+        .filter(|f| f.kind == "json_schema")?;
+    let schema = f.json_schema.as_ref()?.get("schema")?.clone();
+    Some(OutputConfig {
+        format: Some(OutputFormat::JsonSchema { schema }),
+        effort: None,
     })
 }
 
@@ -301,7 +316,8 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c1", "content": "2"}
             ],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-            "tool_choice": "required"
+            "tool_choice": "required",
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
         }))
         .unwrap();
         let m = chat_to_messages_request(&chat, 1024).unwrap();
@@ -315,7 +331,8 @@ mod tests {
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "2"}]}
                 ],
                 "tools": [{"name": "f", "input_schema": {"type": "object"}}],
-                "tool_choice": {"type": "any", "disable_parallel_tool_use": true}
+                "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}
             })
         );
         // And back: the same conversation in chat terms.
