@@ -786,7 +786,7 @@ fn validate_model(
 }
 
 /// Paths of the forwarded routes, in [`crate::proxy::Route`] order.
-pub const ROUTE_PATHS: [&str; 16] = [
+pub const ROUTE_PATHS: [&str; 18] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
@@ -803,6 +803,8 @@ pub const ROUTE_PATHS: [&str; 16] = [
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
 ];
 
 /// Per-try and total timeouts of a model.

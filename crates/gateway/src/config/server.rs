@@ -13,6 +13,9 @@ pub struct ServerConfig {
     /// Largest request body accepted, in bytes (413 above).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Largest audio form accepted (`/v1/audio/*`, multipart), in bytes (413 above).
+    #[serde(default = "default_max_audio")]
+    pub max_audio_bytes: usize,
     /// Largest non-streamed upstream response read, in bytes.
     #[serde(default = "default_max_response")]
     pub max_response_bytes: usize,
@@ -57,6 +60,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_body_bytes: default_max_body(),
+            max_audio_bytes: default_max_audio(),
             max_response_bytes: default_max_response(),
             key_refresh_secs: default_key_refresh(),
             max_connections: None,
@@ -97,6 +101,9 @@ impl ServerConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_audio_bytes == 0 {
+            return Err(invalid("server.max_audio_bytes must be > 0"));
+        }
         if self.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes must be > 0"));
         }
@@ -124,4 +131,9 @@ pub(super) fn default_max_response() -> usize {
 }
 pub(super) fn default_key_refresh() -> u64 {
     5
+}
+
+/// OpenAI's limit on an audio upload: 25 MiB.
+fn default_max_audio() -> usize {
+    25 << 20
 }

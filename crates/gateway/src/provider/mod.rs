@@ -34,7 +34,12 @@ impl Provider {
             }
             Provider::Openai => matches!(
                 route,
-                Route::Chat | Route::Completions | Route::Embeddings | Route::Responses
+                Route::Chat
+                    | Route::Completions
+                    | Route::Embeddings
+                    | Route::Responses
+                    | Route::Transcriptions
+                    | Route::Translations
             ),
             Provider::OpenaiCompatible => matches!(
                 route,
@@ -44,6 +49,8 @@ impl Provider {
                     | Route::Messages
                     | Route::CountTokens
                     | Route::Responses
+                    | Route::Transcriptions
+                    | Route::Translations
             ),
         }
     }
@@ -66,6 +73,8 @@ mod tests {
         assert!(Provider::Anthropic.serves(Route::Messages));
         assert!(!Provider::Openai.serves(Route::Messages));
         assert!(Provider::Openai.serves(Route::Responses));
+        assert!(Provider::Openai.serves(Route::Transcriptions));
+        assert!(!Provider::Anthropic.serves(Route::Translations));
         assert_eq!(Provider::Anthropic.path(Route::Chat.path()), "/v1/messages");
         assert_eq!(
             Provider::Openai.path(Route::Chat.path()),

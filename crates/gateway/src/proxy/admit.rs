@@ -61,7 +61,12 @@ pub(crate) async fn admit(
     let (parts, body) = req.into_parts();
     let key = authenticate_caller(gw, &parts.headers).await?.key;
     let resolved = gw.config.get();
-    let bytes = read_body(&parts.headers, body, resolved.config.server.max_body_bytes).await?;
+    let limit = if route.multipart() {
+        resolved.config.server.max_audio_bytes
+    } else {
+        resolved.config.server.max_body_bytes
+    };
+    let bytes = read_body(&parts.headers, body, limit).await?;
     let Ask {
         mut body,
         requested,

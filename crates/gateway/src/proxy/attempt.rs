@@ -9,12 +9,13 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Bytes;
-use axum::http::HeaderValue;
+use axum::http::{header, HeaderValue};
 use rand::Rng;
 use serde_json::Value;
 use strata_api::trace::{self, TraceParent};
 use tracing::Instrument;
 
+use super::form;
 use super::send::{
     read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, ERROR_BODY_LIMIT, JSON,
 };
@@ -157,6 +158,13 @@ fn payload(
     up: &ResolvedUpstream,
 ) -> Result<Bytes, Option<Failure>> {
     let translates = up.provider.is_some_and(|p| p.translates(req.route));
+    if req.route.multipart() {
+        // The form as sent; only its `model` field changes when the target names another.
+        if att.upstream_model == req.requested {
+            return Ok(req.bytes.clone());
+        }
+        return form::with_model(&req.bytes, &att.upstream_model).ok_or(None);
+    }
     if !translates && !req.rewritten && att.upstream_model == req.requested {
         return Ok(req.bytes.clone());
     }
@@ -192,6 +200,11 @@ async fn send(
     let traceparent = trace::outgoing(&try_span, incoming)
         .and_then(|t| HeaderValue::from_str(&t.to_string()).ok());
     let traceparent = traceparent.as_ref();
+    // A form goes with the client's `Content-Type` (its boundary); JSON as JSON.
+    let content_type = match req.headers.get(header::CONTENT_TYPE) {
+        Some(ct) if req.route.multipart() => ct,
+        _ => &JSON,
+    };
     let sent = async {
         match &one.up.router {
             None => {
@@ -200,7 +213,7 @@ async fn send(
                     one.up,
                     req.route,
                     one.payload,
-                    &JSON,
+                    content_type,
                     &req.request_id,
                     one.per_try,
                     traceparent,
@@ -220,7 +233,7 @@ async fn send(
                         .map_or(0, |p| p.clamp(i32::MIN.into(), i32::MAX.into()) as i32),
                     flow: &req.key.record.tenant,
                     traceparent,
-                    content_type: &JSON,
+                    content_type,
                 };
                 send_via_router(
                     gw,

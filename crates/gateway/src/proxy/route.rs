@@ -33,11 +33,15 @@ pub enum Route {
     CountTokens,
     /// OpenAI's `/v1/responses`, passed through likewise ([`crate::responses`]).
     Responses,
+    /// `/v1/audio/transcriptions` and `/v1/audio/translations`: a multipart form
+    /// ([`super::form`]) passed through as sent.
+    Transcriptions,
+    Translations,
 }
 
 impl Route {
     /// Every route, in [`crate::config::ROUTE_PATHS`] order.
-    pub const ALL: [Route; 13] = [
+    pub const ALL: [Route; 15] = [
         Route::Chat,
         Route::Completions,
         Route::Embeddings,
@@ -51,6 +55,8 @@ impl Route {
         Route::Pooling,
         Route::Classify,
         Route::ChatBatch,
+        Route::Transcriptions,
+        Route::Translations,
     ];
 
     /// Index into [`crate::config::ROUTE_PATHS`] and
@@ -73,6 +79,8 @@ impl Route {
             Route::Messages => 13,
             Route::CountTokens => 14,
             Route::Responses => 15,
+            Route::Transcriptions => 16,
+            Route::Translations => 17,
         }
     }
 
@@ -95,6 +103,8 @@ impl Route {
             Route::Messages => "messages",
             Route::CountTokens => "count_tokens",
             Route::Responses => "responses",
+            Route::Transcriptions => "transcriptions",
+            Route::Translations => "translations",
         }
     }
 
@@ -116,8 +126,17 @@ impl Route {
     pub(crate) fn cacheable(self) -> bool {
         !matches!(
             self,
-            Route::Messages | Route::CountTokens | Route::Responses
+            Route::Messages
+                | Route::CountTokens
+                | Route::Responses
+                | Route::Transcriptions
+                | Route::Translations
         )
+    }
+
+    /// True for the routes whose body is a multipart form (audio), not JSON.
+    pub(crate) fn multipart(self) -> bool {
+        matches!(self, Route::Transcriptions | Route::Translations)
     }
 
     /// True for the routes a cascade model may answer in turns (judged by its text).
@@ -141,9 +160,8 @@ mod tests {
 
     #[test]
     fn every_route_has_its_own_path() {
-        for (i, r) in Route::ALL.iter().enumerate() {
-            assert_eq!(r.index(), i);
-        }
+        let indices: Vec<_> = Route::ALL.iter().map(|r| r.index()).collect();
+        assert!(indices.windows(2).all(|w| w[0] < w[1]), "{indices:?}");
         let mut paths: Vec<_> = Route::ALL.iter().map(|r| r.path()).collect();
         paths.sort();
         paths.dedup();

@@ -98,6 +98,9 @@ pub(crate) fn check_shape(route: Route, bytes: &[u8]) -> Result<Value, ApiError>
                 .unwrap_or_else(|| ApiError::invalid_no_param(format!("Invalid request body: {e}")))
         })
     }
+    if route.multipart() {
+        return super::form::fields(bytes).map_err(|e| ApiError::invalid_no_param(e.to_string()));
+    }
     let value: Value = match serde_json::from_slice(bytes) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
