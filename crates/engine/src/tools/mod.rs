@@ -17,6 +17,8 @@ mod mistral;
 mod plan;
 mod pythonic;
 mod qwen3_xml;
+#[cfg(test)]
+mod recorded;
 mod stream;
 mod xml_grammar;
 

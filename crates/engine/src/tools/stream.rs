@@ -52,9 +52,15 @@ impl ToolStream {
         self.diff(view)
     }
 
-    /// The output ended: what is left to send.
+    /// The output ended: what is left to send. An output cut inside a call (its calls do
+    /// not all parse, so the whole answer of the same text is content) sends nothing more
+    /// once calls went out: what was sent cannot be taken back, and the text again as
+    /// content would say the calls twice.
     pub fn finish(&mut self) -> StreamDelta {
         let view = self.parser.final_view(&self.text, &self.functions);
+        if view.calls.is_empty() && self.called() {
+            return StreamDelta::default();
+        }
         self.diff(view)
     }
 
@@ -72,6 +78,11 @@ impl ToolStream {
             self.sent_content = view.content.len();
         }
         for (i, call) in view.calls.iter().enumerate() {
+            if i == self.sent_calls.len() && !call.arguments.trim_start().starts_with('{') {
+                // Not yet an arguments object (or never one: then the whole answer is
+                // content, and so is the stream's end).
+                break;
+            }
             if i == self.sent_calls.len() {
                 let id = new_call_id();
                 delta.tool_calls.push(json!({
@@ -98,5 +109,25 @@ impl ToolStream {
             }
         }
         delta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_cut_inside_a_call_keeps_the_calls_it_sent() {
+        let mut stream = ToolStream::new(ToolParser::Hermes, Vec::new().into());
+        let first = stream.push("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"b\": ");
+        assert_eq!(first.tool_calls.len(), 2, "{first:?}");
+        assert!(first.content.is_empty());
+        assert!(stream.finish().is_empty());
+        // The same text whole is content, as vLLM answers it.
+        let text = stream.text.clone();
+        assert!(ToolParser::Hermes
+            .parse(&text, &[], || "id".into())
+            .calls
+            .is_empty());
     }
 }
