@@ -9,7 +9,7 @@ on every run with the same numpy. The Rust tests read the committed copies in
 crates/engine/tests/fixtures/families/; see README.md here for regenerating them and
 their llama.cpp logits.
 
-Usage: make_tiny.py [--out DIR] [FAMILY ...]
+Usage: make_tiny.py [--out DIR] [--context N] [FAMILY ...]
 """
 import argparse
 import os
@@ -211,7 +211,7 @@ def write_tokenizer(w, spec):
     return len(tokens)
 
 
-def write_family(name, spec, out_dir, seed):
+def write_family(name, spec, out_dir, seed, context=None):
     arch = spec["arch"]
     path = os.path.join(out_dir, f"{name}.gguf")
     w = gguf.GGUFWriter(path, arch)
@@ -219,7 +219,7 @@ def write_family(name, spec, out_dir, seed):
     vocab = write_tokenizer(w, spec)
     L, nh, nkv, hd, ffn = spec["layers"], spec["heads"], spec["kv"], spec["head_dim"], spec["ffn"]
     q_dim, kv_dim = nh * hd, nkv * hd
-    w.add_context_length(CONTEXT)
+    w.add_context_length(context or CONTEXT)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(L)
     w.add_feed_forward_length(ffn)
@@ -291,13 +291,15 @@ def write_family(name, spec, out_dir, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--context", type=int, default=None,
+                    help=f"context_length to write (default {CONTEXT}; benchmarks need 640+)")
     ap.add_argument("families", nargs="*", default=list(FAMILIES))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for i, name in enumerate(FAMILIES):
         if name not in args.families:
             continue
-        path = write_family(name, FAMILIES[name], args.out, seed=1000 + i)
+        path = write_family(name, FAMILIES[name], args.out, seed=1000 + i, context=args.context)
         print(f"{path}: {os.path.getsize(path)} bytes")
     unknown = set(args.families) - set(FAMILIES)
     if unknown:

@@ -150,17 +150,6 @@ impl Model {
         self.config.n_kv_head * self.config.head_dim
     }
 
-    /// The widest window any layer attends over: `None` when some layer is global (every
-    /// position may be read again), else the number of trailing positions a query sees.
-    pub fn attention_window(&self) -> Option<usize> {
-        let all_sliding = (0..self.config.n_layer).all(|l| self.arch.is_window_layer(l));
-        if all_sliding {
-            self.arch.window
-        } else {
-            None
-        }
-    }
-
     /// Whether a row of this role (decode or prompt) quantizes its activations. Prompt rows
     /// do only when decode rows do too: the f32 group runs first in a step, so a sequence's
     /// prompt rows must never land after its decode rows.

@@ -201,6 +201,7 @@ fn log_loaded(model_path: &Path, opts: &EngineOptions, model: &Llama, cache: &Ca
     let cfg = &model.config;
     tracing::info!(
         model = %model_path.display(),
+        architecture = model.architecture(),
         weights = %opts.weights,
         q8_decode = model.q8_decode,
         q8_prompt = model.q8_prompt && model.q8_decode,
