@@ -68,6 +68,10 @@ enum Cmd {
         concurrency: usize,
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// The API asked: `chat`, `messages` (Anthropic's), `responses` (OpenAI's, with
+        /// `store: false`) or `responses-store` (kept in the gateway's store).
+        #[arg(long, default_value = "chat")]
+        api: String,
     },
 }
 
@@ -104,7 +108,8 @@ fn main() -> anyhow::Result<()> {
                 rate,
                 concurrency,
                 seconds,
-            } => load(url, key, model, rate, concurrency, seconds).await,
+                api,
+            } => load(url, key, model, rate, concurrency, seconds, &api).await,
         }
     })
 }
@@ -206,15 +211,32 @@ async fn load(
     rate: Option<f64>,
     concurrency: usize,
     seconds: f64,
+    api: &str,
 ) -> anyhow::Result<()> {
     let client = http_client(Duration::from_secs(5))?;
-    let body = Bytes::from(serde_json::to_vec(&serde_json::json!({
-        "model": model,
-        "messages": [{"role": "user", "content": "Say hello in four words."}],
-        "max_tokens": 4,
-    }))?);
-    let uri: axum::http::Uri =
-        format!("{}/v1/chat/completions", url.trim_end_matches('/')).parse()?;
+    let prompt = "Say hello in four words.";
+    let (path, body) = match api {
+        "chat" => (
+            "/v1/chat/completions",
+            serde_json::json!({"model": model, "max_tokens": 4,
+                "messages": [{"role": "user", "content": prompt}]}),
+        ),
+        "messages" => (
+            "/v1/messages",
+            serde_json::json!({"model": model, "max_tokens": 4,
+                "messages": [{"role": "user", "content": prompt}]}),
+        ),
+        "responses" | "responses-store" => (
+            "/v1/responses",
+            serde_json::json!({"model": model, "max_output_tokens": 4, "input": prompt,
+                "store": api == "responses-store"}),
+        ),
+        other => {
+            anyhow::bail!("unknown --api {other}: chat, messages, responses or responses-store")
+        }
+    };
+    let body = Bytes::from(serde_json::to_vec(&body)?);
+    let uri: axum::http::Uri = format!("{}{path}", url.trim_end_matches('/')).parse()?;
     let auth = if key.is_empty() {
         None
     } else {
