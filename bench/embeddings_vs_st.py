@@ -13,7 +13,11 @@ Needs: `pip install torch sentence-transformers` (the interpreter running this s
 a built `strata` binary (STRATA, default target/debug/strata: the engine and its kernels are
 built at opt-level 3 in the dev profile too).
 
-    python3 bench/embeddings_vs_st.py --rounds 5 [--doc]
+    python3 bench/embeddings_vs_st.py --rounds 5 [--weights f32,int8]
+
+`--weights` starts one Strata engine per encoder weight format (`STRATA_EMBED_WEIGHTS`:
+`int8`, the default, or `f32`) and interleaves them with sentence-transformers in every
+round, so a before/after comparison shares the machine's conditions.
 """
 
 import argparse
@@ -59,11 +63,13 @@ def load_avg():
 
 
 class Strata:
-    def __init__(self, exe, model, threads):
+    def __init__(self, exe, model, threads, weights):
         self.port = free_port()
         env = dict(os.environ)
         if threads:
             env["RAYON_NUM_THREADS"] = str(threads)
+        env["STRATA_EMBED_WEIGHTS"] = weights
+        self.weights = weights
         self.proc = subprocess.Popen(
             [exe, "engine", "--model", model, "--port", str(self.port)],
             stdout=subprocess.DEVNULL,
@@ -124,7 +130,9 @@ def main():
     ap.add_argument("--b32", type=int, default=256, help="sentences per batch-32 run")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads each side uses")
     ap.add_argument("--model", default="all-minilm-l6-v2")
-    ap.add_argument("--doc", action="store_true", help="print a Markdown table")
+    ap.add_argument(
+        "--weights", default="int8", help="Strata encoder weight formats, comma-separated"
+    )
     args = ap.parse_args()
 
     exe = os.environ.get("STRATA", "target/debug/strata")
@@ -139,42 +147,58 @@ def main():
     st = SentenceTransformer(model_dir, device="cpu")
     st_embed = lambda b: st.encode(b, batch_size=len(b), normalize_embeddings=True)
 
-    strata = Strata(exe, args.model, args.threads)
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    sides = []
     try:
+        for w in formats:
+            sides.append(Strata(exe, args.model, args.threads, w))
         items = sentences(max(args.b1, args.b32))
         # Warm-up, and a check that both sides compute the same vectors.
         probe = items[:32]
-        a, b = strata.embed(probe), st_embed(probe)
-        worst = min(cosine(x, list(map(float, y))) for x, y in zip(a, b))
-        print(f"agreement: min cosine {worst:.6f} over {len(probe)} sentences", flush=True)
-        rows = {1: ([], []), 32: ([], [])}
+        b = st_embed(probe)
+        for side in sides:
+            a = side.embed(probe)
+            worst = min(cosine(x, list(map(float, y))) for x, y in zip(a, b))
+            print(
+                f"agreement ({side.weights}): min cosine {worst:.6f} over {len(probe)} sentences",
+                flush=True,
+            )
+        rows = {(w, batch): [] for w in formats for batch in (1, 32)}
+        st_rows = {1: [], 32: []}
         loads = []
         for r in range(args.rounds):
             for batch, n in ((1, args.b1), (32, args.b32)):
-                s = run_side(strata.embed, items[:n], batch)
+                got = {side.weights: run_side(side.embed, items[:n], batch) for side in sides}
                 t = run_side(st_embed, items[:n], batch)
-                rows[batch][0].append(s)
-                rows[batch][1].append(t)
+                st_rows[batch].append(t)
+                for w, s in got.items():
+                    rows[(w, batch)].append(s)
                 loads.append(load_avg())
+                line = "  ".join(f"strata {w} {s:8.1f}/s ({s / t:5.2f}x)" for w, s in got.items())
                 print(
-                    f"round {r + 1} batch {batch:2}: strata {s:8.1f}/s  "
-                    f"sentence-transformers {t:8.1f}/s  ratio {s / t:5.2f}  "
-                    f"load {loads[-1]:.2f}",
+                    f"round {r + 1} batch {batch:2}: {line}  "
+                    f"sentence-transformers {t:8.1f}/s  load {loads[-1]:.2f}",
                     flush=True,
                 )
     finally:
-        strata.stop()
+        for side in sides:
+            side.stop()
 
     print()
-    print("| batch | Strata sentences/s | sentence-transformers sentences/s | ratio (target ≥ 2) |")
-    print("|---|---|---|---|")
-    for batch in (1, 32):
-        s, t = rows[batch]
-        ratios = [x / y for x, y in zip(s, t)]
-        print(
-            f"| {batch} | {statistics.median(s):.1f} | {statistics.median(t):.1f} | "
-            f"**{statistics.median(ratios):.2f}** (rounds {min(ratios):.2f}–{max(ratios):.2f}) |"
-        )
+    print(
+        "| weights | batch | Strata sentences/s | sentence-transformers sentences/s "
+        "| ratio (target ≥ 2) |"
+    )
+    print("|---|---|---|---|---|")
+    for w in formats:
+        for batch in (1, 32):
+            s, t = rows[(w, batch)], st_rows[batch]
+            ratios = [x / y for x, y in zip(s, t)]
+            print(
+                f"| {w} | {batch} | {statistics.median(s):.1f} | {statistics.median(t):.1f} | "
+                f"**{statistics.median(ratios):.2f}** "
+                f"(rounds {min(ratios):.2f}–{max(ratios):.2f}) |"
+            )
     print(
         f"\nmedians over {args.rounds} interleaved rounds; {args.threads} threads each; "
         f"1-min load average {min(loads):.2f}–{max(loads):.2f}; torch {torch.__version__}"

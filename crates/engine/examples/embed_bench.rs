@@ -3,11 +3,13 @@
 //!
 //! `cargo run --release -p strata-engine --example embed_bench [-- MODEL_DIR [ROUNDS]]`;
 //! the model directory defaults to the cache entry of `strata model pull all-minilm-l6-v2`.
+//! Both weight formats (f32 and 8-bit) are timed, round by round alternately.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use strata_engine::embed::bert::BertModel;
+use strata_engine::embed::linear::EncoderWeights;
 use strata_engine::embed::tokenizer::EmbedTokenizer;
 use strata_engine::embed::EncoderConfig;
 use strata_engine::model_cache::{ModelCache, EMBEDDING_MODEL};
@@ -52,7 +54,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = args.next().map(|r| r.parse()).transpose()?.unwrap_or(20);
     let config = EncoderConfig::from_dir(&dir)?;
     let tokenizer = EmbedTokenizer::from_file(&dir.join("tokenizer.json"))?;
-    let model = BertModel::load(&dir, config)?;
+    let models = [EncoderWeights::F32, EncoderWeights::Int8]
+        .into_iter()
+        .map(|f| Ok((f, BertModel::load_as(&dir, config.clone(), f)?)))
+        .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
     let inputs: Vec<Vec<u32>> = SENTENCES
         .iter()
         .map(|s| tokenizer.encode(s, true, None))
@@ -60,9 +65,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch32: Vec<Vec<u32>> = (0..32).map(|i| inputs[i % inputs.len()].clone()).collect();
     let long = vec![tokenizer.encode(&"word ".repeat(300), true, Some(256))?];
     // Warm-up: page in the weights, start the pool.
-    model.embed(&batch32)?;
+    for (_, model) in &models {
+        model.embed(&batch32)?;
+    }
 
-    let run = |batch: &[Vec<u32>], label: &str| -> Result<(), Box<dyn std::error::Error>> {
+    let run = |model: &BertModel,
+               batch: &[Vec<u32>],
+               label: &str|
+     -> Result<(), Box<dyn std::error::Error>> {
         let start = Instant::now();
         let cpu_start = cpu_seconds();
         for _ in 0..rounds {
@@ -72,7 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let cpu = cpu_seconds() - cpu_start;
         let per_forward = secs / rounds as f64;
         println!(
-            "{label:<14} {:>8.1} sentences/s  {:>7.2} ms/forward  {:>7.2} CPU-ms/forward",
+            "{label:<20} {:>8.1} sentences/s  {:>7.2} ms/forward  {:>7.2} CPU-ms/forward",
             (batch.len() * rounds) as f64 / secs,
             per_forward * 1e3,
             cpu / rounds as f64 * 1e3
@@ -81,8 +91,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("threads: {}", rayon::current_num_threads());
     let singles: Vec<Vec<u32>> = inputs[..1].to_vec();
-    run(&singles, "batch 1")?;
-    run(&batch32, "batch 32")?;
-    run(&long, "1 × 256 tok")?;
+    for (batch, label) in [
+        (&singles, "batch 1"),
+        (&batch32, "batch 32"),
+        (&long, "1 × 256 tok"),
+    ] {
+        for (format, model) in &models {
+            run(model, batch, &format!("{label} {}", format.name()))?;
+        }
+    }
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use strata_engine::embed::bert::BertModel;
+use strata_engine::embed::linear::EncoderWeights;
 use strata_engine::embed::server::{self as embed_server, EmbedState};
 use strata_engine::embed::tokenizer::EmbedTokenizer;
 use strata_engine::embed::{is_encoder_model, EncoderConfig};
@@ -87,7 +88,6 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
     let config = EncoderConfig::from_dir(&dir).unwrap();
     assert_eq!(config.max_len, 256, "sentence-transformers' max_seq_length");
     let tokenizer = EmbedTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
-    let model = BertModel::load(&dir, config).unwrap();
     let items = reference();
     assert_eq!(items.len(), 10);
     // The last sentence is 300 words: the reference cut it at sentence-transformers'
@@ -100,21 +100,45 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
         assert_eq!(ids, item.ids, "token ids of {:?}", item.text);
         inputs.push(ids);
     }
-    // One ragged forward over all ten (lengths 7 to 256).
-    let batch = model.embed(&inputs).unwrap();
-    let mut worst = 1.0f64;
-    for (item, v) in items.iter().zip(&batch) {
-        let c = cosine(v, &item.embedding);
-        assert!(c >= 0.999, "{:?}: cosine {c}", item.text);
-        worst = worst.min(c);
+    // Both weight formats: the 8-bit default and the f32 one, each held to the bound.
+    let mut vectors = Vec::new();
+    for format in [EncoderWeights::Int8, EncoderWeights::F32] {
+        let model = BertModel::load_as(&dir, config.clone(), format).unwrap();
+        assert_eq!(
+            model.weights(),
+            format,
+            "every dense layer in {}",
+            format.name()
+        );
+        // One ragged forward over all ten (lengths 7 to 256).
+        let batch = model.embed(&inputs).unwrap();
+        let mut worst = 1.0f64;
+        for (item, v) in items.iter().zip(&batch) {
+            let c = cosine(v, &item.embedding);
+            assert!(c >= 0.999, "{}: {:?}: cosine {c}", format.name(), item.text);
+            worst = worst.min(c);
+        }
+        eprintln!(
+            "{}: lowest cosine with the reference: {worst:.7}",
+            format.name()
+        );
+        // Each alone gives what it gets in the batch (the shortest, a middle one, the longest).
+        for k in [4, 0, 9] {
+            let (input, v) = (&inputs[k], &batch[k]);
+            let alone = model.embed(std::slice::from_ref(input)).unwrap();
+            let d = max_diff(&alone[0], v);
+            assert!(
+                d < 1e-5,
+                "{}: alone vs batched differ by {d}",
+                format.name()
+            );
+        }
+        vectors.push(batch);
     }
-    eprintln!("lowest cosine with the reference: {worst:.7}");
-    // Each alone gives what it gets in the batch (the shortest, a middle one, the longest).
-    for k in [4, 0, 9] {
-        let (input, v) = (&inputs[k], &batch[k]);
-        let alone = model.embed(std::slice::from_ref(input)).unwrap();
-        let d = max_diff(&alone[0], v);
-        assert!(d < 1e-5, "alone vs batched differ by {d}");
+    // The two formats agree with each other as closely as each with the reference.
+    for (a, b) in vectors[0].iter().zip(&vectors[1]) {
+        let c = cosine(a, b);
+        assert!(c >= 0.999, "int8 vs f32 cosine {c}");
     }
 }
 
@@ -185,7 +209,8 @@ fn embeddings_in_floats_and_base64_for_text_batches_and_token_ids() {
         assert_eq!(d["index"], i);
         let v = vector(&d["embedding"]);
         assert_eq!(v.len(), 384);
-        assert!(cosine(&v, &item.embedding) >= 0.999, "item {i}");
+        let c = cosine(&v, &item.embedding);
+        assert!(c >= 0.999, "item {i}: cosine {c}");
         floats.push(v);
     }
 

@@ -1,4 +1,4 @@
-//! A BERT encoder for sentence embeddings: candle's matrix products, the rest by hand.
+//! A BERT encoder for sentence embeddings: 8-bit (or f32) matrix products, the rest by hand.
 //!
 //! The batch is ragged: every input's tokens are laid end to end, so the embeddings, the
 //! dense projections, the layer norms and the feed-forward run as one matrix product over
@@ -6,8 +6,9 @@
 //! input at a time (an input attends to itself alone), so no mask is needed and an input's
 //! vector does not depend on what else is in the batch.
 //!
-//! Activations live in plain row-major `Vec<f32>`s. The products go through candle (its
-//! GEMM is multi-threaded); the row-wise work around them (bias, residual, layer norm,
+//! Activations live in plain row-major `Vec<f32>`s. The products go through
+//! [`super::linear`] (the decoder's 8-bit integer kernels by default, candle's f32 GEMM
+//! with `STRATA_EMBED_WEIGHTS=f32`, both multi-threaded); the row-wise work around them (bias, residual, layer norm,
 //! GELU, softmax) is fused into one pass per row and split over the rayon pool, because
 //! candle runs each of those as a separate single-threaded pass with a fresh buffer, which
 //! cost as much as the products themselves.
@@ -18,37 +19,12 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+use super::linear::{EncoderWeights, Linear};
 use super::{Activation, EmbedError, EncoderConfig, Pooling};
 use crate::attention::{dot, exp};
 
-/// `x · W^T + b`, with `W^T` stored contiguous so the product needs no transpose.
-struct Linear {
-    w_t: Tensor,
-    b: Vec<f32>,
-    inp: usize,
-    out: usize,
-}
-
 /// Rows per rayon task in the row-wise passes: enough work to outweigh the task.
 const ROWS_PER_TASK: usize = 16;
-
-impl Linear {
-    /// `rows × inp` in, `rows × out` out (bias added).
-    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, EmbedError> {
-        let t = Tensor::from_slice(x, (rows, self.inp), &Device::Cpu)?;
-        let mut y = t.matmul(&self.w_t)?.flatten_all()?.to_vec1::<f32>()?;
-        let b = &self.b;
-        y.par_chunks_mut(self.out * ROWS_PER_TASK)
-            .for_each(|chunk| {
-                for row in chunk.chunks_exact_mut(b.len()) {
-                    for (v, bias) in row.iter_mut().zip(b) {
-                        *v += bias;
-                    }
-                }
-            });
-        Ok(y)
-    }
-}
 
 struct LayerNorm {
     gamma: Vec<f32>,
@@ -57,6 +33,16 @@ struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// `|γ_j| + |β_j|` per channel: how far the output can reach (the normalised input is
+    /// about unit scale); what the next layer's 8-bit weights are smoothed by.
+    fn reach(&self) -> Vec<f32> {
+        self.gamma
+            .iter()
+            .zip(&self.beta)
+            .map(|(g, b)| g.abs() + b.abs())
+            .collect()
+    }
+
     /// `x = LayerNorm(x + residual)` row by row (`residual` may be empty: no residual).
     fn add_forward(&self, x: &mut [f32], residual: &[f32]) {
         let h = self.gamma.len();
@@ -87,9 +73,33 @@ impl LayerNorm {
     }
 }
 
+/// The query, key and value projections.
+enum Qkv {
+    /// f32: fused into one `[hidden, 3·hidden]` product, `[q | k | v]` per token.
+    Fused(Linear),
+    /// 8-bit: three products, each smoothed by its own input-channel scales (one shared
+    /// set, over the three matrices' largest weights, lost too much: the lowest
+    /// reference cosine fell below 0.999).
+    Split(Box<[Linear; 3]>),
+}
+
+/// One projection's rows inside a buffer: token `i`'s vector is
+/// `data[i·stride + offset..][..hidden]`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    stride: usize,
+    offset: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn at(&self, token: usize, from: usize, len: usize) -> &'a [f32] {
+        &self.data[token * self.stride + self.offset + from..][..len]
+    }
+}
+
 struct Layer {
-    /// Query, key and value fused into one `[hidden, 3·hidden]` product.
-    qkv: Linear,
+    qkv: Qkv,
     attn_out: Linear,
     attn_norm: LayerNorm,
     intermediate: Linear,
@@ -114,6 +124,7 @@ pub struct BertModel {
 struct Weights {
     tensors: HashMap<String, Tensor>,
     prefix: &'static str,
+    format: EncoderWeights,
 }
 
 impl Weights {
@@ -139,15 +150,16 @@ impl Weights {
         Ok(self.get(name, shape)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
-    fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear, EmbedError> {
+    /// A dense layer's `[out, inp]` weight and its bias.
+    fn dense(&self, name: &str, out: usize, inp: usize) -> Result<(Tensor, Vec<f32>), EmbedError> {
         let w = self.get(&format!("{name}.weight"), &[out, inp])?;
         let b = self.vec(&format!("{name}.bias"), &[out])?;
-        Ok(Linear {
-            w_t: w.t()?.contiguous()?,
-            b,
-            inp,
-            out,
-        })
+        Ok((w, b))
+    }
+
+    fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear, EmbedError> {
+        let (w, b) = self.dense(name, out, inp)?;
+        Linear::new(&w, b, self.format)
     }
 
     fn norm(&self, name: &str, n: usize, eps: f64) -> Result<LayerNorm, EmbedError> {
@@ -160,8 +172,18 @@ impl Weights {
 }
 
 impl BertModel {
-    /// Loads `model.safetensors` from a model directory described by `config`.
+    /// Loads `model.safetensors` from a model directory described by `config`, with the
+    /// weight format `STRATA_EMBED_WEIGHTS` names (default 8-bit, see [`EncoderWeights`]).
     pub fn load(dir: &Path, config: EncoderConfig) -> Result<Self, EmbedError> {
+        Self::load_as(dir, config, EncoderWeights::from_env()?)
+    }
+
+    /// [`BertModel::load`] with the weight format given.
+    pub fn load_as(
+        dir: &Path,
+        config: EncoderConfig,
+        format: EncoderWeights,
+    ) -> Result<Self, EmbedError> {
         let path = dir.join("model.safetensors");
         if !path.is_file() {
             return Err(EmbedError::Io {
@@ -180,21 +202,50 @@ impl BertModel {
         } else {
             "bert."
         };
-        Self::from_weights(&Weights { tensors, prefix }, config)
+        Self::from_weights(
+            &Weights {
+                tensors,
+                prefix,
+                format,
+            },
+            config,
+        )
     }
 
     /// Builds the model from tensors already in memory (tests build small random ones).
     pub fn from_tensors(
         tensors: HashMap<String, Tensor>,
         config: EncoderConfig,
+        format: EncoderWeights,
     ) -> Result<Self, EmbedError> {
         Self::from_weights(
             &Weights {
                 tensors,
                 prefix: "",
+                format,
             },
             config,
         )
+    }
+
+    /// The weight format the dense layers ended up in: 8-bit only if every one of them is
+    /// (a width off the block size keeps f32).
+    pub fn weights(&self) -> EncoderWeights {
+        let all_int8 = self.layers.iter().all(|l| {
+            let qkv_int8 = match &l.qkv {
+                Qkv::Fused(m) => m.is_int8(),
+                Qkv::Split(ms) => ms.iter().all(Linear::is_int8),
+            };
+            qkv_int8
+                && [&l.attn_out, &l.intermediate, &l.output]
+                    .iter()
+                    .all(|m| m.is_int8())
+        });
+        if all_int8 && !self.layers.is_empty() {
+            EncoderWeights::Int8
+        } else {
+            EncoderWeights::F32
+        }
     }
 
     fn from_weights(w: &Weights, config: EncoderConfig) -> Result<Self, EmbedError> {
@@ -214,24 +265,39 @@ impl BertModel {
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = format!("encoder.layer.{i}");
-            let q = w.linear(&format!("{p}.attention.self.query"), h, h)?;
-            let k = w.linear(&format!("{p}.attention.self.key"), h, h)?;
-            let v = w.linear(&format!("{p}.attention.self.value"), h, h)?;
-            let qkv = Linear {
-                w_t: Tensor::cat(&[&q.w_t, &k.w_t, &v.w_t], 1)?.contiguous()?,
-                b: [q.b, k.b, v.b].concat(),
-                inp: h,
-                out: 3 * h,
+            let (qw, qb) = w.dense(&format!("{p}.attention.self.query"), h, h)?;
+            let (kw, kb) = w.dense(&format!("{p}.attention.self.key"), h, h)?;
+            let (vw, vb) = w.dense(&format!("{p}.attention.self.value"), h, h)?;
+            // The query/key/value projection reads the previous LayerNorm's output (the
+            // embeddings' for the first layer), the feed-forward the attention's.
+            let reach = layers
+                .last()
+                .map_or(&emb_norm, |l: &Layer| &l.out_norm)
+                .reach();
+            let qkv = match w.format {
+                EncoderWeights::F32 => Qkv::Fused(Linear::new(
+                    &Tensor::cat(&[&qw, &kw, &vw], 0)?,
+                    [qb, kb, vb].concat(),
+                    w.format,
+                )?),
+                EncoderWeights::Int8 => Qkv::Split(Box::new([
+                    Linear::after_norm(&qw, qb, w.format, &reach)?,
+                    Linear::after_norm(&kw, kb, w.format, &reach)?,
+                    Linear::after_norm(&vw, vb, w.format, &reach)?,
+                ])),
             };
+            let attn_norm = w.norm(&format!("{p}.attention.output.LayerNorm"), h, eps)?;
+            let (iw, ib) = w.dense(
+                &format!("{p}.intermediate.dense"),
+                config.intermediate_size,
+                h,
+            )?;
+            let intermediate = Linear::after_norm(&iw, ib, w.format, &attn_norm.reach())?;
             layers.push(Layer {
                 qkv,
                 attn_out: w.linear(&format!("{p}.attention.output.dense"), h, h)?,
-                attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), h, eps)?,
-                intermediate: w.linear(
-                    &format!("{p}.intermediate.dense"),
-                    config.intermediate_size,
-                    h,
-                )?,
+                attn_norm,
+                intermediate,
                 output: w.linear(&format!("{p}.output.dense"), h, config.intermediate_size)?,
                 out_norm: w.norm(&format!("{p}.output.LayerNorm"), h, eps)?,
             });
@@ -301,8 +367,32 @@ impl BertModel {
     ) -> Result<Vec<f32>, EmbedError> {
         let cfg = &self.config;
         let rows = x.len() / cfg.hidden_size;
-        let qkv = l.qkv.forward(&x, rows)?;
-        let ctx = attention(&qkv, spans, cfg.hidden_size, cfg.num_heads);
+        let h = cfg.hidden_size;
+        let ctx = match &l.qkv {
+            Qkv::Fused(m) => {
+                let qkv = m.forward(&x, rows)?;
+                let part = |offset| Rows {
+                    data: &qkv,
+                    stride: 3 * h,
+                    offset,
+                };
+                attention([part(0), part(h), part(2 * h)], spans, h, cfg.num_heads)
+            }
+            Qkv::Split(qkv) => {
+                let [q, k, v] = &**qkv;
+                let (q, k, v) = (
+                    q.forward(&x, rows)?,
+                    k.forward(&x, rows)?,
+                    v.forward(&x, rows)?,
+                );
+                let part = |data| Rows {
+                    data,
+                    stride: h,
+                    offset: 0,
+                };
+                attention([part(&q), part(&k), part(&v)], spans, h, cfg.num_heads)
+            }
+        };
         let mut y = l.attn_out.forward(&ctx, rows)?;
         l.attn_norm.add_forward(&mut y, &x);
         let mut inner = l.intermediate.forward(&y, rows)?;
@@ -387,12 +477,12 @@ fn erf(x: f32) -> f32 {
 
 /// Self-attention of each input over its own tokens, one task per (input, head).
 ///
-/// `qkv` holds `[q | k | v]` per token (`3·hidden` wide); the result is the context,
+/// `qkv` are the query, key and value rows, `hidden` wide each; the result is the context,
 /// `hidden` wide, heads side by side, in token order.
-fn attention(qkv: &[f32], spans: &[(usize, usize)], hidden: usize, heads: usize) -> Vec<f32> {
+fn attention(qkv: [Rows; 3], spans: &[(usize, usize)], hidden: usize, heads: usize) -> Vec<f32> {
+    let [q_rows, k_rows, v_rows] = qkv;
     let d = hidden / heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let width = 3 * hidden;
     let tasks: Vec<(usize, usize, usize)> = spans
         .iter()
         .flat_map(|&(start, n)| (0..heads).map(move |head| (start, n, head)))
@@ -401,15 +491,14 @@ fn attention(qkv: &[f32], spans: &[(usize, usize)], hidden: usize, heads: usize)
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(start, n, head)| {
-            let q_at = |i: usize| &qkv[(start + i) * width + head * d..][..d];
+            let q_at = |i: usize| q_rows.at(start + i, head * d, d);
             // This head's keys and values, gathered contiguous: every query walks all of
-            // them, and in `qkv` consecutive tokens are 3·hidden floats apart.
+            // them, and in the projections consecutive tokens are a stride apart.
             let mut keys = Vec::with_capacity(n * d);
             let mut values = Vec::with_capacity(n * d);
             for j in 0..n {
-                let row = &qkv[(start + j) * width..][..width];
-                keys.extend_from_slice(&row[hidden + head * d..][..d]);
-                values.extend_from_slice(&row[2 * hidden + head * d..][..d]);
+                keys.extend_from_slice(k_rows.at(start + j, head * d, d));
+                values.extend_from_slice(v_rows.at(start + j, head * d, d));
             }
             let k_at = |j: usize| &keys[j * d..(j + 1) * d];
             let v_at = |j: usize| &values[j * d..(j + 1) * d];
@@ -539,7 +628,8 @@ mod tests {
     #[test]
     fn vectors_are_unit_length_and_independent_of_the_batch() {
         let cfg = tiny_config();
-        let model = BertModel::from_tensors(random_tensors(&cfg), cfg).unwrap();
+        let model =
+            BertModel::from_tensors(random_tensors(&cfg), cfg, EncoderWeights::Int8).unwrap();
         let inputs = vec![vec![1, 5, 7, 2], vec![1, 9, 2], vec![3; 16]];
         let batch = model.embed(&inputs).unwrap();
         assert_eq!(batch.len(), 3);
@@ -558,9 +648,40 @@ mod tests {
     }
 
     #[test]
+    fn int8_weights_agree_with_f32_and_leave_the_batch_out() {
+        // Widths that are whole blocks of 32, so every dense layer takes 8 bits.
+        let cfg = EncoderConfig {
+            hidden_size: 64,
+            intermediate_size: 128,
+            ..tiny_config()
+        };
+        let int8 = BertModel::from_tensors(random_tensors(&cfg), cfg.clone(), EncoderWeights::Int8)
+            .unwrap();
+        let f32m = BertModel::from_tensors(random_tensors(&cfg), cfg, EncoderWeights::F32).unwrap();
+        assert_eq!(int8.weights(), EncoderWeights::Int8);
+        assert_eq!(f32m.weights(), EncoderWeights::F32);
+        let inputs = vec![
+            vec![1, 5, 7, 2],
+            vec![1, 9, 2],
+            vec![3; 16],
+            vec![4, 8, 15, 16, 23],
+        ];
+        let a = int8.embed(&inputs).unwrap();
+        let b = f32m.embed(&inputs).unwrap();
+        for (input, (x, y)) in inputs.iter().zip(a.iter().zip(&b)) {
+            let cos: f32 = x.iter().zip(y).map(|(p, q)| p * q).sum();
+            assert!(cos >= 0.999, "int8 vs f32 cosine {cos}");
+            // 8-bit rows depend on themselves alone: the same bits alone and batched.
+            let alone = int8.embed(std::slice::from_ref(input)).unwrap();
+            assert_eq!(&alone[0], x);
+        }
+    }
+
+    #[test]
     fn bad_inputs_are_errors_not_panics() {
         let cfg = tiny_config();
-        let model = BertModel::from_tensors(random_tensors(&cfg), cfg).unwrap();
+        let model =
+            BertModel::from_tensors(random_tensors(&cfg), cfg, EncoderWeights::Int8).unwrap();
         assert!(model.embed(&[vec![]]).is_err());
         assert!(model.embed(&[vec![1; 17]]).is_err());
         assert!(model.embed(&[vec![50]]).is_err());
@@ -572,7 +693,9 @@ mod tests {
         let cfg = tiny_config();
         let mut t = random_tensors(&cfg);
         t.remove("encoder.layer.1.output.dense.bias");
-        let err = BertModel::from_tensors(t, cfg.clone()).err().unwrap();
+        let err = BertModel::from_tensors(t, cfg.clone(), EncoderWeights::Int8)
+            .err()
+            .unwrap();
         assert!(
             err.to_string()
                 .contains("encoder.layer.1.output.dense.bias"),
@@ -583,7 +706,9 @@ mod tests {
             "encoder.layer.0.attention.self.key.weight".into(),
             Tensor::zeros((8, 7), DType::F32, &Device::Cpu).unwrap(),
         );
-        let err = BertModel::from_tensors(t, cfg).err().unwrap();
+        let err = BertModel::from_tensors(t, cfg, EncoderWeights::Int8)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("shape"), "{err}");
     }
 }

@@ -6,9 +6,11 @@
 //! `sentence_bert_config.json` (the longest input the model was trained for) and
 //! `pooling_config.json` (sentence-transformers' pooling mode).
 //!
-//! - [`bert`]: the encoder on candle tensors; one forward over a ragged batch (no padding:
-//!   the dense layers run over every token of every input at once, attention per input),
-//!   then pooling and L2 normalisation.
+//! - [`bert`]: the encoder; one forward over a ragged batch (no padding: the dense layers
+//!   run over every token of every input at once, attention per input), then pooling and
+//!   L2 normalisation.
+//! - [`linear`]: its dense layers, 8-bit weights and activations on the decoder's integer
+//!   kernels by default, f32 on candle's GEMM with `STRATA_EMBED_WEIGHTS=f32`.
 //! - [`tokenizer`]: the WordPiece tokenizer from `tokenizer.json`, with the file's own
 //!   padding and truncation switched off (the server decides what is too long).
 //! - [`worker`]: the thread that owns the model and coalesces queued requests into one
@@ -16,6 +18,7 @@
 //! - [`server`]: the HTTP routes of an engine serving an encoder.
 
 pub mod bert;
+pub mod linear;
 pub mod server;
 pub mod tokenizer;
 pub mod worker;
@@ -42,6 +45,9 @@ pub enum EmbedError {
     Encode(String),
     #[error("forward pass failed: {0}")]
     Forward(String),
+    /// A setting (an environment variable) with a value it does not take.
+    #[error("{0}")]
+    Setting(String),
 }
 
 impl From<candle_core::Error> for EmbedError {
