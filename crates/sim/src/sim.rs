@@ -34,6 +34,10 @@ use crate::routing::{Scrape, SimRouter};
 use crate::tenants::{tenant_lines, TenantDraw, TenantLine};
 
 mod flow;
+mod itl;
+mod token_times;
+
+use token_times::{fill_itl, TimelineRequest, TokenGaps};
 
 /// The autoscaler's part: its policy settings, how often the controller ticks, and how
 /// long a new replica takes to become ready.
@@ -142,10 +146,11 @@ struct Replica {
 struct Req {
     start: Duration,
     first: Option<Duration>,
+    /// The last token's time (the send until the first).
     last: Duration,
-    times: Vec<Duration>,
     prompt: u32,
     planned: u32,
+    max_tokens: u32,
     out: u32,
     cached: u32,
     replica: u32,
@@ -218,6 +223,9 @@ struct Sim<'a> {
     // Autoscaling.
     scale_state: Option<State>,
     ttfts: Vec<f64>,
+    /// Every request's token-time gaps, when token times are kept
+    /// (`SimConfig::keep_token_times`).
+    gaps: TokenGaps,
     stats: SimStats,
 }
 
@@ -306,6 +314,7 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimOutcome, SimError> {
         result: StepResult::default(),
         scale_state: cfg.autoscale.as_ref().map(|_| State::new(initial)),
         ttfts: Vec::new(),
+        gaps: TokenGaps::default(),
         stats: SimStats {
             num_blocks_per_replica: num_blocks,
             ..Default::default()
@@ -455,12 +464,15 @@ impl Sim<'_> {
             if req.first.is_none() {
                 req.first = Some(now);
                 self.ttfts.push((now - req.start).as_secs_f64());
+            } else if self.cfg.keep_token_times {
+                // The gap between consecutive token times (`(now - start) - (last -
+                // start)`: the same whole nanoseconds).
+                let gap = now - req.last;
+                let expect = req.max_tokens.saturating_sub(1) as usize;
+                self.gaps.record(id as u32, gap, expect);
             }
             req.out = n;
             req.last = now;
-            if self.cfg.keep_token_times {
-                req.times.push(now - req.start);
-            }
         }
         let finished = std::mem::take(&mut result.finished);
         for seq in finished {
@@ -773,9 +785,9 @@ impl Sim<'_> {
             start: self.now,
             first: None,
             last: self.now,
-            times: Vec::new(),
             prompt: prompt.len() as u32,
             planned,
+            max_tokens,
             out: 0,
             cached: 0,
             replica: u32::MAX,
@@ -934,14 +946,25 @@ impl Sim<'_> {
         }
         self.stats.events = self.events;
         self.stats.virtual_s = end.as_secs_f64();
-        let records: Vec<RequestRecord> = self
-            .reqs
-            .drain(..)
-            .map(|r| RequestRecord {
+        // The fleet's state is no longer needed: free it before the report is built.
+        drop(std::mem::take(&mut self.replicas));
+        // The report reads token times for ITL only. Its summary and CDF come from the
+        // gaps kept in `itl` (below); a per-request ITL objective needs only each
+        // request's longest gap, which a two-entry list carries exactly.
+        let itl_slo = self.cfg.load.slo.itl_ms.is_some();
+        let keep_times = self.cfg.keep_token_times;
+        let gaps = std::mem::take(&mut self.gaps);
+        let mut timeline = Vec::with_capacity(if keep_times { self.reqs.len() } else { 0 });
+        let mut records: Vec<RequestRecord> = Vec::with_capacity(self.reqs.len());
+        for (id, r) in self.reqs.drain(..).enumerate() {
+            let record = RequestRecord {
                 start: r.start,
                 ttft: r.first.map(|f| f - r.start),
                 e2e: r.last - r.start,
-                token_times: r.times,
+                token_times: match gaps.max_of(id as u32) {
+                    Some(g) if itl_slo => vec![Duration::ZERO, g],
+                    _ => Vec::new(),
+                },
                 prompt_tokens: r.failure.is_none().then_some(r.prompt),
                 planned_prompt_tokens: r.planned,
                 completion_tokens: r.failure.is_none().then_some(r.out),
@@ -949,8 +972,20 @@ impl Sim<'_> {
                 served_by: (r.replica != u32::MAX).then(|| format!("replica-{}", r.replica)),
                 text: String::new(),
                 failure: r.failure,
-            })
-            .collect();
+            };
+            if keep_times {
+                // Token times as the simulation has always recorded them: from the
+                // request's send (`strata bench`'s live client counts from the run's
+                // start, so simulated timelines put tokens early; ITL is the same).
+                // Changing it changes reports: a change of its own.
+                timeline.push(TimelineRequest {
+                    first: r.first.map(|f| f - r.start),
+                    ok: record.ok(),
+                    output_tokens: record.completion_tokens.unwrap_or(0),
+                });
+            }
+            records.push(record);
+        }
         self.stats.wall_s = wall.elapsed().as_secs_f64();
         self.stats.events_per_s = self.events as f64 / self.stats.wall_s.max(1e-9);
         let mut config = serde_json::to_value(&self.cfg.load).unwrap_or(serde_json::Value::Null);
@@ -965,6 +1000,12 @@ impl Sim<'_> {
             &self.cfg.load.slo,
         );
         report.started_at_unix_s = 0.0;
+        if keep_times {
+            drop(records);
+            gaps.fill_timeline(&mut report, &timeline);
+            drop(timeline);
+            fill_itl(&mut report, gaps.into_itl());
+        }
         SimOutcome {
             report,
             stats: self.stats,

@@ -19,11 +19,12 @@ impl Sim<'_> {
         prompt: Vec<u32>,
         max_tokens: usize,
     ) {
-        let view = self.router.pool_view(self.now);
-        let tenant = self.reqs[id as usize].tenant;
         let Some(flow) = self.flow.as_mut() else {
             return self.pending_submit(id, req, prompt, max_tokens);
         };
+        // The room is a pass over every endpoint: measured only when flow control asks.
+        let view = self.router.pool_view(self.now);
+        let tenant = self.reqs[id as usize].tenant;
         let ticket = FlowRequest {
             id: u64::from(id),
             flow: self.tenants.name(tenant).to_string(),
@@ -68,8 +69,13 @@ impl Sim<'_> {
     /// Flow control's round (a scrape, a finished request, a ready replica, a deadline):
     /// evictions answered 503, dispatches picked in order.
     pub(super) fn pump_flow(&mut self) {
+        if self.flow.as_ref().is_none_or(|f| f.queued() == 0) {
+            return;
+        }
+        // Measured only with requests waiting: it is a pass over every endpoint, and this
+        // runs after every step of every replica.
         let view = self.router.pool_view(self.now);
-        let Some(flow) = self.flow.as_mut().filter(|f| f.queued() > 0) else {
+        let Some(flow) = self.flow.as_mut() else {
             return;
         };
         let step = flow.dispatch(self.now, &view);
