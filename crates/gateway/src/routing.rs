@@ -207,6 +207,52 @@ models:
     }
 
     #[test]
+    fn an_upstream_price_table_wins_over_the_model_price() {
+        let r = Resolved::new(
+            Config::from_yaml(
+                r#"
+upstreams:
+  - {name: local, base_url: "http://127.0.0.1:1"}
+  - name: hosted
+    base_url: "http://127.0.0.1:2"
+    prices: {big-v2: {input_per_1m: 3, output_per_1m: 15}}
+models:
+  - name: m
+    targets: [{upstream: local, weight: 0}, {upstream: hosted, model: big-v2}]
+    fallbacks: [n]
+    price: {input_per_1m: 0.1, output_per_1m: 0.2}
+  - name: n
+    targets: [{upstream: hosted}]
+    price: {input_per_1m: 1, output_per_1m: 2}
+"#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let p = plan(&r, r.model("m").unwrap(), 10, &mut rng);
+        let prices: Vec<_> = p
+            .iter()
+            .map(|a| {
+                (
+                    a.upstream.as_str(),
+                    a.upstream_model.as_str(),
+                    a.price.input_per_1m,
+                )
+            })
+            .collect();
+        // The hosted table prices `big-v2`; `n` is sent as `n`, which it does not list.
+        assert_eq!(
+            prices,
+            [
+                ("hosted", "big-v2", 3.0),
+                ("local", "m", 0.1),
+                ("hosted", "n", 1.0)
+            ]
+        );
+    }
+
+    #[test]
     fn plan_skips_models_too_small() {
         let r = resolved();
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);

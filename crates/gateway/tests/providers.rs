@@ -328,6 +328,24 @@ async fn anthropic_provider_is_spoken_to_in_messages_with_its_own_headers_whole_
     assert_eq!(e["message"], "messages: roles must alternate");
     assert_eq!(e["code"], "invalid_request_error");
 
+    // The provider refusing the gateway's key is not the client's 401: a 503 after the
+    // one target, naming neither key.
+    fake.queue.lock().push_back((
+        401,
+        vec![],
+        json!({"type": "error", "error": {"type": "authentication_error",
+               "message": "invalid x-api-key"}})
+        .to_string(),
+    ));
+    let (status, _, body) = post(&chat, Some(&k), &ask).await;
+    assert_eq!(status, 503, "{body}");
+    let msg = assert_openai_error(&body)["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("answered 502"), "{msg}");
+    assert!(!msg.contains("sk-"), "{msg}");
+
     // A request the Messages API cannot say is refused naming the field, unsent.
     let before = fake.requests().len();
     let mut two = ask.clone();

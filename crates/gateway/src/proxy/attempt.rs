@@ -293,6 +293,19 @@ async fn answer(
             text = anthropic::error_text(status, &text);
         }
         drop(lease);
+        if one.up.provider.is_some() && matches!(status, 401 | 403) {
+            // The provider refused the gateway's own key, not the client's: a fault of
+            // this upstream (the next target may answer), never relayed as the client's.
+            tracing::warn!(upstream = %one.up.name, status, "the provider refused the gateway's key");
+            let why = strata_api::ApiError::new(
+                strata_api::ErrorKind::Server,
+                format!(
+                    "Upstream `{}` refused the gateway's key ({status}).",
+                    one.up.name
+                ),
+            );
+            return Err((Failure::Status(502, why.to_json_string()), None));
+        }
         return Err((Failure::Status(status, text), wait));
     }
     let resp = if translates && req.stream {
