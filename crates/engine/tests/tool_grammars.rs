@@ -9,9 +9,10 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value};
+use strata_engine::reasoning::ReasoningParser;
 use strata_engine::structured::{GrammarCompiler, GrammarStep};
 use strata_engine::tokenizer::Tokenizer;
-use strata_engine::tools::{auto_grammar, call_grammar, Function, ToolParser};
+use strata_engine::tools::{after_reasoning, auto_grammar, call_grammar, Function, ToolParser};
 
 fn compiler() -> &'static (Arc<Tokenizer>, GrammarCompiler) {
     static C: OnceLock<(Arc<Tokenizer>, GrammarCompiler)> = OnceLock::new();
@@ -194,4 +195,26 @@ fn auto_grammars_free_text_until_the_marker_then_hold_the_call() {
         walk(&g, "The answer is {42}."),
         Walk::Passed { accepting: true }
     );
+}
+
+#[test]
+fn with_a_reasoning_parser_the_call_comes_after_the_thinking() {
+    let fs = functions();
+    let refs: Vec<&Function> = fs.iter().collect();
+    let call = call(ToolParser::Hermes, "celsius");
+    let g = call_grammar(ToolParser::Hermes, &refs, false).expect("hermes");
+    // deepseek_r1: thinking first (the template opened the block), then the call.
+    let r1 = after_reasoning(&g, ReasoningParser::DeepSeekR1);
+    let thought = format!("The user wants <b>weather</b>; call it.</think>\n\n{call}");
+    assert_eq!(walk(&r1, &thought), Walk::Passed { accepting: true });
+    let wrong = "Thinking.</think>\n\nIt is sunny.";
+    assert!(matches!(walk(&r1, wrong), Walk::Refused(_)));
+    // Without `</think>` a call is still thinking, not an answer.
+    assert_eq!(walk(&r1, &call), Walk::Passed { accepting: false });
+    // qwen3: a `<think>` block or none.
+    let q = after_reasoning(&g, ReasoningParser::Qwen3);
+    assert_eq!(walk(&q, &call), Walk::Passed { accepting: true });
+    let thought = format!("<think>\nWeather, so get_weather.\n</think>\n\n{call}");
+    assert_eq!(walk(&q, &thought), Walk::Passed { accepting: true });
+    assert!(matches!(walk(&q, "Sure!"), Walk::Refused(_)));
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 use common::post;
 use serde_json::{json, Value};
 use strata_engine::options::ToolOptions;
+use strata_engine::reasoning::ReasoningParser;
 use strata_engine::server::EngineOptions;
 use strata_engine::tools::ToolParser;
 
@@ -429,4 +430,40 @@ fn without_the_flags_auto_and_required_are_refused_as_vllm_does() {
     );
     assert_eq!(status, 200, "{body}");
     assert!(body["choices"][0]["message"].get("tool_calls").is_none());
+}
+
+#[test]
+fn with_a_reasoning_parser_required_calls_come_after_the_thinking() {
+    // qwen3's reasoning may open the answer with a <think> block; the call's grammar
+    // starts after it. The 135M model is no reasoning model: some answers think until
+    // max_tokens cuts them. Every answer is a call that validates, or thinking that was
+    // cut; never text, never a broken call.
+    let addr = common::serve(&EngineOptions {
+        tools: ToolOptions {
+            auto_tool_choice: true,
+            parser: Some(ToolParser::Hermes),
+            chat_template: None,
+            reasoning_parser: Some(ReasoningParser::Qwen3),
+        },
+        ..Default::default()
+    });
+    let answers = seeded(
+        addr,
+        10,
+        json!({"tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 96}),
+    );
+    let mut calls = 0;
+    for resp in &answers {
+        let choice = &resp["choices"][0];
+        if choice["finish_reason"] == "tool_calls" {
+            the_call(resp);
+            calls += 1;
+        } else {
+            assert_eq!(choice["finish_reason"], "length", "{resp}");
+            assert!(choice["message"]["content"].is_null(), "{resp}");
+            assert!(choice["message"]["reasoning_content"].is_string(), "{resp}");
+        }
+    }
+    eprintln!("with qwen3 reasoning: {calls} of 10 answers called");
+    assert!(calls > 0, "no answer got past its thinking");
 }

@@ -10,7 +10,8 @@ use strata_api::ApiError;
 use super::state::AppState;
 use crate::chat_template::{ChatMessage, RenderExtras};
 use crate::tools::{
-    auto_grammar, call_grammar, new_call_id, plan_tools, Function, ToolMode, ToolParser, ToolPlan,
+    after_reasoning, auto_grammar, call_grammar, new_call_id, plan_tools, Function, ToolMode,
+    ToolParser, ToolPlan,
 };
 
 /// The raw tool fields `validate_chat` does not keep: taken from the request first.
@@ -66,7 +67,16 @@ pub(super) fn prepare(
         raw.parallel_tool_calls,
     )?;
     check_schemas(state, &plan)?;
-    let grammar = enforcing_grammar(&plan, chat)?;
+    let mut grammar = enforcing_grammar(&plan, chat)?;
+    // With a reasoning parser, required and named calls come after the thinking (a
+    // continued assistant message may already be past it: left as it is). `auto`'s text
+    // already lets the model think.
+    if let (Some(reasoning), true) = (
+        state.tools.reasoning_parser,
+        plan.enforced() && chat.add_generation_prompt,
+    ) {
+        grammar = grammar.map(|g| after_reasoning(&g, reasoning));
+    }
     let messages = chat
         .messages
         .iter()

@@ -10,6 +10,7 @@
 
 use super::lark::{lit, rx, without};
 use super::{xml_grammar, Function, ToolParser};
+use crate::reasoning::ReasoningParser;
 use crate::structured::with_json_options;
 
 /// Where a parser's calls sit in the output.
@@ -166,6 +167,21 @@ pub fn auto_grammar(parser: ToolParser, functions: &[&Function], parallel: bool)
     Some(g)
 }
 
+/// `grammar` held back until a reasoning model's thinking ends, as `reasoning` splits it:
+/// `deepseek_r1` thinks first, up to `</think>` (the template may have opened the block);
+/// `qwen3` may open with a `<think>` block. The thinking is free text (a lazy lexeme that
+/// ends at the first `</think>`); the calls' grammar starts after it.
+pub fn after_reasoning(grammar: &str, reasoning: ReasoningParser) -> String {
+    let calls = grammar.replacen("start:", "calls:", 1);
+    let start = match reasoning {
+        ReasoningParser::DeepSeekR1 => "start: thinking SPACE? calls\n",
+        ReasoningParser::Qwen3 => "start: (\"<think>\" thinking SPACE?)? calls\n",
+    };
+    format!(
+        "{start}thinking[lazy]: THINKING\nTHINKING: /(?s:.*)<\\/think>/\nSPACE: /[ \\t\\r\\n]+/\n{calls}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +233,23 @@ mod tests {
         );
         let g = auto_grammar(ToolParser::Llama3Json, &[&f], false).expect("llama");
         assert!(g.starts_with("start: TEXT | LEAD fn\n"), "{g}");
+    }
+
+    #[test]
+    fn calls_after_the_thinking() {
+        let f = weather();
+        let g = call_grammar(ToolParser::Hermes, &[&f], false).expect("hermes");
+        let r1 = after_reasoning(&g, ReasoningParser::DeepSeekR1);
+        assert!(
+            r1.starts_with("start: thinking SPACE? calls\nthinking[lazy]: THINKING\nTHINKING: /(?s:.*)<\\/think>/\n"),
+            "{r1}"
+        );
+        assert_eq!(r1.matches("start:").count(), 1, "{r1}");
+        let q = after_reasoning(&g, ReasoningParser::Qwen3);
+        assert!(
+            q.starts_with("start: (\"<think>\" thinking SPACE?)? calls\n"),
+            "{q}"
+        );
+        assert!(q.contains("\ncalls: \"<tool_call>"), "{q}");
     }
 }

@@ -22,7 +22,7 @@ mod recorded;
 mod stream;
 mod xml_grammar;
 
-pub use grammar::{auto_grammar, call_grammar};
+pub use grammar::{after_reasoning, auto_grammar, call_grammar};
 pub use plan::{plan_tools, Function, ToolMode, ToolPlan, MAX_TOOLS, MAX_TOOLS_BYTES};
 pub use stream::{StreamDelta, ToolStream};
 
