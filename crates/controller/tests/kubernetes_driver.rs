@@ -6,6 +6,11 @@
 //! deletion it creates pods (not ready, with a loopback IP) until the live ones match
 //! `spec.replicas`, or marks the newest terminating. Tests flip pods ready, restart or
 //! evict them, finish terminations, and inject faults (a 500, a hang, a garbage body).
+//!
+//! Scale from zero end to end: a real `strata router` as the picker holds a request for the
+//! empty pool, the controller reads the held count from the picker's `/metrics`, scales the
+//! Deployment from zero through the mock, and once the pod's engine is up and the pod
+//! ready, the held request is answered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -951,4 +956,172 @@ async fn serve_runs_the_kubernetes_driver_from_controller_yaml() {
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let e = strata_controller::serve(cfg, rec, rx).await.unwrap_err();
     assert!(format!("{e:#}").contains("missing"), "{e:#}");
+}
+
+/// The picker as the chart runs it, reduced to this test: `strata router` holding requests
+/// for its pool while it has no endpoint, and learning ready pods from the driver (where on
+/// Kubernetes it watches the pool's pods itself). The controller reads its held requests
+/// from its `/metrics` page, as `heldRequests:` configures on Kubernetes.
+struct PickerStandIn {
+    router: strata_router::Router,
+    held: Arc<strata_controller::held::PickerHeld>,
+    /// Registered pods' URLs by replica id.
+    urls: Mutex<HashMap<String, String>>,
+}
+
+impl ReplicaRegistrar for PickerStandIn {
+    fn register(&self, r: &ReplicaInfo) {
+        let spec = strata_router::EndpointSpec::new(&r.url, strata_router::EngineKind::Vllm);
+        self.router.add_endpoint(spec).unwrap();
+        self.urls
+            .lock()
+            .unwrap()
+            .insert(r.id.clone(), r.url.clone());
+    }
+    fn deregister(&self, id: &str) {
+        if let Some(url) = self.urls.lock().unwrap().remove(id) {
+            let _ = self.router.remove_endpoint(&url);
+        }
+    }
+    fn held_requests(&self) -> u32 {
+        self.held.held_requests()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_to_an_empty_pool_is_held_the_pool_scales_from_zero_and_it_is_answered() {
+    // The engine port every pod serves on, free on the first pod's address for now.
+    let port = std::net::TcpListener::bind("127.0.0.11:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mock = Mock::spawn(TargetKind::Deployment, "engine").await;
+    assert_eq!(mock.replicas(), 0, "the pool starts at zero");
+
+    // The picker: a router with no endpoint, holding requests for its pool.
+    let mut rc = strata_router::config::RouterConfig {
+        scrape_interval_ms: 20,
+        health_interval_ms: 20,
+        ..strata_router::config::RouterConfig::default()
+    };
+    rc.flow_control.pool = "chat-pool".into();
+    rc.flow_control.default_ttl_ms = Some(30_000);
+    let router = strata_router::Router::new(rc).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let picker = listener.local_addr().unwrap();
+    let app = strata_router::proxy::app(router.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let held = strata_controller::held::spawn(
+        strata_controller::held::HeldRequestsSource {
+            metrics_url: format!("http://{picker}/metrics"),
+            pool: Some("chat-pool".into()),
+            interval_ms: 50,
+        },
+        reqwest::Client::new(),
+    );
+    let registrar = Arc::new(PickerStandIn {
+        router: router.clone(),
+        held,
+        urls: Mutex::default(),
+    });
+    let d = KubernetesDriver::with_config(
+        KubernetesDriverConfig {
+            port,
+            ..config(TargetKind::Deployment, "engine")
+        },
+        mock.kube_config(),
+        registrar.clone(),
+    )
+    .unwrap();
+
+    // The controller: the Kubernetes driver, scale to zero allowed.
+    // Idle means zero at once (a pool that has been quiet); scaling in again waits the
+    // cooldown, past the end of the test.
+    let cfg = AutoscaleConfig {
+        min_replicas: 0,
+        max_replicas: 2,
+        scale_to_zero_after_secs: 0.0,
+        ..AutoscaleConfig::default()
+    };
+    let metrics = Arc::new(ControllerMetrics::new());
+    let c = Controller::new(
+        cfg,
+        Duration::from_millis(50),
+        d,
+        FixedLoad(0.0),
+        registrar.clone(),
+        metrics,
+    );
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(c.run(rx));
+    // Without demand the pool stays at zero.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(mock.replicas(), 0);
+    assert!(mock.patches().is_empty(), "{:?}", mock.patches());
+
+    // A client's request reaches the empty pool: held, not refused.
+    let client = reqwest::Client::new();
+    let request = tokio::spawn(async move {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let resp = client
+            .post(format!("http://{picker}/v1/chat/completions"))
+            .json(&body)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+    });
+    // Held (it stays held until a pod is ready, whatever the controller does meanwhile).
+    until("the picker to hold the request", || {
+        router.held_requests() == 1
+    })
+    .await;
+
+    // The controller reads the held request and scales the Deployment from zero.
+    until("a scale patch to 1", || mock.replicas() == 1).await;
+    let patches = mock.patches();
+    assert!(
+        patches[0].path.ends_with("/deployments/engine/scale"),
+        "{patches:?}"
+    );
+    assert!(patches[0].body.contains("\"replicas\":1"), "{patches:?}");
+    until("the pod", || mock.with(|c| c.pods.len()) == 1).await;
+    let (pod, ip) = mock.with(|c| (c.pods[0].name.clone(), c.pods[0].ip.clone().unwrap()));
+    assert_eq!(ip, "127.0.0.11");
+
+    // The pod's engine starts and the pod turns ready: the held request is answered.
+    let listener = tokio::net::TcpListener::bind((ip.as_str(), port))
+        .await
+        .unwrap();
+    let engine = strata_mock::MockEngine::serve(
+        strata_mock::MockConfig {
+            model: "m".into(),
+            output_tokens: 2,
+            ..Default::default()
+        },
+        listener,
+    )
+    .unwrap();
+    mock.set_ready(&pod, true);
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(20), request)
+        .await
+        .expect("the held request is answered")
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    assert_eq!(engine.requests(), 1);
+    assert_eq!(router.held_requests(), 0);
+    assert_eq!(mock.replicas(), 1);
+
+    tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .unwrap()
+        .unwrap();
 }
