@@ -100,13 +100,46 @@ pub async fn serve(
         #[cfg(feature = "kubernetes")]
         DriverConfig::Kubernetes(k) => {
             let driver = KubernetesDriver::new(k, registrar.clone()).await?;
-            serve_with(cfg, driver, registrar, shutdown).await
+            let metrics = Arc::new(ControllerMetrics::new());
+            let rollouts = kubernetes_rollout_routes(&cfg, &driver, metrics.clone())?;
+            serve_routes(cfg, driver, registrar, metrics, rollouts, shutdown).await
         }
         #[cfg(not(feature = "kubernetes"))]
         DriverConfig::Kubernetes(_) => {
             anyhow::bail!("this build has no Kubernetes driver (cargo feature `kubernetes`)")
         }
     }
+}
+
+/// The rollout API on Kubernetes (`kubernetesRollout:`), over the driver's API client;
+/// `None` when not configured.
+#[cfg(feature = "kubernetes")]
+fn kubernetes_rollout_routes(
+    cfg: &ControllerConfig,
+    driver: &KubernetesDriver,
+    metrics: Arc<ControllerMetrics>,
+) -> anyhow::Result<Option<axum::Router>> {
+    let Some(k) = cfg.kubernetes_rollout.clone() else {
+        return Ok(None);
+    };
+    let http = crate::tls_client::http_client(cfg.tls.ca_file.as_deref()).context("tls.caFile")?;
+    let parts = crate::kubernetes_rollouts::RolloutParts {
+        client: driver.client(),
+        namespace: driver.config().namespace.clone(),
+        cfg: k,
+        rollout: cfg.rollout.clone(),
+        port: driver.config().port,
+        https: driver.config().https,
+        http,
+        interval: Duration::from_secs_f64(cfg.interval_secs),
+        timeout: driver.config().request_timeout(),
+        metrics,
+    };
+    tracing::info!("rollout API: /controller/rollout/ (HTTPRoute weights)");
+    Ok(Some(axum::Router::new().nest(
+        "/controller/rollout",
+        crate::kubernetes_rollouts::routes(parts),
+    )))
 }
 
 /// [`serve`] over a driver the caller built (any [`Driver`]; `cfg.driver` is not read).
@@ -116,6 +149,19 @@ pub async fn serve_with<D: Driver>(
     registrar: Arc<dyn ReplicaRegistrar>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let metrics = Arc::new(ControllerMetrics::new());
+    serve_routes(cfg, driver, registrar, metrics, None, shutdown).await
+}
+
+/// [`serve_with`] recording into `metrics`, the endpoint also serving `extra` routes.
+async fn serve_routes<D: Driver>(
+    cfg: ControllerConfig,
+    driver: D,
+    registrar: Arc<dyn ReplicaRegistrar>,
+    metrics: Arc<ControllerMetrics>,
+    extra: Option<axum::Router>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let client =
         crate::tls_client::http_client(cfg.tls.ca_file.as_deref()).context("tls.caFile")?;
     let source = MetricsScraper::with_client(
@@ -123,7 +169,6 @@ pub async fn serve_with<D: Driver>(
         Duration::from_secs_f64(cfg.scrape_timeout_secs),
         client,
     );
-    let metrics = Arc::new(ControllerMetrics::new());
     let controller = Controller::new(
         cfg.autoscale.clone(),
         Duration::from_secs_f64(cfg.interval_secs),
@@ -136,7 +181,10 @@ pub async fn serve_with<D: Driver>(
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, "controller endpoint: /metrics /status /health");
-    let app = crate::http::router(metrics, controller.status());
+    let mut app = crate::http::router(metrics, controller.status());
+    if let Some(extra) = extra {
+        app = extra.merge(app);
+    }
     let keda = match &cfg.keda_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)

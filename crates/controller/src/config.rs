@@ -39,6 +39,38 @@ pub struct ControllerConfig {
     /// The endpoint over HTTPS, and the CA `https://` replicas and pickers are verified
     /// against.
     pub tls: ControllerTls,
+    /// Canary rollouts on Kubernetes (the rollout API under `/controller/rollout/`); needs
+    /// the Kubernetes driver.
+    pub kubernetes_rollout: Option<KubernetesRolloutConfig>,
+}
+
+/// `kubernetesRollout:` in controller.yaml: canaries already deployed as pools of their
+/// own get traffic through an HTTPRoute's backend weights.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubernetesRolloutConfig {
+    /// The HTTPRoute (in the driver's namespace) whose backend weights move.
+    pub route: String,
+    /// Every pool (InferencePool name) a rollout may name, with its pods' label selector.
+    pub pools: std::collections::BTreeMap<String, String>,
+}
+
+impl KubernetesRolloutConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.route.is_empty() {
+            return Err("kubernetesRollout.route is required".into());
+        }
+        if self.pools.len() < 2 {
+            return Err("kubernetesRollout.pools needs the baseline's and the canary's".into());
+        }
+        if let Some((pool, _)) = self.pools.iter().find(|(_, s)| s.trim().is_empty()) {
+            // An empty selector would list every pod in the namespace.
+            return Err(format!(
+                "kubernetesRollout.pools.{pool}: a label selector is required"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `tls:` in controller.yaml (PEM files, as the other services' `--tls-*` flags).
@@ -92,6 +124,7 @@ impl Default for ControllerConfig {
             models: ModelRegistry::default(),
             held_requests: None,
             tls: ControllerTls::default(),
+            kubernetes_rollout: None,
         }
     }
 }
@@ -188,6 +221,14 @@ impl ControllerConfig {
             h.validate().map_err(invalid)?;
         }
         self.tls.validate().map_err(invalid)?;
+        if let Some(k) = &self.kubernetes_rollout {
+            k.validate().map_err(invalid)?;
+            if matches!(self.driver, DriverConfig::Local(_)) {
+                return Err(invalid(
+                    "kubernetesRollout: needs driver.kind kubernetes (`strata up` serves rollouts itself)".into(),
+                ));
+            }
+        }
         match &self.driver {
             DriverConfig::Local(l) => l.validate().map_err(|e| invalid(e.to_string()))?,
             #[cfg(feature = "kubernetes")]
@@ -319,5 +360,40 @@ mod tests {
             Some(std::path::Path::new("/etc/kube.conf"))
         );
         assert_eq!(k.label_selector, None);
+    }
+
+    #[cfg(feature = "kubernetes")]
+    #[test]
+    fn a_kubernetes_rollout_parses_and_bad_ones_are_refused() {
+        let k8s = "driver:\n  kind: kubernetes\n  name: llama-engine\n";
+        let c = ControllerConfig::parse(
+            &format!("{k8s}kubernetesRollout:\n  route: llama\n  pools:\n    llama-pool: app=llama\n    next-pool: app=next\n"),
+            "t",
+        )
+        .unwrap();
+        let k = c.kubernetes_rollout.unwrap();
+        assert_eq!(k.route, "llama");
+        assert_eq!(k.pools["next-pool"], "app=next");
+        let err = |y: &str| ControllerConfig::parse(y, "t").unwrap_err().to_string();
+        assert!(err(&format!(
+            "{k8s}kubernetesRollout:\n  pools: {{a: x, b: y}}\n"
+        ))
+        .contains("route is required"));
+        assert!(err(&format!(
+            "{k8s}kubernetesRollout:\n  route: r\n  pools: {{a: x}}\n"
+        ))
+        .contains("baseline"));
+        assert!(err(&format!(
+            "{k8s}kubernetesRollout:\n  route: r\n  pools: {{a: x, b: ' '}}\n"
+        ))
+        .contains("pools.b"));
+        assert!(
+            err("kubernetesRollout:\n  route: r\n  pools: {a: x, b: y}\n")
+                .contains("driver.kind kubernetes")
+        );
+        assert!(err(&format!(
+            "{k8s}kubernetesRollout:\n  route: r\n  bogus: 1\n"
+        ))
+        .contains("bogus"));
     }
 }

@@ -10,6 +10,7 @@
 //! - [`driver`]: the [`driver::Driver`] trait and the local process driver.
 //! - [`controller`]: the control loop.
 //! - [`keda`]: the KEDA external scaler (gRPC) exposing the controller's judgement.
+//! - [`kubernetes_rollouts`]: the rollout API on Kubernetes (HTTPRoute weights).
 //! - [`cli`]: `strata controller` and `strata model keygen|sign|verify`, wired by `strata`.
 //!
 //! Everything but `autoscale`, `rollout` and `registry` sits behind the default `runtime`
@@ -36,6 +37,8 @@ pub mod held;
 pub mod http;
 #[cfg(feature = "runtime")]
 pub mod keda;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes_rollouts;
 #[cfg(feature = "runtime")]
 pub mod metrics;
 #[cfg(feature = "runtime")]

@@ -17,9 +17,12 @@ use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use strata_controller::config::KubernetesRolloutConfig;
 use strata_controller::driver::kubernetes_rollout::{HttpRouteSplitter, PodMetricsStats, Split};
+use strata_controller::kubernetes_rollouts::{routes, RolloutParts};
 use strata_controller::metrics::ControllerMetrics;
 use strata_controller::rollout::{Phase, RolloutConfig};
+use strata_controller::rollout_client::{ClientError, RolloutClient, StartRollout};
 use strata_controller::rollout_runner::RolloutRunner;
 
 const NS: &str = "serving";
@@ -357,4 +360,134 @@ async fn a_canary_with_a_slow_first_token_is_rolled_back() {
     assert!(c.other_writes.is_empty(), "{:?}", c.other_writes);
     // The stable version's pod kept serving throughout.
     assert!(f.served["stable"].lock().unwrap().ok > 0);
+}
+
+/// The controller's rollout API over the fixture's cluster, as the controller serves it
+/// with `kubernetesRollout:`; a `strata rollout` client of it.
+async fn controller_api(f: &Fixture) -> RolloutClient {
+    let client = kube::Client::try_from(kube::Config::new(f.api.parse().unwrap())).unwrap();
+    let parts = RolloutParts {
+        client,
+        namespace: NS.to_string(),
+        cfg: KubernetesRolloutConfig {
+            route: ROUTE.to_string(),
+            pools: BTreeMap::from([
+                (STABLE.to_string(), "app=stable".to_string()),
+                (CANARY.to_string(), "app=canary".to_string()),
+            ]),
+        },
+        rollout: RolloutConfig {
+            steps: vec![10, 50, 100],
+            step_min_secs: 0.3,
+            min_requests: 20,
+            inconclusive_after_secs: 10.0,
+            ..RolloutConfig::default()
+        },
+        port: f.port,
+        https: false,
+        http: reqwest::Client::new(),
+        interval: Duration::from_millis(50),
+        timeout: Duration::from_secs(2),
+        metrics: Arc::new(ControllerMetrics::new()),
+    };
+    let app = axum::Router::new().nest("/controller/rollout", routes(parts));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    RolloutClient::new(&base)
+}
+
+fn start(model: &str, baseline: &str) -> StartRollout {
+    StartRollout {
+        model: model.to_string(),
+        baseline: baseline.to_string(),
+        steps: None,
+        replicas: None,
+        engine_args: Vec::new(),
+    }
+}
+
+fn api_status(r: Result<impl std::fmt::Debug, ClientError>) -> u16 {
+    match r {
+        Err(ClientError::Api { status, .. }) => status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn strata_rollout_promotes_a_good_canary_through_the_controller_api() {
+    let f = fixture(Canary::Good).await;
+    let rc = controller_api(&f).await;
+    // Bad requests change nothing.
+    assert_eq!(api_status(rc.start(&start("nope-pool", STABLE)).await), 400);
+    assert_eq!(api_status(rc.start(&start(STABLE, STABLE)).await), 400);
+    let mut with_replicas = start(CANARY, STABLE);
+    with_replicas.replicas = Some(2);
+    assert_eq!(api_status(rc.start(&with_replicas).await), 400);
+    assert_eq!(api_status(rc.promote().await), 409);
+    assert!(rc.status().await.unwrap().rollout.is_none());
+    assert!(f.cluster.lock().unwrap().shares.is_empty());
+
+    let v = rc.start(&start(CANARY, STABLE)).await.unwrap();
+    assert_eq!(v.phase(), Phase::Progressing);
+    assert_eq!((v.canary.as_str(), v.baseline.as_str()), (CANARY, STABLE));
+    // One rollout at a time.
+    assert_eq!(api_status(rc.start(&start(CANARY, STABLE)).await), 409);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let v = rc.status().await.unwrap().rollout.unwrap();
+        if v.phase() != Phase::Progressing {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "never ended: {:?}", v.decisions);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(view.phase(), Phase::Promoted, "{:?}", view.decisions);
+    assert_eq!(view.split.get(CANARY), Some(&100.0));
+    assert!(!view.decisions.is_empty());
+    // The route ends with all traffic on the canary, by weights alone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.cluster.lock().unwrap().shares.last() != Some(&100) {
+        assert!(Instant::now() < deadline, "the route never reached 100");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = f.cluster.lock().unwrap();
+    assert!(
+        c.shares.contains(&10) && c.shares.contains(&50),
+        "{:?}",
+        c.shares
+    );
+    assert!(c.other_writes.is_empty(), "{:?}", c.other_writes);
+}
+
+#[tokio::test]
+async fn strata_rollout_rolls_back_by_hand_through_the_controller_api() {
+    let f = fixture(Canary::Good).await;
+    let rc = controller_api(&f).await;
+    rc.start(&start(CANARY, STABLE)).await.unwrap();
+    // Once the canary carries traffic, the operator rolls back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f.cluster.lock().unwrap().shares.contains(&10) {
+        assert!(
+            Instant::now() < deadline,
+            "the first step never reached the route"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let v = rc.rollback().await.unwrap();
+    assert_eq!(v.phase(), Phase::RolledBack);
+    assert_eq!(v.split.get(CANARY), Some(&0.0));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.cluster.lock().unwrap().shares.last() != Some(&0) {
+        assert!(Instant::now() < deadline, "the route never went back to 0");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Nothing is left to promote, and the rollout stays rolled back.
+    assert_eq!(api_status(rc.promote().await), 409);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let c = f.cluster.lock().unwrap();
+    assert!(!c.shares.contains(&100), "{:?}", c.shares);
+    assert_eq!(c.shares.last(), Some(&0));
+    assert!(c.other_writes.is_empty(), "{:?}", c.other_writes);
 }

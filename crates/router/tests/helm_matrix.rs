@@ -38,6 +38,7 @@ fn every_values_file_lints_and_lines_up() {
         "scale-to-zero",
         "external-stores",
         "tls",
+        "canary-analysis",
     ] {
         assert!(
             names.contains(&format!("{want}-values.yaml")),
@@ -363,6 +364,93 @@ fn multi_model_renders_one_stack_per_model() {
 }
 
 #[test]
+fn a_canary_with_analysis_is_moved_by_its_baselines_controller() {
+    let objs = render(&[values_file("canary-analysis")], &[]);
+    let pods = check_render(&objs, &[]);
+    // llama's controller serves the rollout API over llama's route and both pools.
+    let cm: ConfigMap = typed(find(&objs, "ConfigMap", "t-llama-controller"));
+    let cfg: serde_yaml::Value =
+        serde_yaml::from_str(&cm.data.unwrap()["controller.yaml"]).unwrap();
+    let k = &cfg["kubernetesRollout"];
+    assert_eq!(k["route"], "t-llama");
+    let route = find(&objs, "HTTPRoute", "t-llama");
+    let backends: Vec<&str> = route["spec"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["backendRefs"].as_array().unwrap())
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        backends.iter().all(|b| *b == "t-llama-pool"),
+        "{backends:?}"
+    );
+    let pools = k["pools"].as_mapping().unwrap();
+    assert_eq!(pools.len(), 2);
+    for (pool, owner) in [
+        ("t-llama-pool", "Deployment/t-llama-engine"),
+        ("t-llama-next-pool", "Deployment/t-llama-next-engine"),
+    ] {
+        // Each selector string selects exactly that pool's pods, as the pool does.
+        let sel: Labels = pools[pool]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        let chosen: Vec<&str> = selected(&pods, &sel)
+            .iter()
+            .map(|p| p.owner.as_str())
+            .collect();
+        assert_eq!(chosen, vec![owner], "{pool}");
+        let ip = find(&objs, "InferencePool", pool);
+        assert_eq!(json_labels(&ip["spec"]["selector"]["matchLabels"]), sel);
+    }
+    // The canary's controller has no rollout of its own.
+    let cm: ConfigMap = typed(find(&objs, "ConfigMap", "t-llama-next-controller"));
+    let cfg: serde_yaml::Value =
+        serde_yaml::from_str(&cm.data.unwrap()["controller.yaml"]).unwrap();
+    assert!(cfg.get("kubernetesRollout").is_none());
+    // It may patch that one route, and nothing else new.
+    let role = find(&objs, "Role", "t-llama-controller");
+    let rule = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"][0] == "httproutes")
+        .expect("an httproutes rule");
+    assert_eq!(rule["resourceNames"], serde_json::json!(["t-llama"]));
+    assert_eq!(rule["verbs"], serde_json::json!(["get", "patch"]));
+    let other = find(&objs, "Role", "t-llama-next-controller");
+    assert!(!other.to_string().contains("httproutes"));
+    // The gateway gives the canary no share: the route's weights do.
+    let secret: Secret = typed(find(&objs, "Secret", "t-strata-gateway"));
+    let gw: serde_yaml::Value =
+        serde_yaml::from_slice(&secret.data.unwrap()["gateway.yaml"].0).unwrap();
+    let llama = gw["models"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "meta-llama/Llama-3.1-8B-Instruct")
+        .unwrap();
+    let targets = llama["targets"].as_sequence().unwrap();
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["upstream"], "llama");
+    // llama's controller may read the canary's /metrics through its NetworkPolicy.
+    let np = find(&objs, "NetworkPolicy", "t-llama-next-engine");
+    assert!(
+        np["spec"]["ingress"]
+            .to_string()
+            .contains("t-llama-controller"),
+        "{}",
+        np["spec"]["ingress"]
+    );
+}
+
+#[test]
 fn prefill_decode_wires_roles_and_kv_ports() {
     let objs = render(&[values_file("pd")], &[]);
     let pods = check_render(&objs, &[]);
@@ -493,6 +581,43 @@ fn contradictory_values_are_refused() {
                 "models[1].canary.weight=101",
             ],
             "0 to 100",
+        ),
+        (
+            vec![
+                "models[0].name=a",
+                "models[0].model=m",
+                "models[1].name=b",
+                "models[1].model=m",
+                "models[1].canary.of=a",
+                "models[1].canary.analysis=true",
+                "models[1].canary.weight=10",
+            ],
+            "leave weight out",
+        ),
+        (
+            vec![
+                "models[0].name=a",
+                "models[0].model=m",
+                "models[1].name=b",
+                "models[1].model=m",
+                "models[1].canary.of=a",
+                "models[1].canary.analysis=true",
+                "strataGateway.enabled=true",
+                "strataGateway.upstream=router",
+            ],
+            "needs strataGateway.upstream gatewayApi",
+        ),
+        (
+            vec![
+                "models[0].name=a",
+                "models[0].model=m",
+                "models[1].name=b",
+                "models[1].model=m",
+                "models[1].canary.of=a",
+                "models[1].canary.analysis=true",
+                "httpRoute.enabled=false",
+            ],
+            "needs httpRoute.enabled",
         ),
         (
             vec![

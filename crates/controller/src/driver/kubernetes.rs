@@ -158,7 +158,8 @@ impl KubernetesDriverConfig {
         Ok(())
     }
 
-    fn request_timeout(&self) -> Duration {
+    /// `requestTimeoutSecs` as a duration.
+    pub fn request_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.request_timeout_secs)
     }
 }
@@ -328,6 +329,11 @@ impl KubernetesDriver {
     /// The settings it runs with.
     pub fn config(&self) -> &KubernetesDriverConfig {
         &self.cfg
+    }
+
+    /// Its API server client (the rollout API shares it).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
     }
 
     /// Runs one API call, bounded by `requestTimeoutSecs`.

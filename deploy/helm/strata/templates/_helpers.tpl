@@ -80,12 +80,26 @@ the route <release>); with `models`, one set per entry, named <release>-<name>-.
 {{- if hasKey $m "adapters" }}{{ $_ := set $e "adapters" $m.adapters }}{{ end -}}
 {{- if hasKey $m "replicas" }}{{ $_ := set $e "replicas" $m.replicas }}{{ end -}}
 {{- $gw := mergeOverwrite (deepCopy $.Values.strataGateway.modelDefaults) (deepCopy ($m.gateway | default dict)) -}}
-{{- $canary := $m.canary | default dict -}}
+{{- $canary := deepCopy ($m.canary | default dict) -}}
 {{- if $canary -}}
 {{- $of := required (printf "models[%d].canary.of (the model it is a canary of) is required" $i) $canary.of -}}
+{{- if $canary.analysis -}}
+{{- /* The controller moves the share by the route's weights; the gateway gives none. */ -}}
+{{- if and (hasKey $canary "weight") (ne (int $canary.weight) 0) -}}
+{{- fail (printf "models[%d].canary: with analysis the controller moves the share (HTTPRoute weights); leave weight out" $i) -}}
+{{- end -}}
+{{- if not (and $.Values.httpRoute.enabled $.Values.controller.enabled) -}}
+{{- fail (printf "models[%d].canary.analysis needs httpRoute.enabled and controller.enabled (the controller moves the route's weights)" $i) -}}
+{{- end -}}
+{{- if and $.Values.strataGateway.enabled (ne $.Values.strataGateway.upstream "gatewayApi") -}}
+{{- fail (printf "models[%d].canary.analysis needs strataGateway.upstream gatewayApi (the route's weights steer only traffic through the Gateway API gateway)" $i) -}}
+{{- end -}}
+{{- $_ := set $canary "weight" 0 -}}
+{{- else -}}
 {{- $w := int (required (printf "models[%d].canary.weight (0 to 100) is required" $i) (toString $canary.weight)) -}}
 {{- if or (lt $w 0) (gt $w 100) -}}
 {{- fail (printf "models[%d].canary.weight must be 0 to 100" $i) -}}
+{{- end -}}
 {{- end -}}
 {{- $found := false -}}
 {{- range $.Values.models -}}
@@ -129,6 +143,16 @@ the route <release>); with `models`, one set per entry, named <release>-<name>-.
 {{/* The InferencePool's selector: the engine pods; for a LeaderWorkerSet only the group
 leaders (worker index 0), which serve. Prefill and decode pods are both in the pool: the
 picker tells them apart by their role label. */}}
+{{/* A pool's pods as a label selector string (`k=v,k=v`), as the rollout API lists them. */}}
+{{- define "strata.poolSelectorString" -}}
+{{- $labels := include "strata.poolSelector" . | fromYaml -}}
+{{- $parts := list -}}
+{{- range $k := keys $labels | sortAlpha -}}
+{{- $parts = append $parts (printf "%s=%v" $k (get $labels $k)) -}}
+{{- end -}}
+{{- join "," $parts -}}
+{{- end -}}
+
 {{- define "strata.poolSelector" -}}
 {{ include "strata.engineSelector" . }}
 {{- if eq .m.engine.workload "LeaderWorkerSet" }}
