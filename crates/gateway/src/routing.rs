@@ -81,6 +81,23 @@ pub fn target_price(
         .unwrap_or(m.price)
 }
 
+/// The highest input and output prices any try of `model` may be charged at (its targets
+/// and its fallbacks', each at [`target_price`]): what a budget hold reserves before it is
+/// known who answers.
+pub fn max_price(resolved: &Resolved, model: &ModelConfig) -> Price {
+    let groups =
+        std::iter::once(model).chain(model.fallbacks.iter().filter_map(|f| resolved.model(f)));
+    let mut out = model.price;
+    for m in groups {
+        for t in &m.targets {
+            let p = target_price(resolved, m, &t.upstream, t.model.as_deref());
+            out.input_per_1m = out.input_per_1m.max(p.input_per_1m);
+            out.output_per_1m = out.output_per_1m.max(p.output_per_1m);
+        }
+    }
+    out
+}
+
 /// Indices ordered by weighted sampling without replacement; zero weights go last in
 /// their written order.
 pub fn weighted_order(weights: &[u32], rng: &mut impl Rng) -> Vec<usize> {
@@ -250,6 +267,9 @@ models:
                 ("hosted", "n", 1.0)
             ]
         );
+        // A budget hold reserves the dearest of them.
+        let max = max_price(&r, r.model("m").unwrap());
+        assert_eq!((max.input_per_1m, max.output_per_1m), (3.0, 15.0));
     }
 
     #[test]

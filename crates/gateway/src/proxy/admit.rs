@@ -97,11 +97,13 @@ pub(crate) async fn admit(
     };
     let estimate = prompt_estimate + output_estimate;
     let ledger_id = gw.next_request_id();
+    // The dearest try the plan may make (a fallback provider may cost more).
+    let hold_price = crate::routing::max_price(&resolved, model);
     let held = hold_budget(
         gw,
         &key,
         &ledger_id,
-        model.price.cost_micros(prompt_estimate, output_estimate),
+        hold_price.cost_micros(prompt_estimate, output_estimate),
     )
     .await?;
 
