@@ -1,4 +1,5 @@
-//! Strata's engine: serves Llama-family GGUF models through the OpenAI-compatible API.
+//! Strata's engine: serves GGUF models (llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3
+//! architectures; [`model::arch`]) through the OpenAI-compatible API.
 //!
 //! The request path inside one process: [`server`] validates and tokenizes, [`engine`]
 //! runs the step loop on its own thread ([`scheduler`] plans each step, [`model`] runs one

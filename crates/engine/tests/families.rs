@@ -410,3 +410,104 @@ fn model_pull_copies_a_local_gguf_or_a_directory_of_them_into_the_cache() {
     assert!(strata_engine::cli::model_pull(empty.to_str().expect("utf-8")).is_err());
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `family`'s file with every weight matrix whose rows split into 32-wide blocks stored
+/// as `dtype` (the rest, and every vector, as they were).
+fn requantized(family: &str, dtype: candle_core::quantized::GgmlDType, out: &std::path::Path) {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use candle_core::Device;
+    let src_path = dir().join(format!("{family}.gguf"));
+    let src = strata_engine::gguf::GgufFile::open(&src_path).expect("open");
+    let mut file = std::fs::File::open(&src_path).expect("open");
+    let tensors: Vec<(String, QTensor)> = src
+        .content
+        .tensor_infos
+        .keys()
+        .map(|n| {
+            let t = src
+                .content
+                .tensor(&mut file, n, &Device::Cpu)
+                .expect("tensor");
+            let dims = t.shape().dims().to_vec();
+            let t = match dims.as_slice() {
+                [_, cols] if cols % 32 == 0 => {
+                    let dense = t.dequantize(&Device::Cpu).expect("dense");
+                    QTensor::quantize(&dense, dtype).expect("quantize")
+                }
+                _ => t,
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let md: Vec<(&str, &candle_core::quantized::gguf_file::Value)> = src
+        .content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut f = std::fs::File::create(out).expect("create");
+    gguf_file::write(&mut f, &md, &t_refs).expect("write");
+}
+
+/// Largest `|a - b| / max(|b|, 1)` over every logit of every step.
+fn worst_relative(got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>]) -> f32 {
+    let mut worst = 0f32;
+    for (g, w) in got.iter().zip(want) {
+        for (gr, wr) in g.iter().zip(w) {
+            for (a, b) in gr.iter().zip(wr) {
+                worst = worst.max((a - b).abs() / b.abs().max(1.0));
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn every_family_runs_its_block_weights_like_the_same_weights_in_f32() {
+    use candle_core::quantized::GgmlDType;
+    let tmp = std::env::temp_dir().join(format!("strata-families-q-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        let fx = fixture(family);
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0] {
+            let path = tmp.join(format!("{family}-{dtype:?}.gguf"));
+            requantized(family, dtype, &path);
+            // The reference: the same quantized weights expanded to f32.
+            let dense = Model::load(&path, WeightFormat::F32).expect("load f32");
+            let want = run(&dense, &fx.cases, false);
+            // Strata's block kernels (fused Q/K/V and gate/up, biases after them) with
+            // f32 activations: the same products in another order.
+            let mut blocks = Model::load(&path, WeightFormat::Gguf).expect("load blocks");
+            blocks.q8_decode = false;
+            let exact = worst_relative(&run(&blocks, &fx.cases, true), &want);
+            eprintln!("{family} {dtype:?}: block kernels, f32 activations: {exact:.2e}");
+            if exact > 1e-3 {
+                failures.push(format!(
+                    "{family} {dtype:?}: block kernels off by {exact:.2e}"
+                ));
+            }
+            // With 8-bit activations (the default), greedy agrees wherever the reference's
+            // top two are clearly apart.
+            blocks.q8_decode = true;
+            let q8 = run(&blocks, &fx.cases, true);
+            for (case, (g, w)) in fx.cases.iter().zip(q8.iter().zip(&want)) {
+                for (step, (gr, wr)) in g.iter().zip(w).enumerate() {
+                    let mut sorted = wr.clone();
+                    sorted.sort_by(|a, b| b.total_cmp(a));
+                    if sorted[0] - sorted[1] > 1.0 && argmax(gr) != argmax(wr) {
+                        failures.push(format!(
+                            "{family} {dtype:?} {} step {step}: 8-bit greedy {}, f32 {}",
+                            case.name,
+                            argmax(gr),
+                            argmax(wr)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
