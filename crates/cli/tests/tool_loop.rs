@@ -2,7 +2,8 @@
 //! `required`, the call parsed, a `tool` message with the result, the final answer; the
 //! call streamed; a named function; seeded calls at temperature 1.0 that validate; an
 //! unknown function refused) against `strata engine --enable-auto-tool-choice
-//! --tool-call-parser hermes` as a real process, directly and through `strata gateway`.
+//! --tool-call-parser hermes` as a real process, directly and through `strata gateway`;
+//! and through `strata up` (its front and its gateway) with the flags in `engine_args`.
 
 mod common;
 
@@ -91,4 +92,51 @@ fn openai_client_runs_the_tool_loop_against_the_engine_and_through_the_gateway()
         std::thread::sleep(Duration::from_millis(100));
     }
     run_script(&format!("http://{addr}/v1"), Some(&key));
+}
+
+/// The same loop through `strata up`: its engines get the tool flags from `engine_args`,
+/// and the script runs through the front and through the gateway with its printed key.
+#[test]
+fn openai_client_runs_the_tool_loop_through_strata_up() {
+    let dir = std::env::temp_dir().join(format!("strata-tool-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("strata.yaml");
+    std::fs::write(
+        &file,
+        "gateway_port: 0\ngateway_db: ':memory:'\nkv_cache_memory: 268435456\n\
+         engine_args: [--enable-auto-tool-choice, --tool-call-parser, hermes]\n",
+    )
+    .expect("write strata.yaml");
+    let port = free_port();
+    let mut up = Proc(
+        strata()
+            .args(["up", "--port", &port.to_string()])
+            .arg("--config")
+            .arg(&file)
+            .arg("--log-dir")
+            .arg(dir.join("logs"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn strata up"),
+    );
+    let banner = read_until(&mut up.0, "gateway:", Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("strata up did not come up: {e}"));
+    run_script(&format!("http://127.0.0.1:{port}/v1"), None);
+    let line = banner
+        .iter()
+        .find(|l| l.contains("gateway:"))
+        .expect("gateway line");
+    let gw = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("gateway URL (its /v1)");
+    let key = line
+        .rsplit("API key: ")
+        .next()
+        .map(|k| k.trim_end_matches(')'))
+        .expect("key");
+    run_script(gw, Some(key));
+    common::interrupt_and_reap(&mut up.0);
+    let _ = std::fs::remove_dir_all(&dir);
 }
