@@ -4,7 +4,12 @@
 //! An upstream lists them in `apis:` (`[messages, responses]` for vLLM 0.32; chat is
 //! always served). A request is passed through only when every upstream it could reach
 //! — each target of its model and of the models in its `fallbacks` — lists the API, so a
-//! fallback never receives a body it cannot read; a cascade model is always translated.
+//! fallback never receives a body it cannot read; a cascade model is always translated,
+//! and so is every request while guardrails are configured: the guardrails read chat's
+//! fields (messages, choices) and its chunks, so a Messages or Responses body, answer or
+//! stream passed as is would escape them (`system`, `tool_result`, `instructions`,
+//! `content[]`, `output[]`), and re-encoding a passed-through stream would drop its
+//! `event:` names. Translated through chat, the guardrails apply in full.
 //! Anything else (the default: a Strata engine, any OpenAI-compatible server) is
 //! translated to chat and back ([`crate::translate`]).
 
@@ -12,13 +17,17 @@ pub use crate::apis::Api;
 use crate::config::Resolved;
 use crate::state::Gateway;
 
-/// True when every upstream that a request for `model` may reach speaks `api`.
+/// True when every upstream that a request for `model` may reach speaks `api` and no
+/// guardrails are configured (see the module doc).
 pub fn speaks(gw: &Gateway, model: &str, api: Api) -> bool {
     speaks_in(&gw.config.get(), model, api)
 }
 
 /// [`speaks`] over one config.
 pub fn speaks_in(resolved: &Resolved, model: &str, api: Api) -> bool {
+    if !resolved.guardrails.is_empty() {
+        return false;
+    }
     let Some(m) = resolved.model(model) else {
         return false;
     };
@@ -74,5 +83,21 @@ models:
         assert!(!speaks_in(&r, "c", Api::Messages), "its fallback cannot");
         assert!(!speaks_in(&r, "d", Api::Messages));
         assert!(!speaks_in(&r, "nope", Api::Messages));
+    }
+
+    #[test]
+    fn guardrails_turn_pass_through_into_translation() {
+        let r = resolved(
+            r#"
+upstreams:
+  - {name: vllm, base_url: "http://127.0.0.1:1", apis: [messages, responses]}
+models:
+  - {name: a, targets: [{upstream: vllm}]}
+guardrails:
+  patterns: [{kind: custom, regex: "secret", action: block}]
+"#,
+        );
+        assert!(!speaks_in(&r, "a", Api::Messages));
+        assert!(!speaks_in(&r, "a", Api::Responses));
     }
 }

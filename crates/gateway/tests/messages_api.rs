@@ -365,3 +365,101 @@ async fn bad_input_gets_anthropics_error_shape_and_costs_nothing() {
         "{rows:?}"
     );
 }
+
+/// With guardrails configured, a model whose upstream speaks Messages and Responses is
+/// served by translation through chat, where the guardrails read every text: the upstream
+/// sees a chat request, a word in the answer is redacted (whole and streamed, the stream
+/// keeping Anthropic's `event:` names) or blocks it (an Anthropic `error` event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guardrails_translate_a_pass_through_model_and_keep_anthropic_events() {
+    let up = scripted::spawn().await;
+    let url = up.url.clone();
+    let guard = |action: &str| {
+        format!(
+            "{}guardrails:\n  patterns:\n    - {{kind: custom, regex: \"there\", action: {action}, input: false}}\n",
+            scripted::yaml(&url)
+        )
+    };
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
+    let gw = gateway_with(&guard("redact"), Some(store.clone())).await;
+    let s = Setup {
+        key: key(&gw, "acme"),
+        gw,
+        up,
+        store,
+    };
+    let body =
+        json!({"model": "v", "max_tokens": 24, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["type"], "message", "{text}");
+    assert_eq!(
+        v["content"][0]["text"], "Hello [REDACTED:custom]!",
+        "{text}"
+    );
+    assert!(
+        s.up.seen.last("/v1/messages").is_none(),
+        "not passed through"
+    );
+    assert!(s.up.seen.last("/v1/chat/completions").is_some());
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
+    assert_eq!(status, 200, "{text}");
+    let evs = events(&text);
+    assert_eq!(evs.first().unwrap().0, "message_start", "{text}");
+    assert_eq!(evs.last().unwrap().0, "message_stop", "{text}");
+    for (name, data) in &evs {
+        assert_eq!(data["type"], name.as_str(), "every event named: {text}");
+    }
+    let said: String = evs
+        .iter()
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(said, "Hello [REDACTED:custom]!", "{text}");
+
+    // Responses, likewise translated.
+    let resp = client()
+        .post(format!("{}/v1/responses", s.gw.url()))
+        .bearer_auth(&s.key)
+        .json(&json!({"model": "v", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let r: Value = resp.json().await.unwrap();
+    assert_eq!(
+        r["output"][0]["content"][0]["text"], "Hello [REDACTED:custom]!",
+        "{r}"
+    );
+    assert!(
+        s.up.seen.last("/v1/responses").is_none(),
+        "not passed through"
+    );
+    s.gw.shutdown().await;
+
+    // A block: the whole answer is refused, the stream ends with Anthropic's error event.
+    let gw = gateway_with(&guard("block"), None).await;
+    let k = key(&gw, "acme");
+    let s = Setup {
+        key: k,
+        gw,
+        up: s.up,
+        store: s.store,
+    };
+    let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(assert_anthropic_error(&text, "invalid_request_error").contains("withheld"));
+    let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains("there"), "{text}");
+    let evs = events(&text);
+    let (name, data) = evs.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["error"]["type"], "api_error");
+    assert!(evs.iter().all(|(n, _)| n != "message_stop"), "{text}");
+    s.gw.shutdown().await;
+}
