@@ -598,3 +598,81 @@ fn a_key_is_never_printed() {
     let printed = format!("{r:?}");
     assert!(!printed.contains("sk-never-printed"), "{printed}");
 }
+
+/// An Anthropic stream cut before `message_stop` (the connection closed after the stop
+/// reason) is not a whole answer: the chat client gets no `[DONE]`, and nothing is cached,
+/// so the same request asks the provider again.
+#[tokio::test]
+async fn an_anthropic_stream_cut_before_message_stop_is_not_complete_nor_cached() {
+    let (dir, ca, fake) = trusted("anthropic-cut").await;
+    let key_file = dir.write("anthropic.key", "sk-ant-file\n");
+    let yaml = format!(
+        "{}cache: {{enabled: true}}\n",
+        anthropic_yaml(&fake, &ca, &key_file)
+    );
+    let gw = gateway(&yaml).await;
+    let k = key(&gw, "t");
+    let chat = format!("{}/v1/chat/completions", gw.url());
+    let ask = json!({"model": "c", "max_tokens": 8, "temperature": 0, "stream": true,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let events = [
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+               "content": [], "model": "claude-up", "stop_reason": null, "stop_sequence": null,
+               "usage": {"input_tokens": 11, "output_tokens": 0}}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+               "usage": {"output_tokens": 1}}),
+    ];
+    let cut: String = events
+        .iter()
+        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+        .collect();
+    fake.queue.lock().push_back((
+        200,
+        vec![("content-type", "text/event-stream".to_string())],
+        cut,
+    ));
+    // The answer breaks off (here at once, so the connection may close before even the
+    // head arrives): read what came before the break.
+    let mut text = String::new();
+    if let Ok(mut resp) = client().post(&chat).bearer_auth(&k).json(&ask).send().await {
+        while let Ok(Some(piece)) = resp.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&piece));
+        }
+    }
+    let (content, done) = sse_content(&text);
+    assert!(content == "Hello" || content.is_empty(), "{text}");
+    assert!(!done, "a cut stream is not complete: {text}");
+    assert_eq!(fake.requests().len(), 1);
+
+    // Asked again (after any store in the background would have landed): the provider
+    // answers again (nothing was stored), in full this time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = client()
+        .post(&chat)
+        .bearer_auth(&k)
+        .json(&ask)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-strata-cache"], "miss");
+    let text = resp.text().await.unwrap();
+    let (content, done) = sse_content(&text);
+    assert_eq!(content, "Hello world", "{text}");
+    assert!(done, "{text}");
+    assert_eq!(fake.requests().len(), 2);
+    // That whole answer is stored: a third ask is a hit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = client()
+        .post(&chat)
+        .bearer_auth(&k)
+        .json(&ask)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-strata-cache"], "hit");
+    assert_eq!(fake.requests().len(), 2);
+    gw.shutdown().await;
+}

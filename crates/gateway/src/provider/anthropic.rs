@@ -53,8 +53,10 @@ pub fn answer_body(bytes: &[u8]) -> Result<Bytes, String> {
 }
 
 /// A streamed Messages answer as a chat stream: each event's chunks as `data:` lines as
-/// they come (the usage chunk at `message_stop`), then `data: [DONE]`. An `error` event
-/// ends the stream broken (the body's error), so the request is not counted as whole.
+/// they come (the usage chunk at `message_stop`), then `data: [DONE]`. An `error` event,
+/// and an upstream body that ends before `message_stop` (a cut connection), end the
+/// stream broken (the body's error, no `[DONE]`), so the request is not counted as whole
+/// and its answer is never cached.
 pub fn stream_response(resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.insert(
@@ -67,6 +69,7 @@ pub fn stream_response(resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
         decoder: SseDecoder::new(),
         chunks: MessagesToChatChunks::new(unix_now()),
         done: false,
+        stopped: false,
     };
     let stream = futures_util::stream::unfold(state, ChatStream::next);
     let body = Body::from_stream(stream)
@@ -93,6 +96,8 @@ struct ChatStream {
     decoder: SseDecoder,
     chunks: MessagesToChatChunks,
     done: bool,
+    /// `message_stop` came: the answer is whole.
+    stopped: bool,
 }
 
 impl ChatStream {
@@ -104,9 +109,16 @@ impl ChatStream {
                 return None;
             }
             let frame = match self.body.frame().await {
-                None => {
+                None if self.stopped => {
                     self.done = true;
                     return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), self));
+                }
+                None => {
+                    self.done = true;
+                    let cut = BodyError::from(
+                        "the provider's stream ended before `message_stop`".to_string(),
+                    );
+                    return Some((Err(cut), self));
                 }
                 Some(Err(e)) => {
                     self.done = true;
@@ -152,6 +164,9 @@ impl ChatStream {
                     "the provider's stream failed: {}: {}",
                     error.kind, error.message
                 )));
+            }
+            if matches!(event, StreamEvent::MessageStop) {
+                self.stopped = true;
             }
             for chunk in self.chunks.push(&event) {
                 let line = strata_api::sse::encode_json(&chunk)
