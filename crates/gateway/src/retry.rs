@@ -3,8 +3,8 @@
 //! out), so the simulator and the tests run it without clocks or sockets.
 //!
 //! The failure's class comes from [`crate::routing::classify`]: connect errors, timeouts,
-//! 408, 429 and 5xx are retried; a refused certificate, a context-length error and a 404
-//! move to the next target at once; other 4xx go to the client. A retry waits
+//! 408, 429 and 5xx are retried; a refused certificate, a provider refusing the gateway's
+//! key, a context-length error and a 404 move to the next target at once; other 4xx go to the client. A retry waits
 //! `base·2ⁿ` (capped at [`BACKOFF_CAP`]) with equal jitter, or the upstream's
 //! `Retry-After` when that is longer; a `Retry-After` beyond [`MAX_RETRY_AFTER`], no retry
 //! left, or a wait that would reach the request's deadline moves to the next target
@@ -215,6 +215,12 @@ mod tests {
         assert_eq!(
             decide(POLICY, failed(&bad, 0, None), 0.0, now, deadline),
             Decision::Relay
+        );
+        // A provider refusing the gateway's key: the next target at once, retries left.
+        let refused = Failure::KeyRefused(401);
+        assert_eq!(
+            decide(POLICY, failed(&refused, 0, None), 0.0, now, deadline),
+            Decision::NextTarget
         );
     }
 

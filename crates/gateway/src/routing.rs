@@ -129,6 +129,10 @@ pub enum Failure {
     /// name) or its TLS handshake broke: the reason.
     Tls(String),
     Timeout,
+    /// A provider refused the gateway's own key (its 401 or 403, the status kept): the
+    /// same key is refused again, so the plan moves to the next target at once, and the
+    /// client never receives that status (its own credentials were not sent).
+    KeyRefused(u16),
     /// An HTTP status from the upstream with its (possibly truncated) body.
     Status(u16, String),
 }
@@ -145,7 +149,8 @@ pub enum Next {
 }
 
 /// The policy for a failure (pure; [`crate::retry::decide`] adds the retry budget and
-/// the waits). A refused certificate moves on at once. Of the 4xx, only 408 and 429 are retried (the
+/// the waits). A refused certificate and a provider refusing the gateway's key move on at
+/// once. Of the 4xx, only 408 and 429 are retried (the
 /// upstream was busy, another try or target may not be); a context-length error and a 404
 /// (an upstream without the model) move on at once, because a fallback with a larger
 /// window or another target may serve it; every other 4xx is the request's own fault and
@@ -153,8 +158,8 @@ pub enum Next {
 pub fn classify(f: &Failure) -> Next {
     match f {
         Failure::Connect | Failure::Timeout => Next::Retry,
-        // The same certificate is refused again; another upstream may be reachable.
-        Failure::Tls(_) => Next::NextTarget,
+        // The same certificate (or key) is refused again; another upstream may answer.
+        Failure::Tls(_) | Failure::KeyRefused(_) => Next::NextTarget,
         Failure::Status(status, body) => match *status {
             408 | 429 | 500..=599 => Next::Retry,
             400 | 413 | 422 if is_context_length_error(body) => Next::NextTarget,
@@ -310,6 +315,8 @@ models:
         assert_eq!(classify(&Failure::Status(401, String::new())), Next::Relay);
         assert_eq!(classify(&Failure::Status(408, String::new())), Next::Retry);
         assert_eq!(classify(&Failure::Tls("expired".into())), Next::NextTarget);
+        assert_eq!(classify(&Failure::KeyRefused(401)), Next::NextTarget);
+        assert_eq!(classify(&Failure::KeyRefused(403)), Next::NextTarget);
         let anthropic_ctx = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
         assert_eq!(
             classify(&Failure::Status(400, anthropic_ctx.into())),

@@ -343,7 +343,7 @@ async fn anthropic_provider_is_spoken_to_in_messages_with_its_own_headers_whole_
         .as_str()
         .unwrap()
         .to_string();
-    assert!(msg.contains("answered 502"), "{msg}");
+    assert!(msg.contains("refused the gateway's key (401)"), "{msg}");
     assert!(!msg.contains("sk-"), "{msg}");
 
     // A request the Messages API cannot say is refused naming the field, unsent.
@@ -674,5 +674,65 @@ async fn an_anthropic_stream_cut_before_message_stop_is_not_complete_nor_cached(
         .unwrap();
     assert_eq!(resp.headers()["x-strata-cache"], "hit");
     assert_eq!(fake.requests().len(), 2);
+    gw.shutdown().await;
+}
+
+/// A provider refusing the gateway's key (401, 403) is not retried, whatever `retries`
+/// allows (the same key would be refused again): the next target answers at once.
+#[tokio::test]
+async fn a_refused_key_moves_to_the_next_target_without_a_retry() {
+    let (dir, ca, fake) = trusted("anthropic-refused").await;
+    let key_file = dir.write("anthropic.key", "sk-ant-file\n");
+    let local = mock("m").await;
+    let yaml = format!(
+        r#"
+upstreams:
+  - name: an
+    provider: anthropic
+    base_url: "{}"
+    ca_file: "{}"
+    api_key_file: "{}"
+  - {{name: local, base_url: "{}"}}
+models:
+  - name: c
+    targets: [{{upstream: an, model: claude-up, weight: 1}}, {{upstream: local, model: m, weight: 0}}]
+    retries: 2
+    backoff_ms: 1
+"#,
+        fake.url,
+        ca.display(),
+        key_file.display(),
+        local.url()
+    );
+    let gw = gateway(&yaml).await;
+    let k = key(&gw, "t");
+    let chat = format!("{}/v1/chat/completions", gw.url());
+    for status in [401, 403] {
+        let refused = json!({"type": "error", "error": {"type": "authentication_error",
+               "message": "invalid x-api-key"}})
+        .to_string();
+        fake.queue.lock().clear();
+        for _ in 0..3 {
+            fake.queue
+                .lock()
+                .push_back((status, vec![], refused.clone()));
+        }
+        let before = fake.requests().len();
+        let (got, headers, body) = post(&chat, Some(&k), &chat_body("c")).await;
+        assert_eq!(got, 200, "{status}: {body}");
+        assert_eq!(headers["x-strata-upstream"], "local", "{status}");
+        assert_eq!(
+            fake.requests().len(),
+            before + 1,
+            "{status}: the refusing provider was asked once"
+        );
+    }
+    let text = metrics_text(&gw).await;
+    assert!(
+        text.contains(
+            r#"strata_gateway_upstream_failures_total{upstream="an",kind="key_refused"} 2"#
+        ),
+        "{text}"
+    );
     gw.shutdown().await;
 }

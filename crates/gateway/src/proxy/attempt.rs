@@ -295,16 +295,10 @@ async fn answer(
         drop(lease);
         if one.up.provider.is_some() && matches!(status, 401 | 403) {
             // The provider refused the gateway's own key, not the client's: a fault of
-            // this upstream (the next target may answer), never relayed as the client's.
+            // this upstream that a retry would meet again, so the next target is tried at
+            // once; never relayed as the client's.
             tracing::warn!(upstream = %one.up.name, status, "the provider refused the gateway's key");
-            let why = strata_api::ApiError::new(
-                strata_api::ErrorKind::Server,
-                format!(
-                    "Upstream `{}` refused the gateway's key ({status}).",
-                    one.up.name
-                ),
-            );
-            return Err((Failure::Status(502, why.to_json_string()), None));
+            return Err((Failure::KeyRefused(status), None));
         }
         return Err((Failure::Status(status, text), wait));
     }
@@ -370,6 +364,7 @@ fn count_failure(gw: &Gateway, req: &Admitted, att: &Attempt, failure: &Failure)
         Failure::Connect => "connect".to_string(),
         Failure::Tls(_) => "tls".to_string(),
         Failure::Timeout => "timeout".to_string(),
+        Failure::KeyRefused(_) => "key_refused".to_string(),
         Failure::Status(s, _) => s.to_string(),
     };
     gw.metrics
