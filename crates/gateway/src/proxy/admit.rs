@@ -190,10 +190,11 @@ fn read_ask(route: Route, bytes: &Bytes) -> Result<Ask, Refusal> {
     else {
         return Err(Refusal::MissingModel);
     };
-    let max_tokens = body
-        .get("max_completion_tokens")
-        .or_else(|| body.get("max_tokens"))
-        .filter(|v| !v.is_null());
+    // Chat's two names, and the Responses API's (a passed-through Responses body).
+    let max_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+        .iter()
+        .filter_map(|name| body.get(*name))
+        .find(|v| !v.is_null());
     let max_tokens = match max_tokens.map(Value::as_i64) {
         None => None,
         Some(Some(n)) if n >= 1 => Some(n as u64),
@@ -450,6 +451,47 @@ fn ratelimit_headers(headers: &mut HeaderMap, checks: &[LimitCheck], d: &LimitDe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_output_estimate_reads_every_api_s_name_for_the_output_bound() {
+        let ask = |route: Route, body: &str| read_ask(route, &Bytes::from(body.to_string()));
+        let m = |r: Result<Ask, Refusal>| r.ok().and_then(|a| a.max_tokens);
+        assert_eq!(
+            m(ask(
+                Route::Chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":7,"max_tokens":9}"#
+            )),
+            Some(7)
+        );
+        assert_eq!(
+            m(ask(
+                Route::Messages,
+                r#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"x"}]}"#
+            )),
+            Some(9)
+        );
+        assert_eq!(
+            m(ask(
+                Route::Responses,
+                r#"{"model":"m","input":"x","max_output_tokens":24}"#
+            )),
+            Some(24)
+        );
+        assert_eq!(
+            m(ask(
+                Route::Responses,
+                r#"{"model":"m","input":"x","max_output_tokens":null}"#
+            )),
+            None
+        );
+        assert!(matches!(
+            ask(
+                Route::Responses,
+                r#"{"model":"m","input":"x","max_output_tokens":0}"#
+            ),
+            Err(Refusal::BadMaxTokens)
+        ));
+    }
 
     #[test]
     fn reset_text_formats() {
