@@ -51,8 +51,9 @@ pub(crate) async fn call(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    let limit = gw.config.get().config.server.max_response_bytes;
     let resp = proxy::handle(gw, route, req).await;
-    read(resp).await
+    read(resp, limit).await
 }
 
 /// Serializes `value` for [`call`] (a request the gateway built always serializes).
@@ -60,7 +61,9 @@ pub(crate) fn to_body<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-async fn read(resp: Response) -> ChatAnswer {
+/// Reads the pipeline's answer; a body that is not an event stream is read whole within
+/// `limit` (`server.max_response_bytes`).
+async fn read(resp: Response, limit: usize) -> ChatAnswer {
     let (parts, body) = resp.into_parts();
     let mut headers = parts.headers;
     let is_stream = headers
@@ -72,11 +75,22 @@ async fn read(resp: Response) -> ChatAnswer {
     if parts.status.is_success() && is_stream {
         return ChatAnswer::Stream { body, headers };
     }
-    // The pipeline's answers are in memory already (a whole answer is read within
-    // `server.max_response_bytes`), so this only collects them.
-    let bytes = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
+    // A whole answer is in memory already (read within `server.max_response_bytes`), but
+    // a streamed request's answer that is not an event stream (an upstream answering
+    // 2xx JSON to `stream: true`) is still the upstream's live body: bounded the same.
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            let mut error = ApiError::new(
+                ErrorKind::Server,
+                format!(
+                    "The model's answer broke off or exceeds the gateway's limit of {limit} bytes."
+                ),
+            );
+            error.status = 502;
+            return ChatAnswer::Error { error, headers };
+        }
+    };
     if parts.status.is_success() {
         return ChatAnswer::Whole {
             body: bytes,

@@ -463,3 +463,49 @@ async fn guardrails_translate_a_pass_through_model_and_keep_anthropic_events() {
     assert!(evs.iter().all(|(n, _)| n != "message_stop"), "{text}");
     s.gw.shutdown().await;
 }
+
+/// A streamed request whose upstream answers 2xx with a body that is not an event stream:
+/// the body is read within `server.max_response_bytes`, and one larger is refused in
+/// Anthropic's shape (a 502), not read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_request_answered_with_a_large_json_body_is_bounded() {
+    use axum::response::IntoResponse;
+    let big = "x".repeat(64 * 1024);
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let big = big.clone();
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    json!({"padding": big}).to_string(),
+                )
+                    .into_response()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let yaml = format!(
+        "upstreams:\n  - {{name: u, base_url: \"{url}\"}}\nmodels:\n  - {{name: m, targets: [{{upstream: u}}]}}\nserver: {{max_response_bytes: 4096}}\n"
+    );
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
+    let gw = gateway_with(&yaml, Some(store.clone())).await;
+    let k = key(&gw, "acme");
+    let s = Setup {
+        key: k,
+        gw,
+        up: scripted::spawn().await,
+        store,
+    };
+    let body = json!({"model": "m", "max_tokens": 8, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &body).await;
+    assert_eq!(status, 502, "{text}");
+    let msg = assert_anthropic_error(&text, "api_error");
+    assert!(msg.contains("4096 bytes"), "{msg}");
+    s.gw.shutdown().await;
+}
