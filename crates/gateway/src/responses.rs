@@ -84,6 +84,26 @@ pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         Ok(c) => c,
         Err(e) => return error_response(&ApiError::invalid(&e.param, e.message)),
     };
+    let chat_body = via_chat::to_body(&chat);
+    // The client's own body was within the limit (read above); with the history of
+    // `previous_response_id` prepended the chat request may not be: say so, rather than
+    // a 413 about a body the client never sent.
+    let limit = gw.config.get().config.server.max_body_bytes;
+    if chat_body.len() > limit {
+        if let Some(prev) = req.previous_response_id.as_deref() {
+            return error_response(
+                &ApiError::too_large(format!(
+                    "The conversation is too long to continue: with the history of \
+                     previous_response_id '{prev}' the request comes to {} bytes, above this \
+                     gateway's limit of {limit} bytes. Start a new conversation or send a \
+                     shorter input.",
+                    chat_body.len()
+                ))
+                .with_param("previous_response_id")
+                .with_code("conversation_too_long"),
+            );
+        }
+    }
     let ids = ResponseIds::new(&format!("{:032x}", rand::random::<u128>()));
     let created_at = u64::try_from(gw.now()).unwrap_or(0);
     let keep = (req.store != Some(false)).then(|| Keep {
@@ -92,7 +112,7 @@ pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         history,
         req: req.clone(),
     });
-    answer(gw.clone(), &parts, req, chat, ids, created_at, keep).await
+    answer(gw.clone(), &parts, req, chat_body, ids, created_at, keep).await
 }
 
 /// Sends the chat request and translates what comes back.
@@ -100,12 +120,12 @@ async fn answer(
     gw: Arc<Gateway>,
     parts: &Parts,
     req: ResponsesRequest,
-    chat: strata_api::ChatCompletionRequest,
+    chat_body: Vec<u8>,
     ids: ResponseIds,
     created_at: u64,
     keep: Option<Keep>,
 ) -> Response {
-    match via_chat::call(gw, parts, Route::Chat, via_chat::to_body(&chat)).await {
+    match via_chat::call(gw, parts, Route::Chat, chat_body).await {
         ChatAnswer::Whole { body, headers } => {
             let answer = match serde_json::from_slice::<ChatCompletionResponse>(&body) {
                 Ok(a) => a,
@@ -275,7 +295,7 @@ impl StreamMapper for ResponsesMapper {
             "error",
             &serde_json::json!({
                 "type": "error", "code": "server_error", "message": message, "param": null,
-                "sequence_number": 0,
+                "sequence_number": self.events.next_sequence_number(),
             }),
         ));
     }

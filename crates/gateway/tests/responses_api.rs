@@ -414,3 +414,94 @@ async fn bad_input_gets_openais_error_shape_and_costs_nothing() {
         "{rows:?}"
     );
 }
+
+/// A translated stream that breaks (here: a guardrail blocks the answer) ends with an
+/// `error` event numbered after the events before it, not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stream_s_error_event_takes_the_next_sequence_number() {
+    let up = scripted::spawn().await;
+    let yaml = format!(
+        "{}guardrails:\n  patterns:\n    - {{kind: custom, regex: \"there\", action: block, input: false}}\n",
+        scripted::yaml(&up.url)
+    );
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
+    let gw = gateway_with(&yaml, Some(store.clone())).await;
+    let s = Setup {
+        key: key(&gw, "acme"),
+        gw,
+        up,
+        store,
+    };
+    let (status, text) = create(
+        &s,
+        &s.key,
+        &json!({"model": "m", "input": "hello", "stream": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let evs = events(&text);
+    let (name, error) = evs.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    let before: Vec<u64> = evs[..evs.len() - 1]
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert!(!before.is_empty(), "{text}");
+    assert_eq!(
+        error["sequence_number"].as_u64(),
+        Some(before.iter().max().unwrap() + 1),
+        "{text}"
+    );
+    s.gw.shutdown().await;
+}
+
+/// A short input continuing a long conversation: the client's body is small, the
+/// conversation with its history is above `server.max_body_bytes`; the 413 says so, naming
+/// `previous_response_id`, and nothing reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_grown_too_long_is_refused_as_such() {
+    let up = scripted::spawn().await;
+    let yaml = format!(
+        "{}server: {{max_body_bytes: 2048}}\n",
+        scripted::yaml(&up.url)
+    );
+    let store = Arc::new(SqliteStore::in_memory().unwrap());
+    let gw = gateway_with(&yaml, Some(store.clone())).await;
+    let s = Setup {
+        key: key(&gw, "acme"),
+        gw,
+        up,
+        store,
+    };
+    let (status, text) = create(
+        &s,
+        &s.key,
+        &json!({"model": "m", "input": "a".repeat(1200)}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let id = serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sent = s.up.seen.count();
+    let (status, text) = create(
+        &s,
+        &s.key,
+        &json!({"model": "m", "input": "b".repeat(1200), "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["param"], "previous_response_id", "{text}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("conversation is too long"),
+        "{text}"
+    );
+    assert_eq!(s.up.seen.count(), sent, "nothing reached the model");
+    s.gw.shutdown().await;
+}

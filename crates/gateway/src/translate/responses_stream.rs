@@ -61,6 +61,12 @@ impl ChatToResponseEvents {
         s
     }
 
+    /// The next event's `sequence_number`, taken (for an event made outside this
+    /// translation: the `error` that ends a broken stream).
+    pub fn next_sequence_number(&mut self) -> u64 {
+        self.next_seq()
+    }
+
     fn start(&mut self, out: &mut Vec<StreamEvent>) {
         if self.started {
             return;
