@@ -13,7 +13,12 @@
 //!
 //! When every upstream of the model speaks the Responses API (`apis: [responses]`,
 //! [`crate::passthrough`]), the body goes to the upstream's `/v1/responses` as sent; that
-//! upstream then keeps its responses itself. Errors are OpenAI-shaped.
+//! upstream keeps the conversation itself, one store for every caller. So the gateway
+//! records, per tenant, each response it passed through (the upstream's answer, whole or
+//! the `response.completed` event's, by its `id`): `GET` serves it like a translated one,
+//! and a passed-through `previous_response_id` must be one of the caller's tenant — any
+//! other is not found, as an unknown id is, and never reaches the upstream. Errors are
+//! OpenAI-shaped.
 
 use std::sync::Arc;
 
@@ -60,8 +65,24 @@ pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         Err(e) => return error_response(&e),
     };
     if passthrough::speaks(&gw, &req.model, Api::Responses) {
+        let tenant = caller.key.record.tenant.clone();
+        if let Some(prev) = req.previous_response_id.as_deref() {
+            // Only a response this tenant passed through may be continued upstream.
+            match load(&gw, &tenant, prev).await {
+                Ok(Some(row)) if row.conversation == PASSED_THROUGH => {}
+                Ok(_) => return error_response(&previous_not_found(prev)),
+                Err(e) => return error_response(&e),
+            }
+        }
+        let keep = (req.store != Some(false)).then(|| PassedKeep {
+            gw: gw.clone(),
+            tenant,
+        });
         return match via_chat::call(gw, &parts, Route::Responses, bytes.to_vec()).await {
             ChatAnswer::Whole { body, headers } => {
+                if let (Some(keep), Ok(r)) = (keep, serde_json::from_slice(&body)) {
+                    keep.save(r).await;
+                }
                 let mut resp = Response::new(axum::body::Body::from(body));
                 resp.headers_mut().insert(
                     axum::http::header::CONTENT_TYPE,
@@ -69,7 +90,9 @@ pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
                 );
                 with_headers(resp, headers)
             }
-            ChatAnswer::Stream { body, headers } => via_chat::sse_response(body, headers),
+            ChatAnswer::Stream { body, headers } => {
+                via_chat::sse_response(watch_passed(body, keep), headers)
+            }
             ChatAnswer::Error { error, headers, .. } => {
                 with_headers(error_response(&error), headers)
             }
@@ -170,15 +193,104 @@ async fn previous(
     let Some(id) = id else {
         return Ok(Vec::new());
     };
-    let not_found = || {
-        ApiError::invalid(
-            "previous_response_id",
-            format!("Previous response with id '{id}' not found."),
-        )
-        .with_code("previous_response_not_found")
+    let row = load(gw, tenant, id)
+        .await?
+        .ok_or_else(|| previous_not_found(id))?;
+    // A passed-through response's conversation is its upstream's: not continued here.
+    serde_json::from_str(&row.conversation).map_err(|_| previous_not_found(id))
+}
+
+/// The answer to a `previous_response_id` the caller's tenant cannot continue (unknown,
+/// another tenant's, expired, or kept by another kind of model), as OpenAI words it.
+fn previous_not_found(id: &str) -> ApiError {
+    ApiError::invalid(
+        "previous_response_id",
+        format!("Previous response with id '{id}' not found."),
+    )
+    .with_code("previous_response_not_found")
+}
+
+/// The `conversation` of a passed-through response's row (its upstream keeps the
+/// conversation; the row says whose the id is).
+const PASSED_THROUGH: &str = "\"passed-through\"";
+
+/// Where to record the responses passed through for a tenant (`store` on).
+struct PassedKeep {
+    gw: Arc<Gateway>,
+    tenant: String,
+}
+
+impl PassedKeep {
+    /// Records `r` (the upstream's response object) under its `id`; a store that fails
+    /// is logged (the id then cannot be continued or read back through the gateway).
+    async fn save(self, r: serde_json::Value) {
+        let Some(id) = r.get("id").and_then(|v| v.as_str()).map(str::to_string) else {
+            return;
+        };
+        let retention = self.gw.config.get().config.store.responses_retention_secs;
+        let now = self.gw.now();
+        let row = StoredResponse {
+            tenant: self.tenant,
+            id: id.clone(),
+            created_at: now,
+            expires_at: now.saturating_add(i64::try_from(retention).unwrap_or(i64::MAX)),
+            body: r.to_string(),
+            conversation: PASSED_THROUGH.to_string(),
+        };
+        let store = self.gw.store.clone();
+        let res = tokio::task::spawn_blocking(move || store.put_response(&row)).await;
+        if !matches!(res, Ok(Ok(()))) {
+            self.gw.metrics.backend_error("store");
+            tracing::warn!(%id, "could not record a passed-through response; it cannot be continued");
+        }
+    }
+}
+
+/// The response a passed-through stream's last event carries (`response.completed`,
+/// `.incomplete` or `.failed`), if `data` is that event.
+fn final_response(data: &str) -> Option<serde_json::Value> {
+    let mut v: serde_json::Value = serde_json::from_str(data).ok()?;
+    let kind = v.get("type")?.as_str()?;
+    if !matches!(
+        kind,
+        "response.completed" | "response.incomplete" | "response.failed"
+    ) {
+        return None;
+    }
+    Some(v.get_mut("response")?.take())
+}
+
+/// A passed-through event stream, its bytes untouched; the response in its last event is
+/// recorded before the bytes that carry that event go out (so a follow-up can name it at
+/// once). A stream that is not SSE is passed on unwatched.
+fn watch_passed(body: axum::body::Body, keep: Option<PassedKeep>) -> axum::body::Body {
+    use futures_util::StreamExt;
+    let Some(keep) = keep else {
+        return body;
     };
-    let row = load(gw, tenant, id).await?.ok_or_else(not_found)?;
-    serde_json::from_str(&row.conversation).map_err(|_| not_found())
+    let state = (
+        body.into_data_stream(),
+        strata_api::SseDecoder::new(),
+        Some(keep),
+    );
+    let stream =
+        futures_util::stream::unfold(state, |(mut inner, mut decoder, mut keep)| async move {
+            let item = inner.next().await?;
+            if let (Ok(bytes), Some(_)) = (&item, &keep) {
+                match decoder.feed(bytes) {
+                    Ok(events) => {
+                        if let Some(r) = events.iter().find_map(|ev| final_response(&ev.data)) {
+                            if let Some(k) = keep.take() {
+                                k.save(r).await;
+                            }
+                        }
+                    }
+                    Err(_) => keep = None,
+                }
+            }
+            Some((item, (inner, decoder, keep)))
+        });
+    axum::body::Body::from_stream(stream)
 }
 
 /// The tenant's stored response `id` (a store that fails is a 503).
@@ -198,7 +310,8 @@ async fn load(
         })
 }
 
-/// `GET /v1/responses/{id}`: a response the caller's tenant stored.
+/// `GET /v1/responses/{id}`: a response the caller's tenant stored (translated, or
+/// passed through and recorded).
 pub async fn get(
     State(gw): State<Arc<Gateway>>,
     Path(id): Path<String>,

@@ -505,3 +505,81 @@ async fn a_conversation_grown_too_long_is_refused_as_such() {
     assert_eq!(s.up.seen.count(), sent, "nothing reached the model");
     s.gw.shutdown().await;
 }
+
+/// Passed-through responses belong to the tenant that made them: the gateway records each
+/// id (whole and streamed), `GET` serves it to that tenant, that tenant may continue it,
+/// and another tenant's `previous_response_id` is not found and never reaches the
+/// upstream (which keeps one store for everyone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_through_responses_are_kept_per_tenant() {
+    let s = setup().await;
+    let other = key(&s.gw, "other");
+    let (status, text) = create(&s, &s.key, &json!({"model": "v", "input": "hi"})).await;
+    assert_eq!(status, 200, "{text}");
+    let id = serde_json::from_str::<Value>(&text).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, got) = get(&s, &s.key, &id).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got, serde_json::from_str::<Value>(&text).unwrap());
+    let (status, got) = get(&s, &other, &id).await;
+    assert_eq!(status, 404, "{got}");
+    assert_openai_error(&got);
+
+    // Another tenant naming it: not found, in OpenAI's shape; the upstream never asked.
+    let sent = s.up.seen.count();
+    let follow = json!({"model": "v", "input": "and?", "previous_response_id": id});
+    let (status, text) = create(&s, &other, &follow).await;
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "previous_response_id");
+    let (status, _) = create(
+        &s,
+        &s.key,
+        &json!({"model": "v", "input": "and?", "previous_response_id": "resp_never_seen"}),
+    )
+    .await;
+    assert_eq!(
+        status, 400,
+        "an id the upstream may hold but nobody passed here"
+    );
+    assert_eq!(s.up.seen.count(), sent);
+
+    // Its own tenant continues it upstream.
+    let (status, text) = create(&s, &s.key, &follow).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(s.up.seen.last("/v1/responses").unwrap(), follow);
+
+    // Streamed: the id of `response.completed` is recorded before it reaches the client.
+    let (status, text) = create(
+        &s,
+        &other,
+        &json!({"model": "v", "input": "hi", "stream": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let evs = events(&text);
+    let (name, done) = evs.last().unwrap();
+    assert_eq!(name, "response.completed");
+    let streamed_id = done["response"]["id"].as_str().unwrap().to_string();
+    let (status, got) = get(&s, &other, &streamed_id).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got, done["response"]);
+    assert_eq!(get(&s, &s.key, &streamed_id).await.0, 404);
+    let follow = json!({"model": "v", "input": "and?", "previous_response_id": streamed_id});
+    assert_eq!(create(&s, &other, &follow).await.0, 200);
+    assert_eq!(create(&s, &s.key, &follow).await.0, 400);
+
+    // `store: false`: nothing recorded, so nothing to read or continue.
+    let third = key(&s.gw, "third");
+    let (status, _) = create(
+        &s,
+        &third,
+        &json!({"model": "v", "input": "hi", "store": false, "stream": true}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(get(&s, &third, &streamed_id).await.0, 404);
+    assert_eq!(create(&s, &third, &follow).await.0, 400);
+}
