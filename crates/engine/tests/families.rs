@@ -488,23 +488,43 @@ fn every_family_runs_its_block_weights_like_the_same_weights_in_f32() {
                     "{family} {dtype:?}: block kernels off by {exact:.2e}"
                 ));
             }
-            // With 8-bit activations (the default), greedy agrees wherever the reference's
-            // top two are clearly apart.
+            // With 8-bit activations (the default for 4-bit weights' decode rows): every
+            // logit within 10 % of the largest one (hidden 64 leaves a dot product of two
+            // blocks, so the rounding of activations averages out far less than in a real
+            // model), and greedy agrees on nearly every step.
             blocks.q8_decode = true;
             let q8 = run(&blocks, &fx.cases, true);
-            for (case, (g, w)) in fx.cases.iter().zip(q8.iter().zip(&want)) {
-                for (step, (gr, wr)) in g.iter().zip(w).enumerate() {
-                    let mut sorted = wr.clone();
-                    sorted.sort_by(|a, b| b.total_cmp(a));
-                    if sorted[0] - sorted[1] > 1.0 && argmax(gr) != argmax(wr) {
-                        failures.push(format!(
-                            "{family} {dtype:?} {} step {step}: 8-bit greedy {}, f32 {}",
-                            case.name,
-                            argmax(gr),
-                            argmax(wr)
-                        ));
-                    }
+            let worst_abs = q8
+                .iter()
+                .flatten()
+                .flatten()
+                .zip(want.iter().flatten().flatten())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let top = want
+                .iter()
+                .flatten()
+                .flatten()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            let (mut steps, mut agree) = (0usize, 0usize);
+            for (g, w) in q8.iter().zip(&want) {
+                for (gr, wr) in g.iter().zip(w) {
+                    steps += 1;
+                    agree += usize::from(argmax(gr) == argmax(wr));
                 }
+            }
+            eprintln!(
+                "{family} {dtype:?}: 8-bit activations: worst |d| {worst_abs:.3} of |logit| up to {top:.2}, greedy {agree}/{steps}"
+            );
+            if worst_abs > 0.1 * top {
+                failures.push(format!(
+                    "{family} {dtype:?}: 8-bit activations off by {worst_abs:.3} (logits up to {top:.2})"
+                ));
+            }
+            if agree * 10 < steps * 9 {
+                failures.push(format!(
+                    "{family} {dtype:?}: 8-bit greedy agrees on {agree} of {steps} steps"
+                ));
             }
         }
     }
