@@ -12,7 +12,8 @@ use super::qwen3_xml::{Kind, FUNCTION_END, PARAMETER, PARAMETER_END};
 use super::Function;
 use crate::structured::with_json_options;
 
-/// Longest `maxLength` written into a value's regex; a longer bound is not enforced.
+/// Longest `minLength` or `maxLength` written into a value's regex; a longer bound is not
+/// enforced.
 const MAX_BOUNDED_LENGTH: u64 = 4096;
 
 /// Rules `f_{i}` and its parameters' for `f`.
@@ -102,7 +103,13 @@ fn string_rule(name: &str, schema: &Value) -> String {
             .collect();
         return format!("{name}: {}\n", alts.join(" | "));
     }
-    let min = schema.get("minLength").and_then(Value::as_u64).unwrap_or(0);
+    // A bound past MAX_BOUNDED_LENGTH is not written (a huge repetition count would make
+    // the lexer's automaton huge), as for maxLength.
+    let min = schema
+        .get("minLength")
+        .and_then(Value::as_u64)
+        .filter(|&m| m <= MAX_BOUNDED_LENGTH)
+        .unwrap_or(0);
     let max = schema
         .get("maxLength")
         .and_then(Value::as_u64)
@@ -183,5 +190,32 @@ mod tests {
             function_rules(0, &closed),
             "f_0: \"f>\\n\" \"</function>\\n</tool_call>\"\n"
         );
+    }
+
+    #[test]
+    fn length_bounds_past_the_limit_are_not_written() {
+        let f = |min: u64, max: Option<u64>| {
+            let mut p = json!({"type": "string", "minLength": min});
+            if let Some(m) = max {
+                p["maxLength"] = json!(m);
+            }
+            function_rules(
+                0,
+                &Function {
+                    name: "f".into(),
+                    parameters: json!({"type": "object", "properties": {"s": p},
+                                       "required": ["s"]}),
+                    strict: true,
+                },
+            )
+        };
+        assert!(f(3, Some(9)).contains("/(?s:.){3,9}"));
+        assert!(f(5, None).contains("/(?s:.){5,}"));
+        // A huge minimum (or maximum) is left out rather than written into the regex.
+        let g = f(u64::MAX, None);
+        assert!(g.contains("/(?s:.){0,}"), "{g}");
+        assert!(!g.contains(&u64::MAX.to_string()), "{g}");
+        let g = f(4097, Some(1_000_000));
+        assert!(g.contains("/(?s:.){0,}"), "{g}");
     }
 }
