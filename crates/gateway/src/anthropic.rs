@@ -7,7 +7,8 @@
 //! upstream of the model speaks the Messages API itself (`apis: [messages]` on the
 //! upstream, [`crate::passthrough`]), the body goes to the upstream's `/v1/messages` as
 //! sent, through the same stages. `count_tokens` counts with the upstream's tokenizer
-//! (`/tokenize` over the chat messages), or is passed through likewise.
+//! (`/tokenize` over the chat messages), or is passed through likewise — also to a hosted
+//! Anthropic provider (`provider: anthropic`, which has no `/tokenize`).
 //!
 //! Credentials: `x-api-key` (what Anthropic's SDKs send) or `Authorization: Bearer`;
 //! `anthropic-version` and `anthropic-beta` are accepted and not needed. Every error on
@@ -168,7 +169,11 @@ impl StreamMapper for MessagesMapper {
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as the model's tokenizer counts
 /// them after its chat template (the upstream's `/tokenize`, through the proxy's stages:
-/// authenticated and rate limited, no tokens charged).
+/// authenticated and rate limited, no tokens charged). A model whose every upstream is a
+/// hosted Anthropic provider (no `/tokenize` there) is counted by Anthropic's own
+/// `/v1/messages/count_tokens`, the body passed as sent — with guardrails configured, only
+/// when they find nothing in the prompt (read as chat: system, tool results and all),
+/// since a prompt passed as is cannot be redacted.
 pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let (parts, bytes) = match intake(&gw, req).await {
         Ok(x) => x,
@@ -185,6 +190,8 @@ pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
         let answer = via_chat::call(gw, &parts, Route::CountTokens, bytes.to_vec()).await;
         return pass_answer(answer);
     }
+    let resolved = gw.config.get();
+    let at_anthropic = passthrough::all_anthropic_in(&resolved, &req.model);
     let as_messages = MessagesRequest {
         model: req.model.clone(),
         messages: req.messages,
@@ -204,6 +211,28 @@ pub async fn count_tokens(State(gw): State<Arc<Gateway>>, req: Request) -> Respo
         Ok(c) => c,
         Err(e) => return bad_request(&format!("{}: {}", e.param, e.message)),
     };
+    if at_anthropic {
+        if !resolved.guardrails.is_empty() {
+            let mut checked = serde_json::to_value(&chat).unwrap_or_default();
+            match resolved.guardrails.apply_request(&mut checked) {
+                Ok(false) => {}
+                Ok(true) => {
+                    return bad_request(
+                        "The prompt holds text the gateway's guardrails redact; this model's \
+                         provider counts the prompt as sent, so it cannot be counted.",
+                    )
+                }
+                Err(reason) => {
+                    gw.metrics.reject("guardrail");
+                    return bad_request(&reason);
+                }
+            }
+        }
+        drop(resolved);
+        let answer = via_chat::call(gw, &parts, Route::CountTokens, bytes.to_vec()).await;
+        return pass_answer(answer);
+    }
+    drop(resolved);
     let mut body = json!({
         "model": req.model,
         "messages": chat.messages,

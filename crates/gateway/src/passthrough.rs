@@ -15,6 +15,7 @@
 
 pub use crate::apis::Api;
 use crate::config::Resolved;
+use crate::provider::Provider;
 use crate::state::Gateway;
 
 /// True when every upstream that a request for `model` may reach speaks `api` and no
@@ -53,6 +54,33 @@ pub fn speaks_in(resolved: &Resolved, model: &str, api: Api) -> bool {
     any
 }
 
+/// True when every upstream that a request for `model` may reach is a hosted Anthropic
+/// provider (`provider: anthropic`): its `count_tokens` is Anthropic's own
+/// `/v1/messages/count_tokens`, since it has no `/tokenize`.
+pub fn all_anthropic_in(resolved: &Resolved, model: &str) -> bool {
+    let Some(m) = resolved.model(model) else {
+        return false;
+    };
+    let models = std::iter::once(m).chain(m.fallbacks.iter().filter_map(|f| resolved.model(f)));
+    let mut any = false;
+    for m in models {
+        if m.cascade.is_some() {
+            return false;
+        }
+        for t in &m.targets {
+            let anthropic = resolved
+                .upstreams
+                .get(&t.upstream)
+                .is_some_and(|u| u.provider == Some(Provider::Anthropic));
+            if !anthropic {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +111,29 @@ models:
         assert!(!speaks_in(&r, "c", Api::Messages), "its fallback cannot");
         assert!(!speaks_in(&r, "d", Api::Messages));
         assert!(!speaks_in(&r, "nope", Api::Messages));
+    }
+
+    #[test]
+    fn count_tokens_goes_to_anthropic_when_every_upstream_is_anthropic() {
+        std::env::set_var("STRATA_GW_PASSTHROUGH_TEST_KEY", "sk-ant-test");
+        let r = resolved(
+            r#"
+upstreams:
+  - {name: an, provider: anthropic, api_key_env: STRATA_GW_PASSTHROUGH_TEST_KEY}
+  - {name: strata, base_url: "http://127.0.0.1:2"}
+models:
+  - {name: a, targets: [{upstream: an, model: claude}]}
+  - {name: b, targets: [{upstream: an}, {upstream: strata}]}
+  - {name: c, targets: [{upstream: an}], fallbacks: [d]}
+  - {name: d, targets: [{upstream: strata}]}
+"#,
+        );
+        assert!(all_anthropic_in(&r, "a"));
+        assert!(!all_anthropic_in(&r, "b"));
+        assert!(!all_anthropic_in(&r, "c"));
+        assert!(!all_anthropic_in(&r, "d"));
+        assert!(!all_anthropic_in(&r, "nope"));
+        assert!(!speaks_in(&r, "a", Api::Messages), "no `apis:` listed");
     }
 
     #[test]

@@ -124,6 +124,9 @@ impl Fake {
                 match uri.path() {
                     "/v1/chat/completions" => openai_answer(model, stream),
                     "/v1/messages" => anthropic_answer(model, stream),
+                    "/v1/messages/count_tokens" => {
+                        axum::Json(json!({"input_tokens": 7})).into_response()
+                    }
                     _ => (StatusCode::NOT_FOUND, "no such route").into_response(),
                 }
             }
@@ -734,5 +737,80 @@ models:
         ),
         "{text}"
     );
+    gw.shutdown().await;
+}
+
+/// `count_tokens` for a model on a hosted Anthropic provider (no `apis:` listed, no
+/// `/tokenize` there) is Anthropic's own `/v1/messages/count_tokens`, with the provider's
+/// key and the model it is sent; with guardrails, a prompt they refuse never leaves.
+#[tokio::test]
+async fn count_tokens_for_an_anthropic_provider_model_is_counted_by_the_provider() {
+    let (dir, ca, fake) = trusted("anthropic-count").await;
+    let key_file = dir.write("anthropic.key", "sk-ant-file\n");
+    let gw = gateway(&anthropic_yaml(&fake, &ca, &key_file)).await;
+    let k = key(&gw, "t");
+    let count = |gw: &strata_gateway::RunningGateway, body: Value| {
+        let url = format!("{}/v1/messages/count_tokens", gw.url());
+        let k = k.clone();
+        async move {
+            let resp = client()
+                .post(url)
+                .header("x-api-key", k)
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        }
+    };
+    let ask = json!({"model": "c", "system": "be brief",
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let (status, body) = count(&gw, ask.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"input_tokens": 7}));
+    let seen = fake.requests();
+    let (path, h, sent) = seen.last().unwrap();
+    assert_eq!(path, "/v1/messages/count_tokens");
+    assert_eq!(h["x-api-key"], "sk-ant-file");
+    assert_eq!(sent["model"], "claude-up");
+    assert_eq!(sent["system"], "be brief");
+    gw.shutdown().await;
+
+    let guarded = format!(
+        "{}guardrails:\n  patterns:\n    - {{kind: custom, regex: \"secret\", action: block}}\n",
+        anthropic_yaml(&fake, &ca, &key_file)
+    );
+    let gw = gateway(&guarded).await;
+    let k2 = key(&gw, "t");
+    let before = fake.requests().len();
+    let url = format!("{}/v1/messages/count_tokens", gw.url());
+    let resp = client()
+        .post(&url)
+        .header("x-api-key", &k2)
+        .json(&json!({"model": "c", "system": "the secret is 42",
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "the refused prompt never left"
+    );
+    let resp = client()
+        .post(&url)
+        .header("x-api-key", &k2)
+        .json(&ask)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(fake.requests().len(), before + 1);
     gw.shutdown().await;
 }
