@@ -443,12 +443,14 @@ pub fn check_network_policies(objs: &[Value], pods: &[Pods]) {
         if n.ends_with("-engine") {
             let picker = n.trim_end_matches("-engine").to_string() + "-epp";
             let controller = n.trim_end_matches("-engine").to_string() + "-controller";
+            // And a controller whose rollout API judges these pods (a canary's baseline).
+            let judges = rollout_controllers_of(objs, n);
             for peer in peers.iter().filter(|p| p.namespace_selector.is_none()) {
                 let who = match_labels(peer.pod_selector.as_ref().unwrap())
                     ["app.kubernetes.io/name"]
                     .clone();
                 assert!(
-                    who == picker || who == controller || who == n,
+                    who == picker || who == controller || who == n || judges.contains(&who),
                     "engines {n} admit {who}"
                 );
             }
@@ -892,4 +894,22 @@ pub fn check_render(objs: &[Value], external_secrets: &[&str]) -> Vec<Pods> {
     check_scaling(objs);
     check_dashboards(objs);
     pods
+}
+
+/// The controllers whose `kubernetesRollout.pools` select the pods of engine workload
+/// `engine` (by its `app.kubernetes.io/name`).
+fn rollout_controllers_of(objs: &[Value], engine: &str) -> Vec<String> {
+    let label = format!("app.kubernetes.io/name={engine}");
+    of_kind(objs, "ConfigMap")
+        .filter_map(|o| {
+            let text = o["data"]["controller.yaml"].as_str()?;
+            let cfg: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+            let pools = cfg["kubernetesRollout"]["pools"].as_mapping()?;
+            pools
+                .values()
+                .filter_map(|v| v.as_str())
+                .any(|sel| sel.split(',').any(|kv| kv == label))
+                .then(|| name(o).to_string())
+        })
+        .collect()
 }
