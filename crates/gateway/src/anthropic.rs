@@ -57,11 +57,15 @@ fn from_api_error(e: &ApiError, headers: HeaderMap) -> Response {
 }
 
 /// The caller is authenticated first (a 401 before any word about the body), then the
-/// body read within `server.max_body_bytes`.
+/// body read within `server.max_body_bytes`. The caller travels in `parts`' extensions
+/// to the proxy's stages, which then do not authenticate it again.
 async fn intake(gw: &Gateway, req: Request) -> Result<(Parts, axum::body::Bytes), Response> {
-    let (parts, body) = req.into_parts();
-    if let Err(e) = proxy::authenticate(gw, &parts.headers).await {
-        return Err(from_api_error(&e, HeaderMap::new()));
+    let (mut parts, body) = req.into_parts();
+    match proxy::authenticate(gw, &parts.headers).await {
+        Ok(caller) => {
+            parts.extensions.insert(proxy::Authenticated(caller));
+        }
+        Err(e) => return Err(from_api_error(&e, HeaderMap::new())),
     }
     match via_chat::read_body(gw, body).await {
         Ok(bytes) => Ok((parts, bytes)),

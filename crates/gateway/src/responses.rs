@@ -47,11 +47,15 @@ fn with_headers(mut resp: Response, headers: HeaderMap) -> Response {
 
 /// `POST /v1/responses`.
 pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let caller = match proxy::authenticate(&gw, &parts.headers).await {
         Ok(c) => c,
         Err(e) => return error_response(&e),
     };
+    // Handed on to the proxy's stages, which then do not authenticate it again.
+    parts
+        .extensions
+        .insert(proxy::Authenticated(caller.clone()));
     let bytes = match via_chat::read_body(&gw, body).await {
         Ok(b) => b,
         Err(limit) => {

@@ -31,7 +31,9 @@ pub(crate) enum ChatAnswer {
 }
 
 /// Sends `body` to `route` through the proxy's stages, with the client's headers
-/// (credentials, request id, trace context), and reads what came back.
+/// (credentials, request id, trace context) and the caller the route authenticated
+/// (`proxy::Authenticated` in `parts`' extensions: not authenticated twice), and reads
+/// what came back.
 pub(crate) async fn call(
     gw: Arc<Gateway>,
     parts: &Parts,
@@ -41,6 +43,9 @@ pub(crate) async fn call(
     let mut req = Request::new(Body::from(body));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = route.path().parse().unwrap_or_default();
+    if let Some(caller) = parts.extensions.get::<proxy::Authenticated>() {
+        req.extensions_mut().insert(caller.clone());
+    }
     let headers = req.headers_mut();
     for (name, value) in &parts.headers {
         if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {

@@ -46,7 +46,8 @@ pub fn request_body(chat: &Value) -> Result<Bytes, Failure> {
 pub fn answer_body(bytes: &[u8]) -> Result<Bytes, String> {
     let answer: MessagesResponse = serde_json::from_slice(bytes)
         .map_err(|e| format!("the provider's answer is not a Messages answer: {e}"))?;
-    let chat = translate::messages_to_chat_response(&answer, unix_now());
+    let created = u64::try_from(crate::state::unix_now()).unwrap_or(0);
+    let chat = translate::messages_to_chat_response(&answer, created);
     serde_json::to_vec(&chat)
         .map(Bytes::from)
         .map_err(|e| e.to_string())
@@ -67,7 +68,7 @@ pub fn stream_response(resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
     let state = ChatStream {
         body,
         decoder: SseDecoder::new(),
-        chunks: MessagesToChatChunks::new(unix_now()),
+        chunks: MessagesToChatChunks::new(u64::try_from(crate::state::unix_now()).unwrap_or(0)),
         done: false,
         stopped: false,
     };
@@ -176,12 +177,6 @@ impl ChatStream {
         }
         Ok(out)
     }
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// An Anthropic error body (`{"type": "error", "error": {"type", "message"}}`) in OpenAI's

@@ -59,7 +59,11 @@ pub(crate) async fn admit(
     req: Request,
 ) -> Result<(Admitted, Settle), Refusal> {
     let (parts, body) = req.into_parts();
-    let key = authenticate_caller(gw, &parts.headers).await?.key;
+    // A route that authenticated the caller already hands it on (`super::Authenticated`).
+    let key = match parts.extensions.get::<super::Authenticated>() {
+        Some(done) => done.0.key.clone(),
+        None => authenticate_caller(gw, &parts.headers).await?.key,
+    };
     let resolved = gw.config.get();
     let limit = if route.multipart() {
         resolved.config.server.max_audio_bytes

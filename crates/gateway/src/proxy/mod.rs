@@ -65,6 +65,13 @@ use crate::auth::Caller;
 use crate::state::Gateway;
 use values::Lookup;
 
+/// A caller already authenticated by the route that hands the request to [`handle`]
+/// (the Messages and Responses routes authenticate before reading the body), carried in
+/// the request's extensions so that admission does not authenticate it again. Only the
+/// gateway's own code inserts it: nothing from the wire becomes an extension.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticated(pub Caller);
+
 /// The authenticated caller of a request, or the 401 to send (counted as a rejection).
 pub async fn authenticate(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiError> {
     admit::authenticate_caller(gw, headers).await.map_err(|r| {
@@ -184,5 +191,49 @@ mod tests {
         }
         let resp = error_response(&ApiError::invalid("model", "bad"));
         assert!(resp.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// A caller the route authenticated travels to admission in the request's extensions
+    /// and is not authenticated again: with it, a request without credentials goes on to
+    /// the model check (404); without it, the same request is a 401.
+    #[tokio::test]
+    async fn a_caller_handed_on_is_not_authenticated_again() {
+        let store = std::sync::Arc::new(crate::store::sqlite::SqliteStore::in_memory().unwrap());
+        let config = crate::Config::from_yaml("{}").unwrap();
+        let gw = Gateway::new(
+            Arc::new(crate::ConfigHandle::fixed(config).unwrap()),
+            store,
+            crate::GatewayOptions::default(),
+        )
+        .unwrap();
+        let (secret, _) = gw
+            .create_key(crate::CreateKey {
+                tenant: "t".into(),
+                ..Default::default()
+            })
+            .unwrap();
+        let mut with_key = HeaderMap::new();
+        with_key.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {secret}").parse().unwrap(),
+        );
+        let caller = authenticate(&gw, &with_key).await.unwrap();
+        let request = |caller: Option<Caller>| {
+            let body = r#"{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}"#;
+            let mut req = Request::new(axum::body::Body::from(body));
+            *req.method_mut() = axum::http::Method::POST;
+            req.headers_mut().insert(
+                header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+            if let Some(c) = caller {
+                req.extensions_mut().insert(Authenticated(c));
+            }
+            req
+        };
+        let handed_on = handle(gw.clone(), Route::Chat, request(Some(caller))).await;
+        assert_eq!(handed_on.status().as_u16(), 404);
+        let bare = handle(gw.clone(), Route::Chat, request(None)).await;
+        assert_eq!(bare.status().as_u16(), 401);
     }
 }
