@@ -64,7 +64,11 @@ tools = [
             "type": "object",
             "properties": {"city": {"type": "string", "maxLength": 16}},
             "required": ["city"],
+            "additionalProperties": False,
         },
+        # Strict: the grammar admits no other argument, so the call always closes within
+        # max_output_tokens (a sampled model may otherwise add keys until it is cut).
+        "strict": True,
     }
 ]
 called = client.responses.create(

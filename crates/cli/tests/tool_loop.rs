@@ -3,7 +3,8 @@
 //! call streamed; a named function; seeded calls at temperature 1.0 that validate; an
 //! unknown function refused) against `strata engine --enable-auto-tool-choice
 //! --tool-call-parser hermes` as a real process, directly and through `strata gateway`;
-//! and through `strata up` (its front and its gateway) with the flags in `engine_args`.
+//! and through `strata up` (its front and its gateway) with the flags in `engine_args`,
+//! where the Anthropic and Responses SDK scripts run through its gateway too.
 
 mod common;
 
@@ -29,6 +30,19 @@ fn run_script(base_url: &str, key: Option<&str>) {
         out.status.success(),
         "tool loop through {base_url} failed:\n{stdout}\n{stderr}"
     );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
+/// Runs `tests/SCRIPT ARGS...`, which prints "all checks passed" when every check held.
+fn run_sdk_script(script: &str, args: &[&str]) {
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tests").join(script))
+        .args(args)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
@@ -95,7 +109,9 @@ fn openai_client_runs_the_tool_loop_against_the_engine_and_through_the_gateway()
 }
 
 /// The same loop through `strata up`: its engines get the tool flags from `engine_args`,
-/// and the script runs through the front and through the gateway with its printed key.
+/// and the script runs through the front and through the gateway with its printed key;
+/// then the official Anthropic SDK (`tests/anthropic_client.py`) and the OpenAI SDK's
+/// Responses API (`tests/openai_responses.py`) through that gateway.
 #[test]
 fn openai_client_runs_the_tool_loop_through_strata_up() {
     let dir = std::env::temp_dir().join(format!("strata-tool-up-{}", std::process::id()));
@@ -137,6 +153,11 @@ fn openai_client_runs_the_tool_loop_through_strata_up() {
         .map(|k| k.trim_end_matches(')'))
         .expect("key");
     run_script(gw, Some(key));
+    // The official SDKs on the gateway's Messages and Responses APIs (translated to chat
+    // for the stack's engines).
+    let base = gw.trim_end_matches("/v1");
+    run_sdk_script("anthropic_client.py", &[base, key, MODEL]);
+    run_sdk_script("openai_responses.py", &[gw, key, MODEL]);
     common::interrupt_and_reap(&mut up.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
