@@ -138,7 +138,7 @@ pub const MIGRATIONS: &[&str] = &[
         conversation TEXT NOT NULL,
         PRIMARY KEY (tenant, id)
     );
-    CREATE INDEX responses_expiry ON responses (expires_at);",
+    CREATE INDEX responses_expiry ON responses (tenant, expires_at);",
 ];
 
 /// Any number; the advisory lock that serializes migrations across replicas.

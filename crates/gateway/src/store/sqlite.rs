@@ -100,7 +100,7 @@ const MIGRATIONS: &[&str] = &[
         conversation TEXT NOT NULL,
         PRIMARY KEY (tenant, id)
     );
-    CREATE INDEX responses_expiry ON responses (expires_at);",
+    CREATE INDEX responses_expiry ON responses (tenant, expires_at);",
 ];
 
 pub struct SqliteStore {
