@@ -46,11 +46,25 @@ fn run_sdk_script(script: &str, args: &[&str]) {
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
-/// A child killed when the test ends, however it ends.
+/// A child stopped when the test ends, however it ends: Ctrl-C first, so that a
+/// `strata up` stops its engines too, then SIGKILL after 20 s.
 struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
