@@ -9,10 +9,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http, read_until, start_engine_with, strata, workspace_root};
+use common::{free_port, http, read_until, start_engine_with, strata, workspace_root, Supervised};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -46,30 +46,6 @@ fn run_sdk_script(script: &str, args: &[&str]) {
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
-/// A child stopped when the test ends, however it ends: Ctrl-C first, so that a
-/// `strata up` stops its engines too, then SIGKILL after 20 s.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-INT", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn openai_client_runs_the_tool_loop_against_the_engine_and_through_the_gateway() {
     let engine = start_engine_with(&[
@@ -82,7 +58,7 @@ fn openai_client_runs_the_tool_loop_against_the_engine_and_through_the_gateway()
     run_script(&format!("http://{}/v1", engine.addr), None);
 
     let port = free_port();
-    let mut gateway = Proc(
+    let mut gateway = Supervised(
         strata()
             .args([
                 "gateway",
@@ -138,7 +114,7 @@ fn openai_client_runs_the_tool_loop_through_strata_up() {
     )
     .expect("write strata.yaml");
     let port = free_port();
-    let mut up = Proc(
+    let mut up = Supervised(
         strata()
             .args(["up", "--port", &port.to_string()])
             .arg("--config")

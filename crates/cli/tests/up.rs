@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http, strata, workspace_root};
+use common::{free_port, http, strata, workspace_root, Supervised};
 use serde_json::{json, Value};
 
 /// Process ids of `pid`'s live children.
@@ -70,30 +70,6 @@ fn chromium() -> Command {
     c
 }
 
-/// `strata up` as a child: if the test fails part-way, dropping this stops it with SIGINT
-/// (so that it stops its engines too), then SIGKILL if it has not exited within 20 s.
-struct UpProcess(std::process::Child);
-
-impl Drop for UpProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-INT", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn completion(addr: SocketAddr, prompt: &str, max_tokens: u32) -> (u16, Value) {
     let body = json!({"model": "smollm2-135m-instruct", "prompt": prompt,
                       "max_tokens": max_tokens, "ignore_eos": true});
@@ -109,7 +85,7 @@ fn completion(addr: SocketAddr, prompt: &str, max_tokens: u32) -> (u16, Value) {
 fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
     let port = free_port();
     let logs = std::env::temp_dir().join(format!("strata-up-test-{}", std::process::id()));
-    let mut up = UpProcess(
+    let mut up = Supervised(
         strata()
             .args(["up", "--replicas", "2", "--port", &port.to_string()])
             .arg("--log-dir")

@@ -6,34 +6,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-use common::{free_port, strata, workspace_root};
+use common::{free_port, strata, workspace_root, Supervised};
 use serde_json::{json, Value};
-
-/// `strata up` as a child, stopped with SIGINT (then SIGKILL after 20 s) when dropped.
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-INT", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn chat(client: &reqwest::blocking::Client, base: &str, model: &str) -> Value {
     let resp = client
@@ -69,16 +46,18 @@ fn strata_up_serves_every_familys_gguf_by_path() {
         let logs =
             std::env::temp_dir().join(format!("strata-up-family-{family}-{}", std::process::id()));
         let port = free_port();
-        let mut up = Up(strata()
-            .args(["up", "--no-gateway", "--port", &port.to_string()])
-            .args(["--kv-cache-memory", "33554432", "--model"])
-            .arg(&path)
-            .arg("--log-dir")
-            .arg(&logs)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn strata up"));
+        let mut up = Supervised(
+            strata()
+                .args(["up", "--no-gateway", "--port", &port.to_string()])
+                .args(["--kv-cache-memory", "33554432", "--model"])
+                .arg(&path)
+                .arg("--log-dir")
+                .arg(&logs)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn strata up"),
+        );
         common::read_until(&mut up.0, "controller:", Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("{family}: strata up did not come up: {e}"));
         let base = format!("http://127.0.0.1:{port}");

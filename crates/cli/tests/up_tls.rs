@@ -8,34 +8,11 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
-use common::{free_port, http, strata};
+use common::{free_port, http, strata, Supervised};
 use serde_json::{json, Value};
-
-/// `strata up` as a child, stopped with SIGINT (then SIGKILL after 20 s) when dropped.
-struct UpProcess(std::process::Child);
-
-impl Drop for UpProcess {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.0.try_wait() {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-INT", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The word after `label` on the banner line that has it.
 fn banner_value(lines: &[String], label: &str) -> String {
@@ -74,7 +51,7 @@ fn post(
 fn up_with_tls_serves_every_hop_over_tls_with_its_own_ca() {
     let port = free_port();
     let logs = std::env::temp_dir().join(format!("strata-up-tls-test-{}", std::process::id()));
-    let mut up = UpProcess(
+    let mut up = Supervised(
         strata()
             .args([
                 "up",

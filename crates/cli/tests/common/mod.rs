@@ -33,6 +33,31 @@ impl Drop for Engine {
     }
 }
 
+/// A supervising child (`strata up`, a gateway): if the test ends part-way, dropping this
+/// stops it with SIGINT (so that it stops its engines too), then SIGKILL if it has not
+/// exited within 20 s.
+pub struct Supervised(pub Child);
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     http_with_headers(addr, method, path, body, &[])
 }
