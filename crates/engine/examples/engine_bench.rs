@@ -33,8 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let block_size = 16;
     let num_blocks = (n_prompt + n_gen).div_ceil(block_size) + 1;
     let table: Vec<u32> = (0..num_blocks as u32).collect();
+    // Token ids spread over the vocabulary (the same ids as always for one of 40,100 tokens
+    // or more; a tiny model's smaller vocabulary wraps them).
+    let vocab = model.config.vocab_size as u32;
     let prompt: Vec<u32> = (0..n_prompt as u32)
-        .map(|i| 100 + (i * 7919) % 40000)
+        .map(|i| (100 + (i * 7919) % 40000) % vocab)
         .collect();
     let mut pp = Vec::new();
     let mut tg = Vec::new();
@@ -141,7 +144,9 @@ fn batched_decode(
     let mut tokens: Vec<Vec<u32>> = (0..batch)
         .map(|b| {
             (0..ctx as u32)
-                .map(|i| 100 + (i * 7919 + b as u32 * 104_729) % 40000)
+                .map(|i| {
+                    (100 + (i * 7919 + b as u32 * 104_729) % 40000) % model.config.vocab_size as u32
+                })
                 .collect()
         })
         .collect();
