@@ -126,7 +126,8 @@ pub fn weighted_order(weights: &[u32], rng: &mut impl Rng) -> Vec<usize> {
 pub enum Failure {
     Connect,
     /// The upstream's certificate was refused (unknown issuer, expired, another host's
-    /// name) or its TLS handshake broke: the reason.
+    /// name) or its TLS handshake broke: the reason's class ([`tls_reason`]; the whole
+    /// error, which may name internal hosts, goes to the log only).
     Tls(String),
     Timeout,
     /// A provider refused the gateway's own key (its 401 or 403, the status kept): the
@@ -187,9 +188,46 @@ pub fn is_context_length_error(body: &str) -> bool {
         || b.contains("prompt is too long")
 }
 
+/// The class of a refused TLS handshake, in fixed words a client may read: a rustls
+/// error's text names hosts and certificate details that stay in the log.
+pub fn tls_reason(error: &str) -> &'static str {
+    let squashed: String = error
+        .chars()
+        .filter(|c| c.is_alphanumeric())
+        .collect::<String>()
+        .to_lowercase();
+    if squashed.contains("unknownissuer") {
+        "certificate from an unknown issuer"
+    } else if squashed.contains("expired") || squashed.contains("notvalidyet") {
+        "certificate expired or not yet valid"
+    } else if squashed.contains("notvalidforname") {
+        "certificate not valid for name"
+    } else {
+        "handshake refused"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tls_failure_reaches_clients_as_its_class_only() {
+        assert_eq!(
+            tls_reason("invalid peer certificate: UnknownIssuer"),
+            "certificate from an unknown issuer"
+        );
+        assert_eq!(
+            tls_reason("invalid peer certificate: certificate expired: verification time 1 (UNIX), but certificate is not valid after 0"),
+            "certificate expired or not yet valid"
+        );
+        let name = tls_reason(
+            "invalid peer certificate: certificate not valid for name \"internal.corp\"; certificate is only valid for DnsName(\"other.test\")",
+        );
+        assert_eq!(name, "certificate not valid for name");
+        assert!(!name.contains("internal"));
+        assert_eq!(tls_reason("received corrupt message"), "handshake refused");
+    }
     use crate::config::Config;
     use rand::SeedableRng;
 

@@ -202,7 +202,10 @@ fn failed(model: &str, last: Option<Failure>) -> Response {
             let why = match other {
                 Some(Failure::Timeout) => "timed out".to_string(),
                 Some(Failure::Connect) => "could not be reached".to_string(),
-                Some(Failure::Tls(why)) => format!("could not be reached over TLS ({why})"),
+                Some(Failure::Tls(why)) => format!(
+                    "could not be reached over TLS ({})",
+                    routing::tls_reason(&why)
+                ),
                 Some(Failure::KeyRefused(s)) => format!("refused the gateway's key ({s})"),
                 Some(Failure::Status(s, _)) => format!("answered {s}"),
                 None => "were not tried (deadline)".to_string(),
