@@ -8,7 +8,6 @@ mod common;
 mod scripted;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -44,35 +43,8 @@ async fn post_anthropic(s: &Setup, path: &str, key: &str, body: &Value) -> (u16,
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
-/// `(requests, input tokens, output tokens)` in the ledger, once `want` requests are in
-/// (streamed requests settle when their stream ends).
 async fn ledger(s: &Setup, want: u64) -> (u64, u64, u64) {
-    let mut last = (0, 0, 0);
-    for _ in 0..100 {
-        s.gw.gateway.flush_usage();
-        let rows = s.store.usage(&UsageFilter::default()).unwrap();
-        last = rows.iter().fold((0, 0, 0), |a, r| {
-            (
-                a.0 + r.requests,
-                a.1 + r.input_tokens,
-                a.2 + r.output_tokens,
-            )
-        });
-        if last.0 >= want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    last
-}
-
-fn events(text: &str) -> Vec<(String, Value)> {
-    let mut dec = strata_api::SseDecoder::new();
-    dec.feed(text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.event.clone().unwrap_or_default(), e.json().unwrap()))
-        .collect()
+    ledger_totals(&s.gw, &s.store, want).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +83,7 @@ async fn a_streamed_message_has_anthropics_events_and_is_charged() {
         "messages": [{"role": "user", "content": "hello"}]});
     let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &body).await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -188,7 +160,7 @@ async fn a_tool_use_round_trip_whole_and_streamed() {
     streamed["stream"] = json!(true);
     let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     assert_eq!(evs[1].1["content_block"]["type"], "tool_use");
     assert_eq!(evs[1].1["content_block"]["name"], "get_weather");
     let json_text: String = evs
@@ -249,8 +221,8 @@ async fn an_upstream_that_speaks_messages_gets_the_body_as_sent() {
     let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
     assert_eq!(status, 200);
     assert_eq!(
-        events(&text),
-        events(&scripted::fixture("messages-stream.sse"))
+        sse_events(&text),
+        sse_events(&scripted::fixture("messages-stream.sse"))
     );
     assert_eq!(ledger(&s, 2).await, (2, 26 + 33, 24 + 8));
 
@@ -408,7 +380,7 @@ async fn guardrails_translate_a_pass_through_model_and_keep_anthropic_events() {
     streamed["stream"] = json!(true);
     let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     assert_eq!(evs.first().unwrap().0, "message_start", "{text}");
     assert_eq!(evs.last().unwrap().0, "message_stop", "{text}");
     for (name, data) in &evs {
@@ -455,7 +427,7 @@ async fn guardrails_translate_a_pass_through_model_and_keep_anthropic_events() {
     let (status, text) = post_anthropic(&s, "/v1/messages", &s.key, &streamed).await;
     assert_eq!(status, 200, "{text}");
     assert!(!text.contains("there"), "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let (name, data) = evs.last().unwrap();
     assert_eq!(name, "error", "{text}");
     assert_eq!(data["type"], "error");

@@ -8,7 +8,6 @@ mod common;
 mod scripted;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -57,32 +56,7 @@ async fn get(s: &Setup, key: &str, id: &str) -> (u16, Value) {
 }
 
 async fn charged(s: &Setup, want: u64) -> (u64, u64, u64) {
-    let mut last = (0, 0, 0);
-    for _ in 0..100 {
-        s.gw.gateway.flush_usage();
-        let rows = s.store.usage(&UsageFilter::default()).unwrap();
-        last = rows.iter().fold((0, 0, 0), |a, r| {
-            (
-                a.0 + r.requests,
-                a.1 + r.input_tokens,
-                a.2 + r.output_tokens,
-            )
-        });
-        if last.0 >= want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    last
-}
-
-fn events(text: &str) -> Vec<(String, Value)> {
-    let mut dec = strata_api::SseDecoder::new();
-    dec.feed(text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .map(|e| (e.event.clone().unwrap_or_default(), e.json().unwrap()))
-        .collect()
+    ledger_totals(&s.gw, &s.store, want).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +153,7 @@ async fn a_streamed_response_has_openais_events_and_is_kept() {
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -268,7 +242,7 @@ async fn function_tools_and_json_schemas_reach_the_model() {
         &json!({"model": "m", "input": "Weather?", "tools": tools, "stream": true}),
     )
     .await;
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let args: String = evs
         .iter()
         .filter(|(n, _)| n == "response.function_call_arguments.delta")
@@ -341,8 +315,8 @@ async fn an_upstream_that_speaks_responses_gets_the_body_as_sent() {
     let (status, text) = create(&s, &s.key, &streamed).await;
     assert_eq!(status, 200);
     assert_eq!(
-        events(&text),
-        events(&scripted::fixture("responses-stream.sse"))
+        sse_events(&text),
+        sse_events(&scripted::fixture("responses-stream.sse"))
     );
     assert_eq!(charged(&s, 2).await, (2, 42 + 33, 16));
 }
@@ -439,7 +413,7 @@ async fn a_broken_stream_s_error_event_takes_the_next_sequence_number() {
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let (name, error) = evs.last().unwrap();
     assert_eq!(name, "error", "{text}");
     let before: Vec<u64> = evs[..evs.len() - 1]
@@ -559,7 +533,7 @@ async fn passed_through_responses_are_kept_per_tenant() {
     )
     .await;
     assert_eq!(status, 200, "{text}");
-    let evs = events(&text);
+    let evs = sse_events(&text);
     let (name, done) = evs.last().unwrap();
     assert_eq!(name, "response.completed");
     let streamed_id = done["response"]["id"].as_str().unwrap().to_string();

@@ -251,3 +251,37 @@ pub fn sse_content(text: &str) -> (String, bool) {
     }
     (out, done)
 }
+
+/// A stream's events as `(event name, JSON data)` (Anthropic's and the Responses API's
+/// streams name every event).
+pub fn sse_events(text: &str) -> Vec<(String, Value)> {
+    let mut dec = strata_api::SseDecoder::new();
+    dec.feed(text.as_bytes())
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.event.clone().unwrap_or_default(), e.json().unwrap()))
+        .collect()
+}
+
+/// `(requests, input tokens, output tokens)` in `store`'s ledger once `want` requests are
+/// in (streamed requests settle when their stream ends; at most 2 s).
+pub async fn ledger_totals(gw: &RunningGateway, store: &SqliteStore, want: u64) -> (u64, u64, u64) {
+    use strata_gateway::store::{Store, UsageFilter};
+    let mut last = (0, 0, 0);
+    for _ in 0..100 {
+        gw.gateway.flush_usage();
+        let rows = store.usage(&UsageFilter::default()).unwrap();
+        last = rows.iter().fold((0, 0, 0), |a, r| {
+            (
+                a.0 + r.requests,
+                a.1 + r.input_tokens,
+                a.2 + r.output_tokens,
+            )
+        });
+        if last.0 >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    last
+}
