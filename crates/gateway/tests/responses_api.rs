@@ -23,8 +23,14 @@ struct Setup {
 }
 
 async fn setup_with(store: Arc<SqliteStore>) -> Setup {
+    setup_config(store, "").await
+}
+
+/// The scripted upstream's gateway.yaml with `extra` (top-level keys) appended.
+async fn setup_config(store: Arc<SqliteStore>, extra: &str) -> Setup {
     let up = scripted::spawn().await;
-    let gw = gateway_with(&scripted::yaml(&up.url), Some(store.clone())).await;
+    let yaml = format!("{}{extra}", scripted::yaml(&up.url));
+    let gw = gateway_with(&yaml, Some(store.clone())).await;
     let key = key(&gw, "acme");
     Setup { gw, up, store, key }
 }
@@ -393,19 +399,11 @@ async fn bad_input_gets_openais_error_shape_and_costs_nothing() {
 /// `error` event numbered after the events before it, not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_s_error_event_takes_the_next_sequence_number() {
-    let up = scripted::spawn().await;
-    let yaml = format!(
-        "{}guardrails:\n  patterns:\n    - {{kind: custom, regex: \"there\", action: block, input: false}}\n",
-        scripted::yaml(&up.url)
-    );
-    let store = Arc::new(SqliteStore::in_memory().unwrap());
-    let gw = gateway_with(&yaml, Some(store.clone())).await;
-    let s = Setup {
-        key: key(&gw, "acme"),
-        gw,
-        up,
-        store,
-    };
+    let s = setup_config(
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        "guardrails:\n  patterns:\n    - {kind: custom, regex: \"there\", action: block, input: false}\n",
+    )
+    .await;
     let (status, text) = create(
         &s,
         &s.key,
@@ -434,19 +432,11 @@ async fn a_broken_stream_s_error_event_takes_the_next_sequence_number() {
 /// `previous_response_id`, and nothing reaches the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_grown_too_long_is_refused_as_such() {
-    let up = scripted::spawn().await;
-    let yaml = format!(
-        "{}server: {{max_body_bytes: 2048}}\n",
-        scripted::yaml(&up.url)
-    );
-    let store = Arc::new(SqliteStore::in_memory().unwrap());
-    let gw = gateway_with(&yaml, Some(store.clone())).await;
-    let s = Setup {
-        key: key(&gw, "acme"),
-        gw,
-        up,
-        store,
-    };
+    let s = setup_config(
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        "server: {max_body_bytes: 2048}\n",
+    )
+    .await;
     let (status, text) = create(
         &s,
         &s.key,
