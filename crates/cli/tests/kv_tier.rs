@@ -18,6 +18,7 @@ fn spec() -> BlockSpec {
         n_layer: 2,
         slot_width: 8,
         dtype: KvDtype::F16,
+        scales_per_slot: 0,
     }
 }
 

@@ -42,11 +42,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..reps {
-        let mut cache = KvCache::with_dtype(
+        let mut cache = KvCache::with_heads(
             model.config.n_layer,
             num_blocks,
             block_size,
-            model.kv_slot_width(),
+            model.config.n_kv_head,
+            model.config.head_dim,
             kv_dtype,
         );
         let t = Instant::now();
@@ -62,11 +63,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         pp.push(n_prompt as f64 / t.elapsed().as_secs_f64());
         // Decode from an empty context, as llama-bench's tg does.
-        let mut cache = KvCache::with_dtype(
+        let mut cache = KvCache::with_heads(
             model.config.n_layer,
             num_blocks,
             block_size,
-            model.kv_slot_width(),
+            model.config.n_kv_head,
+            model.config.head_dim,
             kv_dtype,
         );
         let t = Instant::now();
@@ -131,11 +133,12 @@ fn batched_decode(
     const BUDGET: usize = 2048;
     let block_size = 16;
     let per_seq = (ctx + steps).div_ceil(block_size);
-    let mut cache = KvCache::with_dtype(
+    let mut cache = KvCache::with_heads(
         model.config.n_layer,
         batch * per_seq,
         block_size,
-        model.kv_slot_width(),
+        model.config.n_kv_head,
+        model.config.head_dim,
         kv_dtype,
     );
     let tables: Vec<Vec<u32>> = (0..batch)

@@ -44,6 +44,7 @@ async fn main() {
         n_layer: 30,
         slot_width: 3 * 64,
         dtype: KvDtype::F16,
+        scales_per_slot: 0,
     };
     let n_blocks = tokens / spec.block_size as usize;
     assert!(n_blocks > 0, "--tokens must cover at least one block");

@@ -9,6 +9,12 @@
 //! over all positions; softmax uses a vectorizable `exp`. Without AVX2 (or for head sizes
 //! not a multiple of 8) a portable loop computes the same.
 //!
+//! With 8-bit entries ([`crate::kv::quant8`]) the same loops run over the raw codes (int8
+//! widened, E4M3 mapped onto f16 bit patterns) and each head's scale is applied once per
+//! position: a score is multiplied by its key's scale after the dot product, and a
+//! probability by its value's scale before `P·V` (after the softmax sum, which is taken
+//! over the true probabilities).
+//!
 //! A token's output depends only on its own query, its position and its sequence's cached
 //! keys and values: never on which other tokens share the step, so batching does not change
 //! results.
@@ -17,6 +23,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::kv::cache::KvBuf;
+use crate::kv::quant8::E4m3;
 
 /// A KV-cache entry type attention reads.
 pub trait KvElem: Copy + Send + Sync {
@@ -52,6 +59,44 @@ impl KvElem for f16 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
+}
+
+impl KvElem for i8 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    }
+}
+
+/// E4M3 codes read in the cache's raw unit (the number times 2⁻⁸; the scales carry 2⁸).
+impl KvElem for E4m3 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self.raw()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // Eight bytes widened to 16 bits; sign to bit 15, exponent and mantissa up 7.
+        let w = _mm_cvtepu8_epi16(_mm_loadl_epi64(p as *const __m128i));
+        let magnitude = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
+        let sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+        _mm256_cvtph_ps(_mm_or_si128(magnitude, sign))
+    }
+}
+
+/// 8-bit entries' scales: entry `i` of the layer is `code · scales[i / group]`.
+#[derive(Clone, Copy)]
+struct Scales<'a> {
+    scales: &'a [f32],
+    group: usize,
 }
 
 /// The shapes attention needs.
@@ -104,11 +149,123 @@ pub fn attend(
     tokens: &[TokenCtx<'_>],
     out: &mut [f32],
 ) {
-    match (keys, values) {
-        (KvBuf::F16(k), KvBuf::F16(v)) => attend_with(shape, q, k, v, tokens, out, true),
-        (KvBuf::F32(k), KvBuf::F32(v)) => attend_with(shape, q, k, v, tokens, out, true),
-        (KvBuf::F16(k), KvBuf::F32(v)) => attend_with(shape, q, k, v, tokens, out, true),
-        (KvBuf::F32(k), KvBuf::F16(v)) => attend_with(shape, q, k, v, tokens, out, true),
+    dispatch(shape, q, keys, values, tokens, out, true);
+}
+
+/// [`attend`] with the SIMD path allowed or not (tests check both): dispatches on the
+/// keys' type.
+fn dispatch(
+    shape: AttnShape,
+    q: &[f32],
+    keys: &KvBuf,
+    values: &KvBuf,
+    tokens: &[TokenCtx<'_>],
+    out: &mut [f32],
+    simd: bool,
+) {
+    let run = Run {
+        shape,
+        q,
+        tokens,
+        simd,
+    };
+    match keys {
+        KvBuf::F16(k) => with_values(run, k, None, values, out),
+        KvBuf::F32(k) => with_values(run, k, None, values, out),
+        KvBuf::Int8(k) => {
+            let ks = Scales {
+                scales: &k.scales,
+                group: k.group,
+            };
+            with_values(run, &k.data, Some(ks), values, out)
+        }
+        KvBuf::Fp8(k) => {
+            let ks = Scales {
+                scales: &k.scales,
+                group: k.group,
+            };
+            with_values(run, &k.data, Some(ks), values, out)
+        }
+    }
+}
+
+/// What one call attends with, besides the cache and the output.
+#[derive(Clone, Copy)]
+struct Run<'a, 't> {
+    shape: AttnShape,
+    q: &'a [f32],
+    tokens: &'a [TokenCtx<'t>],
+    simd: bool,
+}
+
+/// [`dispatch`] once the keys' type is known: dispatches on the values'.
+fn with_values<K: KvElem>(
+    run: Run<'_, '_>,
+    keys: &[K],
+    ks: Option<Scales<'_>>,
+    values: &KvBuf,
+    out: &mut [f32],
+) {
+    let Run {
+        shape,
+        q,
+        tokens,
+        simd,
+    } = run;
+    match values {
+        KvBuf::F16(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, simd),
+        KvBuf::F32(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, simd),
+        KvBuf::Int8(v) => {
+            let vs = Scales {
+                scales: &v.scales,
+                group: v.group,
+            };
+            attend_with(
+                shape,
+                q,
+                pair(keys, ks, &v.data, Some(vs)),
+                tokens,
+                out,
+                simd,
+            )
+        }
+        KvBuf::Fp8(v) => {
+            let vs = Scales {
+                scales: &v.scales,
+                group: v.group,
+            };
+            attend_with(
+                shape,
+                q,
+                pair(keys, ks, &v.data, Some(vs)),
+                tokens,
+                out,
+                simd,
+            )
+        }
+    }
+}
+
+/// One layer's typed keys and values with their scales (8-bit entries).
+#[derive(Clone, Copy)]
+struct KvPair<'a, K, V> {
+    keys: &'a [K],
+    ks: Option<Scales<'a>>,
+    values: &'a [V],
+    vs: Option<Scales<'a>>,
+}
+
+fn pair<'a, K, V>(
+    keys: &'a [K],
+    ks: Option<Scales<'a>>,
+    values: &'a [V],
+    vs: Option<Scales<'a>>,
+) -> KvPair<'a, K, V> {
+    KvPair {
+        keys,
+        ks,
+        values,
+        vs,
     }
 }
 
@@ -116,12 +273,17 @@ pub fn attend(
 fn attend_with<K: KvElem, V: KvElem>(
     shape: AttnShape,
     q: &[f32],
-    keys: &[K],
-    values: &[V],
+    kv: KvPair<'_, K, V>,
     tokens: &[TokenCtx<'_>],
     out: &mut [f32],
     simd: bool,
 ) {
+    let KvPair {
+        keys,
+        ks,
+        values,
+        vs,
+    } = kv;
     let AttnShape {
         n_head,
         n_kv_head,
@@ -149,6 +311,7 @@ fn attend_with<K: KvElem, V: KvElem>(
                     scratch.offs.push(slot * kv_dim + kvh * hd);
                 }
             });
+            scratch.gather_scales(ks, vs);
             let head = Head {
                 q,
                 group,
@@ -189,9 +352,35 @@ struct Scratch {
     scores: Vec<f32>,
     /// `1 / Σ` of each row of probabilities.
     inv: Vec<f32>,
+    /// Each position's key scale and value scale (8-bit entries; empty otherwise).
+    kscale: Vec<f32>,
+    vscale: Vec<f32>,
 }
 
 impl Scratch {
+    /// Each position's key and value scale, read once per task (a head's numbers share
+    /// one group: the group is a whole number of heads).
+    fn gather_scales(&mut self, ks: Option<Scales<'_>>, vs: Option<Scales<'_>>) {
+        for (dst, src) in [(&mut self.kscale, ks), (&mut self.vscale, vs)] {
+            dst.clear();
+            if let Some(Scales { scales, group }) = src {
+                dst.extend(self.offs.iter().map(|&off| scales[off / group]));
+            }
+        }
+    }
+
+    /// Multiplies each row's score at position `j` by the key's scale there (8-bit keys),
+    /// giving the true `q·k`.
+    fn scale_scores(&mut self) {
+        scale_columns(&mut self.scores, &self.kscale);
+    }
+
+    /// Multiplies each row's probability at position `j` by the value's scale there
+    /// (8-bit values), after the softmax sum was taken over the true probabilities.
+    fn scale_probabilities(&mut self) {
+        scale_columns(&mut self.scores, &self.vscale);
+    }
+
     /// Sizes the score buffer for `group` rows over this task's positions, all zero;
     /// returns the number of positions.
     fn zero_scores(&mut self, group: usize) -> usize {
@@ -199,6 +388,19 @@ impl Scratch {
         self.scores.clear();
         self.scores.resize(group * n_ctx, 0.0);
         n_ctx
+    }
+}
+
+/// `rows[r][j] *= col[j]` for every row of `col.len()` entries; nothing when `col` is
+/// empty.
+fn scale_columns(rows: &mut [f32], col: &[f32]) {
+    if col.is_empty() {
+        return;
+    }
+    for row in rows.chunks_exact_mut(col.len()) {
+        for (x, c) in row.iter_mut().zip(col) {
+            *x *= c;
+        }
     }
 }
 
@@ -255,8 +457,10 @@ fn attend_group<K: KvElem, V: KvElem>(
             s.scores[g * n_ctx + j] = dot(qh, k) * h.scale;
         }
     }
+    s.scale_scores();
     soft_cap(&mut s.scores, h.softcap);
     softmax_rows(&mut s.scores, n_ctx, &mut s.inv);
+    s.scale_probabilities();
     out.fill(0.0);
     for (j, &off) in s.offs.iter().enumerate() {
         let v = &values[off..off + hd];
@@ -308,8 +512,10 @@ mod avx2 {
             }
             g += r;
         }
+        s.scale_scores();
         soft_cap(&mut s.scores, h.softcap);
         softmax_rows(&mut s.scores, n_ctx, &mut s.inv);
+        s.scale_probabilities();
         let (p, o) = (s.scores.as_ptr(), out.as_mut_ptr());
         let mut g = 0;
         while g < h.group {
@@ -491,6 +697,7 @@ pub fn exp(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::cache::{KvCache, KvDtype};
 
     #[test]
     fn exp_is_within_two_ulp_on_the_softmax_range() {
@@ -568,41 +775,48 @@ mod tests {
                         ..causal
                     };
                     for shape in [causal, sliding] {
-                        check_against_reference(shape, simd, false);
-                        check_against_reference(shape, simd, true);
+                        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Fp8E4m3] {
+                            check_against_reference(shape, simd, dtype);
+                        }
                     }
                 }
             }
         }
     }
 
-    /// With `half`, the cache holds f16 entries and the reference gets the same rounded
-    /// values.
-    fn check_against_reference(shape: AttnShape, simd: bool, half: bool) {
+    /// The cache holds `dtype` entries and the reference gets the same stored values (f16
+    /// rounding, 8-bit codes times their head's scale).
+    fn check_against_reference(shape: AttnShape, simd: bool, dtype: KvDtype) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let slots = 16 * shape.block_size;
         let kv_dim = shape.n_kv_head * shape.head_dim;
-        let mut k: Vec<f32> = (0..slots * kv_dim)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let mut v: Vec<f32> = (0..slots * kv_dim)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let (k16, v16): (Vec<f16>, Vec<f16>) = (
-            k.iter().map(|&x| f16::from_f32(x)).collect(),
-            v.iter().map(|&x| f16::from_f32(x)).collect(),
+        let mut cache = KvCache::with_heads(
+            1,
+            16,
+            shape.block_size,
+            shape.n_kv_head,
+            shape.head_dim,
+            dtype,
         );
-        if half {
-            k = k16.iter().map(|x| x.to_f32()).collect();
-            v = v16.iter().map(|x| x.to_f32()).collect();
+        for slot in 0..slots {
+            // Heads of different magnitudes, as real keys have.
+            let row = |rng: &mut rand::rngs::StdRng| -> Vec<f32> {
+                (0..kv_dim)
+                    .map(|i| rng.random_range(-1.0..1.0) * (1 + i / shape.head_dim) as f32)
+                    .collect()
+            };
+            let (k, v) = (row(&mut rng), row(&mut rng));
+            cache.keys[0].write(slot * kv_dim, &k);
+            cache.values[0].write(slot * kv_dim, &v);
         }
+        let k: Vec<f32> = (0..slots * kv_dim).map(|i| cache.keys[0].get(i)).collect();
+        let v: Vec<f32> = (0..slots * kv_dim)
+            .map(|i| cache.values[0].get(i))
+            .collect();
+        let (kb, vb) = (&cache.keys[0], &cache.values[0]);
         let run = |q: &[f32], toks: &[TokenCtx<'_>], out: &mut [f32]| {
-            if half {
-                attend_with(shape, q, &k16, &v16, toks, out, simd);
-            } else {
-                attend_with(shape, q, &k, &v, toks, out, simd);
-            }
+            dispatch(shape, q, kb, vb, toks, out, simd);
         };
         // Two sequences with scattered, interleaved blocks.
         let table_a = [7u32, 2, 11, 5, 0];
@@ -629,8 +843,8 @@ mod tests {
         let want = reference(shape, &q, &k, &v, &toks);
         for (g, w) in out.iter().zip(&want) {
             assert!(
-                (g - w).abs() < 1e-5,
-                "{shape:?} simd={simd} half={half}: {g} vs {w}"
+                (g - w).abs() < 1e-5 * (1.0 + w.abs()),
+                "{shape:?} simd={simd} {dtype}: {g} vs {w}"
             );
         }
         // Each token alone gives bit-identical output.

@@ -24,6 +24,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use strata_api::model_server::{strata, token_buckets, vllm};
 
+use crate::kv::cache::KvDtype;
+
 type Labels = Vec<(String, String)>;
 
 pub const TTFT_BUCKETS: &[f64] = vllm::TTFT_BUCKETS;
@@ -53,6 +55,8 @@ pub struct MetricLimits {
     pub max_model_len: usize,
     /// Tokens per step: the tokens-per-step histogram goes up to it.
     pub max_num_batched_tokens: usize,
+    /// The KV cache's entry type (`cache_config_info{cache_dtype}`).
+    pub cache_dtype: KvDtype,
 }
 
 /// Where a request's prompt KV came from (`strata:kv_transfer_requests_total{path}`).
@@ -173,6 +177,7 @@ impl EngineMetrics {
                 num_blocks,
                 max_model_len: 8192,
                 max_num_batched_tokens: 2048,
+                cache_dtype: KvDtype::F16,
             },
         )
     }
@@ -262,6 +267,7 @@ impl EngineMetrics {
         let info: Family<Labels, Gauge> = Family::default();
         info.get_or_create(&vec![
             ("block_size".into(), limits.block_size.to_string()),
+            ("cache_dtype".into(), limits.cache_dtype.vllm_name().into()),
             ("num_gpu_blocks".into(), limits.num_blocks.to_string()),
             ("enable_prefix_caching".into(), "True".into()),
             ("prefix_caching_hash_algo".into(), "sha256_cbor".into()),
@@ -755,6 +761,7 @@ mod tests {
                 num_blocks: 100,
                 max_model_len: 8192,
                 max_num_batched_tokens: 2048,
+                cache_dtype: KvDtype::Int8,
             },
         );
         m.set_queue(3, 2);
@@ -791,6 +798,10 @@ mod tests {
             Some(0.0)
         );
         assert_eq!(value("vllm:prompt_tokens_cached_total", None), Some(32.0));
+        assert_eq!(
+            value("vllm:cache_config_info", Some(("cache_dtype", "int8"))),
+            Some(1.0)
+        );
         assert_eq!(
             value(
                 "vllm:prompt_tokens_by_source_total",

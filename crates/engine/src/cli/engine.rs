@@ -46,7 +46,8 @@ pub struct EngineArgs {
     /// weights, prefill about 1.7x slower; decode rows stay 8-bit.
     #[arg(long)]
     pub exact_prefill: bool,
-    /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16 or f32.
+    /// KV-cache entry type: auto (f32 with --weights f32, f16 otherwise), f16, f32, or an
+    /// 8-bit type with a scale per head and token: int8, or fp8 (E4M3; also fp8_e4m3).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvDtypeArg,
     /// Tokens per KV-cache block.

@@ -32,6 +32,11 @@ impl BlockSpecCell {
                 n_layer: u32::try_from(model.config.n_layer).unwrap_or(u32::MAX),
                 slot_width: u32::try_from(model.kv_slot_width()).unwrap_or(u32::MAX),
                 dtype: config.kv_dtype,
+                scales_per_slot: if config.kv_dtype.is_scaled() {
+                    u32::try_from(model.config.n_kv_head).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
             },
             arch: arch_identity(model),
             weights_path: config.weights_path.clone(),
@@ -229,6 +234,7 @@ mod tests {
                 n_layer: 2,
                 slot_width: 8,
                 dtype: KvDtype::F16,
+                scales_per_slot: 0,
             },
             arch: "llama:test".into(),
             weights_path: path,

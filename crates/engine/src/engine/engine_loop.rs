@@ -56,11 +56,12 @@ impl EngineLoop {
         metrics: Arc<EngineMetrics>,
         shared: Arc<Shared>,
     ) -> Self {
-        let cache = KvCache::with_dtype(
+        let cache = KvCache::with_heads(
             model.config.n_layer,
             config.num_blocks,
             config.block_size,
-            model.kv_slot_width(),
+            model.config.n_kv_head,
+            model.config.head_dim,
             config.kv_dtype,
         );
         let mut scheduler = StepPlanner::new(
@@ -220,14 +221,7 @@ impl EngineLoop {
 
     /// Blocks of this cache that fit in one transfer frame.
     fn blocks_per_frame(&self) -> usize {
-        BlockSpec {
-            model: String::new(),
-            block_size: self.cache.block_size as u32,
-            n_layer: self.cache.keys.len() as u32,
-            slot_width: self.cache.slot_width as u32,
-            dtype: self.cache.dtype,
-        }
-        .blocks_per_frame()
+        BlockSpec::of_cache(String::new(), &self.cache).blocks_per_frame()
     }
 
     pub(super) fn flush_kv_events(&mut self) {

@@ -6,25 +6,57 @@
 //! sequence's blocks may be anywhere and sequences of any length share one cache.
 //!
 //! Entries are f16 (half the memory and half the bytes attention reads per step; what
-//! llama.cpp and vLLM keep by default) or f32 (exact, for the f32 reference mode).
+//! llama.cpp and vLLM keep by default), f32 (exact, for the f32 reference mode), or 8-bit
+//! codes (int8 or fp8 E4M3, [`super::quant8`]) with one scale per KV head of each token:
+//! half an f16 cache's bytes again, plus 4 bytes a head.
 
 use std::str::FromStr;
 
 use half::f16;
+
+use super::quant8::{E4m3, Scaled};
 
 /// How cache entries are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
     F16,
     F32,
+    /// int8 codes, one scale per head and token (`--kv-cache-dtype int8`).
+    Int8,
+    /// fp8 E4M3 codes, one scale per head and token (`--kv-cache-dtype fp8`, vLLM's
+    /// spelling; also `fp8_e4m3`).
+    Fp8E4m3,
 }
 
 impl KvDtype {
+    /// Bytes of one entry's code (scales not counted).
     pub const fn bytes(self) -> usize {
         match self {
             Self::F16 => 2,
             Self::F32 => 4,
+            Self::Int8 | Self::Fp8E4m3 => 1,
         }
+    }
+
+    /// The name vLLM's `cache_config_info{cache_dtype}` uses for this type.
+    pub const fn vllm_name(self) -> &'static str {
+        match self {
+            Self::F16 => "float16",
+            Self::F32 => "float32",
+            Self::Int8 => "int8",
+            Self::Fp8E4m3 => "fp8_e4m3",
+        }
+    }
+
+    /// Whether entries carry a scale per group (per head of each token).
+    pub const fn is_scaled(self) -> bool {
+        matches!(self, Self::Int8 | Self::Fp8E4m3)
+    }
+
+    /// Bytes of one slot of `slot_width` numbers in `groups` scale groups (the groups
+    /// count only for scaled dtypes).
+    pub const fn slot_bytes(self, slot_width: usize, groups: usize) -> usize {
+        slot_width * self.bytes() + if self.is_scaled() { 4 * groups } else { 0 }
     }
 }
 
@@ -34,8 +66,10 @@ impl FromStr for KvDtype {
         match s {
             "f16" | "fp16" | "float16" | "half" => Ok(Self::F16),
             "f32" | "fp32" | "float32" | "float" => Ok(Self::F32),
+            "int8" | "i8" => Ok(Self::Int8),
+            "fp8" | "fp8_e4m3" => Ok(Self::Fp8E4m3),
             other => Err(format!(
-                "unknown KV-cache dtype `{other}` (expected auto, f16 or f32)"
+                "unknown KV-cache dtype `{other}` (expected auto, f16, f32, fp8, fp8_e4m3 or int8)"
             )),
         }
     }
@@ -46,6 +80,8 @@ impl std::fmt::Display for KvDtype {
         f.write_str(match self {
             Self::F16 => "f16",
             Self::F32 => "f32",
+            Self::Int8 => "int8",
+            Self::Fp8E4m3 => "fp8_e4m3",
         })
     }
 }
@@ -54,17 +90,23 @@ impl std::fmt::Display for KvDtype {
 pub enum KvBuf {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    Int8(Scaled<i8>),
+    Fp8(Scaled<E4m3>),
 }
 
 impl KvBuf {
-    fn new(dtype: KvDtype, len: usize) -> Self {
+    /// `len` zero entries; 8-bit entries share a scale per `group` numbers.
+    fn new(dtype: KvDtype, len: usize, group: usize) -> Self {
         match dtype {
             KvDtype::F16 => Self::F16(vec![f16::ZERO; len]),
             KvDtype::F32 => Self::F32(vec![0.0; len]),
+            KvDtype::Int8 => Self::Int8(Scaled::new(len, group)),
+            KvDtype::Fp8E4m3 => Self::Fp8(Scaled::new(len, group)),
         }
     }
 
-    /// Stores `src` from element `at` on (rounded to nearest when f16).
+    /// Stores `src` from element `at` on (rounded to nearest when f16; quantized per
+    /// group when 8-bit, where `at` and `src.len()` are whole groups: one token's slot).
     #[inline]
     pub fn write(&mut self, at: usize, src: &[f32]) {
         match self {
@@ -74,6 +116,8 @@ impl KvBuf {
                 }
             }
             Self::F32(b) => b[at..at + src.len()].copy_from_slice(src),
+            Self::Int8(b) => b.write(at, src),
+            Self::Fp8(b) => b.write(at, src),
         }
     }
 
@@ -83,6 +127,8 @@ impl KvBuf {
         match self {
             Self::F16(b) => b[i].to_f32(),
             Self::F32(b) => b[i],
+            Self::Int8(b) => b.get(i),
+            Self::Fp8(b) => b.get(i),
         }
     }
 
@@ -90,6 +136,8 @@ impl KvBuf {
         match self {
             Self::F16(b) => b.len(),
             Self::F32(b) => b.len(),
+            Self::Int8(b) => b.data.len(),
+            Self::Fp8(b) => b.data.len(),
         }
     }
 
@@ -97,7 +145,8 @@ impl KvBuf {
         self.len() == 0
     }
 
-    /// Appends elements `at..at + n` to `out` as little-endian bytes of the buffer's dtype.
+    /// Appends elements `at..at + n` to `out` as little-endian bytes of the buffer's dtype
+    /// (8-bit: the codes, then their groups' scales).
     fn read_le(&self, at: usize, n: usize, out: &mut Vec<u8>) {
         // Grown once and filled through fixed-size chunks, which compiles to a plain copy
         // loop (a push per element would check the capacity every time).
@@ -115,11 +164,13 @@ impl KvBuf {
                     o.copy_from_slice(&v.to_le_bytes());
                 }
             }
+            Self::Int8(b) => b.read_le(at, n, out),
+            Self::Fp8(b) => b.read_le(at, n, out),
         }
     }
 
     /// Stores little-endian elements of the buffer's dtype from element `at` on; `src`
-    /// holds a whole number of elements.
+    /// holds a whole number of elements (8-bit: whole groups, codes then scales).
     fn write_le(&mut self, at: usize, src: &[u8]) {
         match self {
             Self::F16(b) => {
@@ -132,6 +183,8 @@ impl KvBuf {
                     *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
             }
+            Self::Int8(b) => b.write_le(at, src),
+            Self::Fp8(b) => b.write_le(at, src),
         }
     }
 }
@@ -151,6 +204,9 @@ pub struct KvCache {
     pub num_blocks: usize,
     /// Numbers per slot: `n_kv_head * head_dim`.
     pub slot_width: usize,
+    /// Scale groups per slot for 8-bit entries: the KV heads (each head of each token has
+    /// its own scale). 1 for the other dtypes, which carry no scales.
+    pub groups_per_slot: usize,
     pub dtype: KvDtype,
     pub keys: Vec<KvBuf>,
     pub values: Vec<KvBuf>,
@@ -162,6 +218,8 @@ impl KvCache {
         Self::with_dtype(n_layer, num_blocks, block_size, slot_width, KvDtype::F32)
     }
 
+    /// A cache of `dtype` entries whose 8-bit scales (if any) cover a whole slot each.
+    /// A model's cache has one scale per head: [`Self::with_heads`].
     pub fn with_dtype(
         n_layer: usize,
         num_blocks: usize,
@@ -169,25 +227,45 @@ impl KvCache {
         slot_width: usize,
         dtype: KvDtype,
     ) -> Self {
+        Self::with_heads(n_layer, num_blocks, block_size, 1, slot_width, dtype)
+    }
+
+    /// A cache for `n_kv_head` heads of `head_dim` numbers per slot.
+    pub fn with_heads(
+        n_layer: usize,
+        num_blocks: usize,
+        block_size: usize,
+        n_kv_head: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let slot_width = n_kv_head * head_dim;
         let len = num_blocks * block_size * slot_width;
         Self {
             block_size,
             num_blocks,
             slot_width,
+            groups_per_slot: n_kv_head.max(1),
             dtype,
-            keys: (0..n_layer).map(|_| KvBuf::new(dtype, len)).collect(),
-            values: (0..n_layer).map(|_| KvBuf::new(dtype, len)).collect(),
+            keys: (0..n_layer)
+                .map(|_| KvBuf::new(dtype, len, head_dim))
+                .collect(),
+            values: (0..n_layer)
+                .map(|_| KvBuf::new(dtype, len, head_dim))
+                .collect(),
         }
     }
 
-    /// Bytes one block takes across all layers (keys and values).
+    /// Bytes one block takes across all layers (keys and values), `groups` scale groups
+    /// per slot (the KV heads; they count only for 8-bit entries).
     pub fn bytes_per_block(
         n_layer: usize,
         block_size: usize,
         slot_width: usize,
+        groups: usize,
         dtype: KvDtype,
     ) -> usize {
-        2 * n_layer * block_size * slot_width * dtype.bytes()
+        2 * n_layer * block_size * dtype.slot_bytes(slot_width, groups)
     }
 
     /// Bytes of one of this cache's blocks (what [`Self::read_block`] produces).
@@ -196,13 +274,15 @@ impl KvCache {
             self.keys.len(),
             self.block_size,
             self.slot_width,
+            self.groups_per_slot,
             self.dtype,
         )
     }
 
     /// Copies block `block`'s keys and values out, in the transfer layout: for each layer,
     /// the block's keys (`block_size * slot_width` elements) then its values, as
-    /// little-endian elements of the cache's dtype (exact: no conversion).
+    /// little-endian elements of the cache's dtype (exact: no conversion; 8-bit entries are
+    /// each part's codes followed by its scales as f32).
     pub fn read_block(&self, block: u32) -> Result<Vec<u8>, BlockIoError> {
         if block as usize >= self.num_blocks {
             return Err(BlockIoError::OutOfRange(block));
@@ -232,7 +312,7 @@ impl KvCache {
         }
         let n = self.block_size * self.slot_width;
         let at = block as usize * n;
-        let part = n * self.dtype.bytes();
+        let part = self.block_size * self.dtype.slot_bytes(self.slot_width, self.groups_per_slot);
         let mut chunks = bytes.chunks_exact(part);
         for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
             if let (Some(kb), Some(vb)) = (chunks.next(), chunks.next()) {
@@ -285,7 +365,7 @@ mod tests {
             // Layer 0's keys lead the layout.
             let first = match dtype {
                 KvDtype::F16 => f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
-                KvDtype::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                _ => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
             };
             assert_eq!(first, 1.0);
             let mut b = KvCache::with_dtype(2, 3, 2, 3, dtype);
@@ -312,11 +392,70 @@ mod tests {
         }
     }
 
+    fn basic_8bit() -> usize {
+        2 * 30 * 16 * (192 + 3 * 4)
+    }
+
+    #[test]
+    fn eight_bit_entries_keep_one_scale_per_head_and_round_trip_their_blocks() {
+        for dtype in [KvDtype::Int8, KvDtype::Fp8E4m3] {
+            // 2 heads of 4 numbers: head 1 is a thousand times smaller than head 0 and
+            // keeps its own precision.
+            let mut a = KvCache::with_heads(2, 3, 2, 2, 4, dtype);
+            assert_eq!(a.groups_per_slot, 2);
+            let slot = [100.0, -50.0, 25.0, 3.0, 0.1, -0.05, 0.025, 0.003];
+            a.keys[1].write(8 * 3, &slot);
+            a.values[0].write(8 * 2, &slot);
+            let tol = if dtype == KvDtype::Int8 {
+                0.5 / 127.0
+            } else {
+                1.0 / 16.0
+            };
+            for (i, &x) in slot.iter().enumerate() {
+                let amax = if i < 4 { 100.0 } else { 0.1 };
+                assert!(
+                    (a.keys[1].get(24 + i) - x).abs() <= amax * tol + 1e-7,
+                    "{dtype} {i}"
+                );
+            }
+            let bytes = a.read_block(1).unwrap();
+            assert_eq!(bytes.len(), a.block_bytes());
+            assert_eq!(a.block_bytes(), 2 * 2 * 2 * (8 + 2 * 4));
+            let mut b = KvCache::with_heads(2, 3, 2, 2, 4, dtype);
+            b.write_block(0, &bytes).unwrap();
+            for i in 0..8 {
+                assert_eq!(b.keys[1].get(8 + i), a.keys[1].get(24 + i));
+                assert_eq!(b.values[0].get(i), a.values[0].get(16 + i));
+            }
+            assert_eq!(b.read_block(0).unwrap(), bytes);
+            assert!(b.write_block(0, &bytes[..bytes.len() - 4]).is_err());
+        }
+    }
+
     #[test]
     fn block_bytes_follow_the_dtype() {
-        assert_eq!(KvCache::bytes_per_block(30, 16, 192, KvDtype::F32), 737_280);
-        assert_eq!(KvCache::bytes_per_block(30, 16, 192, KvDtype::F16), 368_640);
+        assert_eq!(
+            KvCache::bytes_per_block(30, 16, 192, 3, KvDtype::F32),
+            737_280
+        );
+        assert_eq!(
+            KvCache::bytes_per_block(30, 16, 192, 3, KvDtype::F16),
+            368_640
+        );
+        // 192 codes and 3 scales of 4 bytes per slot.
+        assert_eq!(
+            KvCache::bytes_per_block(30, 16, 192, 3, KvDtype::Int8),
+            basic_8bit()
+        );
+        assert_eq!(
+            KvCache::bytes_per_block(30, 16, 192, 3, KvDtype::Fp8E4m3),
+            basic_8bit()
+        );
         assert_eq!("fp16".parse::<KvDtype>(), Ok(KvDtype::F16));
-        assert!("fp8".parse::<KvDtype>().is_err());
+        assert_eq!("fp8".parse::<KvDtype>(), Ok(KvDtype::Fp8E4m3));
+        assert_eq!("fp8_e4m3".parse::<KvDtype>(), Ok(KvDtype::Fp8E4m3));
+        assert_eq!("int8".parse::<KvDtype>(), Ok(KvDtype::Int8));
+        assert!("fp8_e5m2".parse::<KvDtype>().is_err());
+        assert!("int4".parse::<KvDtype>().is_err());
     }
 }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod hashing;
 pub mod offload;
 pub mod peers;
+pub mod quant8;
 pub mod tier;
 pub mod tls;
 pub mod transfer;

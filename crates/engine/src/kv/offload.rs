@@ -310,6 +310,7 @@ mod tests {
             n_layer: 1,
             slot_width: 2,
             dtype: KvDtype::F16,
+            scales_per_slot: 0,
         }
     }
     const B: u64 = 16;

@@ -35,7 +35,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::kv::block_pool::HashKey;
-use crate::kv::cache::KvDtype;
+use crate::kv::cache::{KvCache, KvDtype};
 use crate::kv::tls::{KvAcceptor, KvConnector, KvStream};
 
 /// The protocol version every frame carries; a peer speaking another one is refused.
@@ -82,21 +82,39 @@ pub struct BlockSpec {
     /// Numbers per slot: n_kv_head * head_dim.
     pub slot_width: u32,
     pub dtype: KvDtype,
+    /// 8-bit dtypes: scale groups per slot (the KV heads; each carries an f32 scale). 0 for
+    /// f16 and f32, which carry none.
+    pub scales_per_slot: u32,
 }
 
 impl BlockSpec {
-    /// Bytes of one block on the wire: 2 (keys, values) * n_layer * block_size * slot_width *
-    /// dtype bytes. Saturates instead of overflowing, so an absurd spec from a peer is simply
-    /// too large (see [`BlockSpec::validate`]).
+    /// The spec of `cache`'s blocks for `model`.
+    pub fn of_cache(model: String, cache: &KvCache) -> Self {
+        Self {
+            model,
+            block_size: cache.block_size as u32,
+            n_layer: cache.keys.len() as u32,
+            slot_width: cache.slot_width as u32,
+            dtype: cache.dtype,
+            scales_per_slot: if cache.dtype.is_scaled() {
+                cache.groups_per_slot as u32
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Bytes of one block on the wire: 2 (keys, values) * n_layer * block_size * the bytes
+    /// of a slot (slot_width * dtype bytes, plus 4 per scale for 8-bit dtypes). Saturates
+    /// instead of overflowing, so an absurd spec from a peer is simply too large (see
+    /// [`BlockSpec::validate`]).
     pub fn block_bytes(&self) -> usize {
-        [
-            self.n_layer as usize,
-            self.block_size as usize,
-            self.slot_width as usize,
-            self.dtype.bytes(),
-        ]
-        .iter()
-        .fold(2usize, |acc, &x| acc.saturating_mul(x))
+        let slot = (self.slot_width as usize)
+            .saturating_mul(self.dtype.bytes())
+            .saturating_add(4usize.saturating_mul(self.scales_per_slot as usize));
+        [self.n_layer as usize, self.block_size as usize, slot]
+            .iter()
+            .fold(2usize, |acc, &x| acc.saturating_mul(x))
     }
 
     /// Why this spec cannot be served, if it cannot: empty dimensions, an overlong model
@@ -110,6 +128,14 @@ impl BlockSpec {
         }
         if self.block_size == 0 || self.n_layer == 0 || self.slot_width == 0 {
             return Err(format!("empty block dimensions in {self}"));
+        }
+        let scales_fit = if self.dtype.is_scaled() {
+            self.scales_per_slot > 0 && self.slot_width.is_multiple_of(self.scales_per_slot)
+        } else {
+            self.scales_per_slot == 0
+        };
+        if !scales_fit {
+            return Err(format!("scale groups do not fit the slot in {self}"));
         }
         if self.block_bytes() > MAX_FRAME_BYTES - FRAME_OVERHEAD - 32 {
             return Err(format!(
@@ -132,7 +158,13 @@ impl BlockSpec {
         out.push(match self.dtype {
             KvDtype::F16 => 0,
             KvDtype::F32 => 1,
+            KvDtype::Int8 => 2,
+            KvDtype::Fp8E4m3 => 3,
         });
+        // Only 8-bit dtypes carry scales: the f16 and f32 encoding is unchanged.
+        if self.dtype.is_scaled() {
+            out.extend_from_slice(&self.scales_per_slot.to_le_bytes());
+        }
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, TransferError> {
@@ -143,18 +175,22 @@ impl BlockSpec {
         let dtype = match r.u8()? {
             0 => KvDtype::F16,
             1 => KvDtype::F32,
+            2 => KvDtype::Int8,
+            3 => KvDtype::Fp8E4m3,
             d => {
                 return Err(TransferError::Protocol(format!(
                     "unknown KV dtype code {d}"
                 )))
             }
         };
+        let scales_per_slot = if dtype.is_scaled() { r.u32()? } else { 0 };
         Ok(Self {
             model,
             block_size,
             n_layer,
             slot_width,
             dtype,
+            scales_per_slot,
         })
     }
 }
@@ -165,11 +201,16 @@ impl fmt::Display for BlockSpec {
             f,
             "model={} block_size={} n_layer={} slot_width={} dtype={}",
             self.model, self.block_size, self.n_layer, self.slot_width, self.dtype
-        )
+        )?;
+        if self.dtype.is_scaled() {
+            write!(f, " scales_per_slot={}", self.scales_per_slot)?;
+        }
+        Ok(())
     }
 }
 
-// `KvDtype` has no `Hash`; hash its code so specs can key maps (the tier's namespaces).
+// `KvDtype` has no `Hash`; hash its width (and an 8-bit dtype's name) so specs can key
+// maps (the tier's namespaces).
 impl Hash for BlockSpec {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.model.hash(state);
@@ -177,6 +218,11 @@ impl Hash for BlockSpec {
         self.n_layer.hash(state);
         self.slot_width.hash(state);
         self.dtype.bytes().hash(state);
+        // The f16 and f32 hashes predate 8-bit entries and stay as they were.
+        if self.dtype.is_scaled() {
+            self.dtype.to_string().hash(state);
+            self.scales_per_slot.hash(state);
+        }
     }
 }
 
@@ -1029,6 +1075,7 @@ mod tests {
             n_layer: 2,
             slot_width: 3,
             dtype: KvDtype::F16,
+            scales_per_slot: 0,
         }
     }
 
@@ -1185,6 +1232,7 @@ mod tests {
         // ... and one of another shape or dtype.
         let shape = BlockSpec {
             dtype: KvDtype::F32,
+            scales_per_slot: 0,
             ..ours.clone()
         };
         assert!(matches!(
@@ -1391,8 +1439,68 @@ mod tests {
             .unwrap();
     }
 
+    #[tokio::test]
+    async fn eight_bit_specs_cross_the_wire_and_meet_only_their_own() {
+        let int8 = BlockSpec {
+            dtype: KvDtype::Int8,
+            scales_per_slot: 3,
+            ..spec("model-a")
+        };
+        // 2 kinds × 2 layers × 4 slots × (3 codes + 3 scales of 4 bytes).
+        assert_eq!(int8.block_bytes(), 2 * 2 * 4 * (3 + 3 * 4));
+        let src = Arc::new(MemorySource::new(int8.clone()));
+        let (addr, _stop, _task) = start(src.clone(), ServeLimits::default()).await;
+        // The same 8-bit spec round-trips through the handshake and is accepted.
+        assert!(TransferClient::connect(addr, &int8, T).await.is_ok());
+        // Another 8-bit format, another scale layout, or the f16 cache of the same model
+        // is another block: never exchanged.
+        for other in [
+            BlockSpec {
+                dtype: KvDtype::Fp8E4m3,
+                ..int8.clone()
+            },
+            BlockSpec {
+                scales_per_slot: 1,
+                ..int8.clone()
+            },
+            spec("model-a"),
+        ] {
+            match TransferClient::connect(addr, &other, T).await {
+                Err(TransferError::SpecMismatch { ours, theirs }) => {
+                    assert!(theirs.contains("dtype=int8 scales_per_slot=3"), "{theirs}");
+                    assert_ne!(ours, theirs);
+                }
+                r => panic!("expected a spec mismatch for {other}, got {r:?}"),
+            }
+        }
+        let mut wire = Vec::new();
+        int8.encode(&mut wire);
+        let mut r = Reader::new(&wire);
+        assert_eq!(BlockSpec::decode(&mut r).unwrap(), int8);
+    }
+
     #[test]
     fn specs_that_cannot_be_served_are_rejected() {
+        let int8 = BlockSpec {
+            dtype: KvDtype::Int8,
+            scales_per_slot: 3,
+            ..spec("m")
+        };
+        assert!(int8.validate().is_ok());
+        for scales_per_slot in [0, 2] {
+            assert!(BlockSpec {
+                scales_per_slot,
+                ..int8.clone()
+            }
+            .validate()
+            .is_err());
+        }
+        assert!(BlockSpec {
+            scales_per_slot: 3,
+            ..spec("m")
+        }
+        .validate()
+        .is_err());
         assert!(spec("m").validate().is_ok());
         assert_eq!(spec("m").block_bytes(), 2 * 2 * 4 * 3 * 2);
         assert!(spec("").validate().is_err());

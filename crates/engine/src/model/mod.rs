@@ -291,6 +291,13 @@ impl Model {
                 "KV cache shape does not match the model".into(),
             ));
         }
+        // Attention applies an 8-bit scale per head: a scale group must be whole heads.
+        let group = cache.slot_width / cache.groups_per_slot.max(1);
+        if cache.dtype.is_scaled() && !group.is_multiple_of(cfg.head_dim) {
+            return Err(ModelError::Unsupported(
+                "8-bit KV scale groups must cover whole heads".into(),
+            ));
+        }
         let rows = self.step_rows(cache, seqs, tails)?;
         if rows.ids.is_empty() {
             return Ok(vec![Vec::new(); seqs.len()]);

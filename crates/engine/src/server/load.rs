@@ -59,6 +59,7 @@ pub fn load(
             num_blocks: cache.num_blocks,
             max_model_len: cache.max_model_len,
             max_num_batched_tokens: opts.max_num_batched_tokens,
+            cache_dtype: cache.kv_dtype,
         },
     ));
     let kv_events = kv_event_sink(opts, model_name)?;
@@ -174,6 +175,7 @@ fn size_cache(model: &Llama, opts: &EngineOptions) -> Result<CacheSize, ServerEr
         cfg.n_layer,
         opts.block_size,
         model.kv_slot_width(),
+        cfg.n_kv_head,
         kv_dtype,
     );
     let num_blocks = opts
