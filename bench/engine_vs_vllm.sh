@@ -19,7 +19,9 @@
 # ../shared/peers/vllm-cpu/install.sh, which this script runs when vLLM is missing).
 # STRATA_B=PATH adds a server `strata-b`: another strata binary (an earlier build, say) run
 # with the same flags, for before/after comparisons in one run (SERVERS="strata strata-b").
-# SUMMARY=FILE also writes the summary tables there.
+# SUMMARY=FILE also writes the summary tables there. KV_CACHE_DTYPE=int8|fp8|f16 (default auto)
+# sets Strata's `--kv-cache-dtype` (the KV memory budget stays the f16 one); vLLM's own
+# is set through serve.sh's EXTRA_ARGS (EXTRA_ARGS="--kv-cache-dtype fp8").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -73,7 +75,7 @@ start() { # server -> "pid port"
             local bin="$STRATA"; [ "$1" = strata-b ] && bin="${STRATA_B:?STRATA_B is not set}"
             "$bin" engine --port "$port" --model "$MODEL" --served-model-name "$NAME" \
                 --max-num-seqs 64 --kv-cache-memory $(( KV_TOKENS * 30 * 3 * 64 * 2 * 2 )) \
-                --log-format json 2>"$OUT/$1.log" & ;;
+                --kv-cache-dtype "${KV_CACHE_DTYPE:-auto}" --log-format json 2>"$OUT/$1.log" & ;;
         vllm)
             bash "$VLLM_PEER/serve.sh" "$port" >"$OUT/vllm.log" 2>&1 & ;;
         llama)
