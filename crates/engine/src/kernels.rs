@@ -443,9 +443,11 @@ impl QuantRows {
             let _ = simd;
             quantize_blocks_scalar(x, q, d, s8);
         };
-        // Rows per task: about 64 KiB of input each, so small calls stay on this thread.
-        let rows_per_task = (16_384 / k.max(1)).max(1);
-        if m * k <= 2 * 16_384 {
+        // Rows per task: about 32 KiB of input each, so that a batched decode step's rows
+        // (16 × 576 floats and up) are shared by the pool while a single row stays on
+        // this thread.
+        let rows_per_task = (8_192 / k.max(1)).max(1);
+        if m <= rows_per_task {
             quantize(x, &mut q, &mut d, &mut s8);
         } else {
             x.par_chunks(rows_per_task * k)
@@ -996,6 +998,97 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Every path against the scalar definition, bit for bit, on odd shapes and every
+    /// tile remainder of the row loop (1..=17 rows, and 64), and each row alone against
+    /// the same row in the batch.
+    #[test]
+    fn integer_paths_match_scalar_for_every_row_count_and_alone() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+        for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
+            // A last group of 5 weight rows (one half empty), of 11 (a partial second
+            // half), and a matrix smaller than one group.
+            for (n, k) in [(37, 96), (27, 32), (7, 160)] {
+                let w = random_q8_rows(kind, n, k, 43);
+                let ms: Vec<usize> = (1..=17).chain([64]).collect();
+                let x: Vec<f32> = (0..64 * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let alone: Vec<Vec<f32>> = (0..64)
+                    .map(|i| w.matmul_split_on(KernelPath::Scalar, &x[i * k..(i + 1) * k], 1, 0))
+                    .collect();
+                for path in paths_here() {
+                    for &m in &ms {
+                        let got = w.matmul_split_on(path, &x[..m * k], m, 0);
+                        for i in 0..m {
+                            for j in 0..n {
+                                assert_eq!(
+                                    got[i * n + j].to_bits(),
+                                    alone[i][j].to_bits(),
+                                    "{kind:?} {path:?} n={n} k={k} m={m} row {i} col {j}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The largest integer sums a block can hold: every weight at its largest (nibbles of
+    /// 15, Q8_0 bytes of 127 and −128) times activations of ±127, where the 16-bit partial
+    /// sums of the `maddubs` paths come closest to overflowing.
+    #[test]
+    fn integer_paths_are_exact_at_the_largest_block_sums() {
+        for kind in [BlockType::Q4_0, BlockType::Q4_1, BlockType::Q8_0] {
+            let (n, k) = (19, 64);
+            let bb = kind.block_bytes();
+            let mut data = Vec::new();
+            for r in 0..n {
+                for _ in 0..k / BLOCK {
+                    data.extend_from_slice(&f16::from_f32(0.25).to_bits().to_le_bytes());
+                    if kind == BlockType::Q4_1 {
+                        data.extend_from_slice(&f16::from_f32(-1.0).to_bits().to_le_bytes());
+                    }
+                    let header = if kind == BlockType::Q4_1 { 4 } else { 2 };
+                    // Odd rows of Q8_0 hold −128 (offset byte 0), even ones 127 (255).
+                    let byte = match kind {
+                        BlockType::Q8_0 if r % 2 == 1 => 0x80,
+                        BlockType::Q8_0 => 0x7F,
+                        _ => 0xFF,
+                    };
+                    data.extend(std::iter::repeat_n(byte, bb - header));
+                }
+            }
+            let w = BlockMatrix::new(kind, n, k, data)
+                .expect("valid blocks")
+                .with_q8_decode_rows();
+            assert!(w.takes_q8_activations());
+            // Rows of +1 and −1 (every value quantizes to ±127), and one that alternates.
+            let m = 6;
+            let mut x = Vec::with_capacity(m * k);
+            for i in 0..m {
+                for j in 0..k {
+                    x.push(match i % 3 {
+                        0 => 1.0,
+                        1 => -1.0,
+                        _ if j % 2 == 0 => 1.0,
+                        _ => -1.0,
+                    });
+                }
+            }
+            let want = w.matmul_split_on(KernelPath::Scalar, &x, m, 0);
+            for path in paths_here() {
+                let got = w.matmul_split_on(path, &x, m, 0);
+                for (i, (g, s)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), s.to_bits(), "{kind:?} {path:?} output {i}");
+                }
+            }
+            // And the scalar definition is the exact product (all terms exact in f32).
+            let exact = reference(&w, &x, m);
+            for (i, (s, e)) in want.iter().zip(&exact).enumerate() {
+                assert!((s - e).abs() <= 1e-3 * e.abs().max(1.0), "{kind:?} {i}: {s} vs {e}");
             }
         }
     }

@@ -375,9 +375,21 @@ mod x86 {
         unsafe fn dot(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
         unsafe fn dot8(acc: __m512i, a: __m512i, b: __m512i) -> __m512i;
     }
+    /// The 256-bit paths sum one block of one tile row in an accumulator of their own
+    /// form, turned into eight exact 32-bit sums once per block by `done`.
+    ///
+    /// `nib` adds `Σ_4 u8(a) · i8(b)` per 32-bit lane for nibbles `a` (at most 15);
+    /// `bytes` adds the same for full bytes, given also as their low (`lo`) and high
+    /// (`hi`) nibbles, into a pair of accumulators. Every sum is exact, so each form gives
+    /// the same integers as the 512-bit paths.
     trait Dot256 {
-        unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
-        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+        unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+        unsafe fn nib_done(acc: __m256i) -> __m256i;
+        unsafe fn bytes(acc: [__m256i; 2], a: __m256i, lo: __m256i, hi: __m256i, b: __m256i)
+            -> [__m256i; 2];
+        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i;
+        /// Whether `bytes` reads the nibbles (else only `a`).
+        const SPLITS: bool;
     }
     struct Vnni512;
     struct Madd512;
@@ -411,29 +423,64 @@ mod x86 {
         }
     }
     impl Dot256 for Vnni256 {
+        const SPLITS: bool = false;
         #[inline(always)]
-        unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_dpbusd_avx_epi32(acc, a, b)
         }
         #[inline(always)]
-        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-            _mm256_dpbusd_avx_epi32(acc, a, b)
+        unsafe fn nib_done(acc: __m256i) -> __m256i {
+            acc
+        }
+        #[inline(always)]
+        unsafe fn bytes(
+            acc: [__m256i; 2],
+            a: __m256i,
+            _lo: __m256i,
+            _hi: __m256i,
+            b: __m256i,
+        ) -> [__m256i; 2] {
+            [_mm256_dpbusd_avx_epi32(acc[0], a, b), acc[1]]
+        }
+        #[inline(always)]
+        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i {
+            acc[0]
         }
     }
+    /// `maddubs` gives 16-bit sums of two products; they are added up in 16 bits over the
+    /// whole block and widened by one `madd` at its end (not one per `maddubs`). No 16-bit
+    /// sum can overflow: a nibble times an activation is at most 15 · 127 in magnitude, a
+    /// pair 3,810, and a block adds eight pairs into each 16-bit lane (30,480 < 32,767),
+    /// for the low and the high nibbles of full bytes alike (each in its own accumulator;
+    /// the high one is weighted by 16 when widened).
     impl Dot256 for Madd256 {
+        const SPLITS: bool = true;
         #[inline(always)]
-        unsafe fn dot(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-            let pairs = _mm256_maddubs_epi16(a, b);
-            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b))
         }
         #[inline(always)]
-        unsafe fn dot8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-            let mask = _mm256_set1_epi8(0x0F);
-            let lo = _mm256_maddubs_epi16(_mm256_and_si256(a, mask), b);
-            let hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(a, 4), mask), b);
-            let lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(1));
-            let hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(16));
-            _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi))
+        unsafe fn nib_done(acc: __m256i) -> __m256i {
+            _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
+        }
+        #[inline(always)]
+        unsafe fn bytes(
+            acc: [__m256i; 2],
+            _a: __m256i,
+            lo: __m256i,
+            hi: __m256i,
+            b: __m256i,
+        ) -> [__m256i; 2] {
+            [
+                _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(lo, b)),
+                _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(hi, b)),
+            ]
+        }
+        #[inline(always)]
+        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i {
+            let lo = _mm256_madd_epi16(acc[0], _mm256_set1_epi16(1));
+            let hi = _mm256_madd_epi16(acc[1], _mm256_set1_epi16(16));
+            _mm256_add_epi32(lo, hi)
         }
     }
 
@@ -463,6 +510,12 @@ mod x86 {
         #[inline(always)]
         unsafe fn quad(self, i: usize, at: usize) -> i32 {
             (self.q.add(i * self.k + at) as *const i32).read_unaligned()
+        }
+        /// `d` and `s8` of row `i`'s block `b` as stored.
+        #[inline(always)]
+        unsafe fn raw_scales(self, i: usize, b: usize) -> (f32, f32) {
+            let nb = self.k / BLOCK;
+            (*self.d.add(i * nb + b), *self.s8.add(i * nb + b))
         }
         #[inline(always)]
         unsafe fn scales(self, i: usize, b: usize) -> (f32, f32) {
@@ -657,23 +710,34 @@ mod x86 {
                 let x = Rows::of(q, i);
                 let yi = y.add(i * ldy + 8 * half);
                 let wp = wg.as_ptr();
+                // The first tile of the first half streams the group from memory, asking
+                // two blocks ahead; the first tile of the second half (the group already
+                // in cache) asks for the next group, so that it arrives while this one's
+                // other tiles run. The others ask for nothing.
+                let pf = match (half, i) {
+                    (0, 0) => 2 * block_bytes(WIDE),
+                    (_, 0) => wg.len(),
+                    _ => 0,
+                };
                 match (q.m - i).min(MT_256) {
-                    4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
-                    3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
-                    2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
-                    _ => tile_256::<D, WIDE, 1>(wp, half, x, yi, ldy, hv),
+                    4 => tile_256::<D, WIDE, 4>(wp, half, pf, x, yi, ldy, hv),
+                    3 => tile_256::<D, WIDE, 3>(wp, half, pf, x, yi, ldy, hv),
+                    2 => tile_256::<D, WIDE, 2>(wp, half, pf, x, yi, ldy, hv),
+                    _ => tile_256::<D, WIDE, 1>(wp, half, pf, x, yi, ldy, hv),
                 }
                 i += MT_256;
             }
         }
     }
 
-    /// `M` activation rows × eight weight rows (half `half` of the group).
+    /// `M` activation rows × eight weight rows (half `half` of the group); each block
+    /// prefetches the lines `pf` bytes ahead of it (none when `pf` is 0).
     #[inline(always)]
-    #[allow(clippy::needless_range_loop)] // indices name tile rows
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // indices name tile rows
     unsafe fn tile_256<D: Dot256, const WIDE: bool, const M: usize>(
         w: *const u8,
         half: usize,
+        pf: usize,
         x: Rows,
         y: *mut f32,
         ldy: usize,
@@ -684,15 +748,33 @@ mod x86 {
         let gbb = block_bytes(WIDE);
         for b in 0..x.k / BLOCK {
             let blk = w.add(b * gbb);
+            if pf != 0 {
+                // A prefetch never faults, so the address may run past the weights.
+                for line in 0..gbb.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(pf + 64 * line) as *const i8);
+                }
+            }
             let mut s = [_mm256_setzero_si256(); M];
             if WIDE {
+                let mut s2 = [[_mm256_setzero_si256(); 2]; M];
                 for p in 0..8 {
                     let at = blk.add(4 * GROUP + p * 64 + 32 * half);
                     let v = _mm256_loadu_si256(at as *const __m256i);
+                    let (lo, hi) = if D::SPLITS {
+                        (
+                            _mm256_and_si256(v, mask),
+                            _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                        )
+                    } else {
+                        (v, v)
+                    };
                     for i in 0..M {
                         let xq = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
-                        s[i] = D::dot8(s[i], v, xq);
+                        s2[i] = D::bytes(s2[i], v, lo, hi, xq);
                     }
+                }
+                for i in 0..M {
+                    s[i] = D::bytes_done(s2[i]);
                 }
             } else {
                 for p in 0..4 {
@@ -702,21 +784,27 @@ mod x86 {
                     let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
                     for i in 0..M {
                         let xl = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
-                        s[i] = D::dot(s[i], lo, xl);
+                        s[i] = D::nib(s[i], lo, xl);
                     }
                     for i in 0..M {
                         let xh = _mm256_set1_epi32(x.quad(i, b * BLOCK + 16 + 4 * p));
-                        s[i] = D::dot(s[i], hi, xh);
+                        s[i] = D::nib(s[i], hi, xh);
                     }
+                }
+                for i in 0..M {
+                    s[i] = D::nib_done(s[i]);
                 }
             }
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
             let mw = _mm256_cvtph_ps(_mm_loadu_si128(
                 blk.add(2 * GROUP + 16 * half) as *const __m128i
             ));
+            // `m_w · (8 · s8_x)` is `(8 · m_w) · s8_x` exactly (scaling by 8 is exact), so
+            // the factor of 8 is paid once per tile instead of once per row.
+            let mw8 = _mm256_mul_ps(mw, _mm256_set1_ps(8.0));
             for i in 0..M {
-                let (dx, sx) = x.scales(i, b);
-                let a = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), acc[i]);
+                let (dx, s8) = x.raw_scales(i, b);
+                let a = _mm256_fmadd_ps(mw8, _mm256_set1_ps(s8), acc[i]);
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx));
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), scale, a);
             }
