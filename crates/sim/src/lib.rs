@@ -8,7 +8,8 @@
 //! - [`sim`]: the discrete-event loop, workloads (`strata bench`'s), the autoscaler
 //!   (`strata_controller::autoscale::decide`) and the report (`strata bench`'s);
 //! - [`plan`]: `strata plan`, the cheapest fleet meeting an SLO;
-//! - [`calibrate`]: `strata sim calibrate`, fitting "this machine" from a live engine.
+//! - [`calibrate`]: `strata sim calibrate`, fitting "this machine" from a live engine;
+//! - `prefetch`: a cache hint for the hot loops' scattered state.
 
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
@@ -17,6 +18,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod error;
 pub mod plan;
+mod prefetch;
 pub mod profile;
 pub mod replica;
 pub mod routing;

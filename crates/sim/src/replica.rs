@@ -20,6 +20,7 @@ use strata_engine::sequence::{GenerationRequest, SeqEvent, Sequence};
 use tokio::sync::mpsc::UnboundedSender;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::prefetch::prefetch;
 use crate::profile::{StepModel, StepShape};
 use crate::routing::KvChange;
 
@@ -236,6 +237,12 @@ impl SimEngine {
         self.planner.observe_step(tokens, secs);
         let mut done = std::mem::take(&mut self.done);
         done.clear();
+        // Where each sampled token goes: one miss per sequence, started together.
+        for w in &plan.work {
+            if let Some(seq) = self.planner.running().get(w.index) {
+                prefetch(seq.tokens.as_ptr().wrapping_add(seq.tokens.len()));
+            }
+        }
         for w in &plan.work {
             let seq = &mut self.planner.running_mut()[w.index];
             seq.num_computed += w.num_tokens;

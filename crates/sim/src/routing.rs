@@ -273,9 +273,11 @@ impl SimRouter {
             approx: Some(&self.approx),
             precise: Some(&self.precise),
         };
+        // Only the pick is used: its fallbacks are not ordered (the same pick, the same
+        // draws).
         let decision = self
             .picker
-            .schedule(&ctx, req, &self.cands, None, &mut self.rng)?;
+            .schedule_first(&ctx, req, &self.cands, None, &mut self.rng)?;
         let first = decision.pick();
         self.approx.record(first, &req.approx_blocks);
         if let Some(c) = self.cand_mut(first) {
@@ -299,6 +301,14 @@ impl SimRouter {
             ready: self.any_ready(),
             room: pool_room(&self.cands, now, &self.saturation),
         }
+    }
+
+    /// Frees both prefix indexes and the KV events on their way (the run is over: the
+    /// report does not read them, and at scale they are gigabytes).
+    pub fn free_indexes(&mut self) {
+        self.approx = ApproxIndex::new(self.approx_config);
+        self.precise = PreciseIndex::new();
+        self.kv_queue = VecDeque::new();
     }
 
     /// Whether any endpoint could take a request now.

@@ -28,6 +28,7 @@ use strata_router::scheduling::{PreciseBlocks, SchedRequest, ScheduleError};
 use strata_router::RouterConfig;
 
 use crate::error::SimError;
+use crate::prefetch::prefetch;
 use crate::profile::StepModel;
 use crate::replica::{wire_hashes, EngineShape, SimEngine, StepResult};
 use crate::routing::{Scrape, SimRouter};
@@ -458,6 +459,14 @@ impl Sim<'_> {
         self.replicas[r as usize].engine.finish_step(&mut result);
         if !result.kv.is_empty() {
             self.router.announce(slot, now, result.kv.drain(..));
+        }
+        // The step's requests were last touched about a thousand events ago: start
+        // loading all of them before the first is read.
+        for &(id, _) in &result.tokens {
+            if let Some(req) = self.reqs.get(id as usize) {
+                prefetch(req);
+            }
+            self.gaps.prefetch(id as u32);
         }
         for &(id, n) in &result.tokens {
             let req = &mut self.reqs[id as usize];
@@ -948,6 +957,7 @@ impl Sim<'_> {
         self.stats.virtual_s = end.as_secs_f64();
         // The fleet's state is no longer needed: free it before the report is built.
         drop(std::mem::take(&mut self.replicas));
+        self.router.free_indexes();
         // The report reads token times for ITL only. Its summary and CDF come from the
         // gaps kept in `itl` (below); a per-request ITL objective needs only each
         // request's longest gap, which a two-entry list carries exactly.

@@ -11,9 +11,10 @@
 //!   (nothing to lose), released blocks with a hash go to the back, a sequence's blocks in
 //!   reverse order so its tail (the least shareable part) is evicted first.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
+
+use super::prefix_table::PrefixTable;
 
 /// A block's content hash (PROTOCOLS §3, SHA-256).
 pub type HashKey = [u8; 32];
@@ -229,7 +230,8 @@ impl FreeQueue {
 pub struct BlockPool {
     ref_counts: Vec<u32>,
     hashes: Vec<Option<HashKey>>,
-    cached: HashMap<HashKey, u32, KeyHashState>,
+    /// The named blocks by hash (the keys are `hashes`' entries).
+    cached: PrefixTable<HashKey, KeyHashState>,
     free: FreeQueue,
     prefix_caching: bool,
     events: Vec<PoolEvent>,
@@ -248,7 +250,7 @@ impl BlockPool {
         Self {
             ref_counts: vec![0; num_blocks],
             hashes: vec![None; num_blocks],
-            cached: HashMap::default(),
+            cached: PrefixTable::new(num_blocks, KeyHashState::default()),
             free: FreeQueue::new(num_blocks),
             prefix_caching,
             events: Vec::new(),
@@ -309,12 +311,17 @@ impl BlockPool {
 
     /// The block holding `hash`, if cached.
     pub fn cached_block(&self, hash: &HashKey) -> Option<u32> {
-        self.cached.get(hash).copied()
+        self.cached.get(hash, &self.hashes)
     }
 
-    /// Every cached (hash, block) pair, for checks against a mirror built from events.
-    pub fn cached_blocks(&self) -> impl Iterator<Item = (&HashKey, &u32)> {
-        self.cached.iter()
+    /// Every cached (hash, block) pair, in block order, for checks against a mirror built
+    /// from events.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = (&HashKey, u32)> {
+        // A block has a hash exactly when the table names it.
+        self.hashes
+            .iter()
+            .enumerate()
+            .filter_map(|(b, h)| h.as_ref().map(|h| (h, b as u32)))
     }
 
     /// How many leading `hashes` are cached (no side effects).
@@ -324,7 +331,7 @@ impl BlockPool {
         }
         hashes
             .iter()
-            .take_while(|h| self.cached.contains_key(*h))
+            .take_while(|h| self.cached.get(h, &self.hashes).is_some())
             .count()
     }
 
@@ -333,7 +340,9 @@ impl BlockPool {
     pub fn acquire_cached(&mut self, hashes: &[HashKey]) -> Vec<u32> {
         let mut blocks = Vec::with_capacity(hashes.len());
         for h in hashes {
-            let Some(&b) = self.cached.get(h) else { break };
+            let Some(b) = self.cached.get(h, &self.hashes) else {
+                break;
+            };
             if self.ref_counts[b as usize] == 0 {
                 self.free.remove(b);
             }
@@ -352,9 +361,13 @@ impl BlockPool {
         let mut blocks = Vec::with_capacity(n);
         for _ in 0..n {
             let b = self.free.pop_front()?;
-            if let Some(h) = self.hashes[b as usize].take() {
-                if self.cached.get(&h) == Some(&b) {
-                    self.cached.remove(&h);
+            if let Some(h) = self.hashes[b as usize] {
+                let named = self.cached.get(&h, &self.hashes) == Some(b);
+                if named {
+                    self.cached.remove(&h, &self.hashes);
+                }
+                self.hashes[b as usize] = None;
+                if named {
                     self.events.push(PoolEvent::Removed { hash: h });
                     if let Some(meta) = self.meta.as_mut().and_then(|m| m[b as usize].take()) {
                         self.evicted.push(EvictedBlock {
@@ -392,11 +405,8 @@ impl BlockPool {
         if !self.prefix_caching || self.hashes[block as usize].is_some() {
             return;
         }
-        match self.cached.entry(hash) {
-            std::collections::hash_map::Entry::Occupied(_) => return,
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(block);
-            }
+        if !self.cached.insert(&hash, block, &self.hashes) {
+            return;
         }
         self.hashes[block as usize] = Some(hash);
         if let Some(meta) = self.meta.as_mut() {

@@ -7,14 +7,17 @@
 //! endpoint is recorded as holding every chunk of the request. Each endpoint keeps at most
 //! `capacity` hashes, least recently used evicted first, as a stand-in for its cache size.
 //!
-//! Invariant: `holders[h]` contains slot `e` exactly when `lru[e]` contains `h`.
+//! Invariant: `holders[h]` contains slot `e` with tick `t` exactly when `(t, h)` is in
+//! `lru[e].order` (with older, stale entries for `h` possibly before it), and `lru[e].len`
+//! counts the hashes `e` holds.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
 use super::flat::FlatMap;
-use super::{walk, walk_into, BlockMap, PrefixMatch, SlotSet};
+use super::{walk, walk_into, PrefixMatch, SlotSet};
 use crate::endpoint::EndpointId;
 
 /// Approximate-index settings.
@@ -38,46 +41,120 @@ impl Default for ApproxConfig {
     }
 }
 
-#[derive(Debug, Default, Clone)]
-struct EndpointLru {
-    /// hash → tick of last use.
-    last: BlockMap<u64>,
-    /// (tick, hash) in the order of use, oldest first. A use of a hash already held
-    /// leaves its older entry here, stale (its tick no longer `last[hash]`): eviction
-    /// skips those, and the queue is compacted when they are half of it. This keeps
-    /// the order of a tick-sorted map at a fraction of its cost per recorded block.
-    order: VecDeque<(u64, u64)>,
+/// The endpoints holding one hash, each with the tick of its last use there.
+///
+/// Nearly every hash is held by one endpoint, so that case is inline (16 bytes in the
+/// table, no allocation); a hash held by several keeps their set and ticks boxed.
+#[derive(Debug, Clone, Default)]
+enum Holders {
+    /// Only while an entry is being filled.
+    #[default]
+    Empty,
+    One {
+        slot: u32,
+        tick: u64,
+    },
+    Many(Box<ManyHolders>),
 }
 
-impl EndpointLru {
-    fn is_current(&self, tick: u64, h: u64) -> bool {
-        self.last.get(&h) == Some(&tick)
+#[derive(Debug, Clone, Default)]
+struct ManyHolders {
+    set: SlotSet,
+    /// (slot, tick of last use), one per member of `set`.
+    ticks: Vec<(u32, u64)>,
+}
+
+impl Holders {
+    /// The tick of `slot`'s last use of this hash, if it holds it.
+    fn tick_of(&self, slot: u32) -> Option<u64> {
+        match self {
+            Holders::Empty => None,
+            Holders::One { slot: s, tick } => (*s == slot).then_some(*tick),
+            Holders::Many(m) => m.ticks.iter().find(|(s, _)| *s == slot).map(|(_, t)| *t),
+        }
     }
 
-    /// The least recently used hash, taken out.
-    fn pop_oldest(&mut self) -> Option<u64> {
-        while let Some((tick, h)) = self.order.pop_front() {
-            if self.is_current(tick, h) {
-                self.last.remove(&h);
-                return Some(h);
+    /// Sets `slot`'s tick; whether `slot` held the hash before.
+    fn set_tick(&mut self, slot: u32, tick: u64) -> bool {
+        match self {
+            Holders::One { slot: s, tick: t } if *s == slot => {
+                *t = tick;
+                true
+            }
+            Holders::Empty => {
+                *self = Holders::One { slot, tick };
+                false
+            }
+            Holders::One { slot: s, tick: t } => {
+                let (s, t) = (*s, *t);
+                let set = [s, slot].into_iter().map(EndpointId).collect();
+                *self = Holders::Many(Box::new(ManyHolders {
+                    set,
+                    ticks: vec![(s, t), (slot, tick)],
+                }));
+                false
+            }
+            Holders::Many(m) => {
+                if let Some(e) = m.ticks.iter_mut().find(|(s, _)| *s == slot) {
+                    e.1 = tick;
+                    return true;
+                }
+                m.ticks.push((slot, tick));
+                m.set.insert(EndpointId(slot));
+                false
             }
         }
-        None
     }
 
-    fn compact(&mut self) {
-        if self.order.len() > 2 * self.last.len() + 64 {
-            let last = &self.last;
-            self.order.retain(|(tick, h)| last.get(h) == Some(tick));
+    /// Takes `slot` out; whether no holder is left.
+    fn remove(&mut self, slot: u32) -> bool {
+        match self {
+            Holders::Empty => true,
+            Holders::One { slot: s, .. } => *s == slot,
+            Holders::Many(m) => {
+                m.ticks.retain(|(s, _)| *s != slot);
+                m.set.remove(EndpointId(slot));
+                match m.ticks.as_slice() {
+                    [] => true,
+                    &[(slot, tick)] => {
+                        *self = Holders::One { slot, tick };
+                        false
+                    }
+                    _ => false,
+                }
+            }
         }
     }
+
+    /// The holders as a set.
+    #[inline]
+    fn set(&self) -> Cow<'_, SlotSet> {
+        match self {
+            Holders::Empty => Cow::Owned(SlotSet::new()),
+            Holders::One { slot, .. } => Cow::Owned(SlotSet::single(EndpointId(*slot))),
+            Holders::Many(m) => Cow::Borrowed(&m.set),
+        }
+    }
+}
+
+/// One endpoint's LRU order. The tick of its last use of each hash it holds lives in the
+/// index's table ([`Holders`]), beside the hash: no per-endpoint map.
+#[derive(Debug, Default, Clone)]
+struct EndpointLru {
+    /// Hashes held.
+    len: usize,
+    /// (tick, hash) in the order of use, oldest first. A use of a hash already held
+    /// leaves its older entry here, stale (its tick no longer the one in the table):
+    /// eviction skips those, and the queue is compacted when they are half of it. This
+    /// keeps the order of a tick-sorted map at a fraction of its cost per recorded block.
+    order: VecDeque<(u64, u64)>,
 }
 
 /// Text-chunk hashes → endpoints that were sent them.
 #[derive(Debug, Clone)]
 pub struct ApproxIndex {
     config: ApproxConfig,
-    holders: FlatMap<SlotSet>,
+    holders: FlatMap<Holders>,
     lru: Vec<EndpointLru>,
     tick: u64,
 }
@@ -90,6 +167,13 @@ impl ApproxIndex {
             lru: Vec::new(),
             tick: 0,
         }
+    }
+
+    /// Whether `(tick, h)` is `slot`'s last use of `h`.
+    fn is_current(&self, slot: u32, tick: u64, h: u64) -> bool {
+        self.holders
+            .get(&h)
+            .is_some_and(|e| e.tick_of(slot) == Some(tick))
     }
 
     pub fn config(&self) -> &ApproxConfig {
@@ -117,25 +201,49 @@ impl ApproxIndex {
         for &h in blocks.iter().rev() {
             self.tick += 1;
             let lru = &mut self.lru[slot];
-            if lru.last.insert(h, self.tick).is_none() {
-                self.holders.get_or_default(h).insert(endpoint);
+            if !self
+                .holders
+                .get_or_default(h)
+                .set_tick(endpoint.0, self.tick)
+            {
+                lru.len += 1;
+            }
+            if lru.order.len() == lru.order.capacity() {
+                // Grow by a quarter, not double: a fleet's queues hold tens of millions
+                // of entries, and doubling leaves up to half of that unused.
+                lru.order.reserve_exact((lru.order.len() / 4).max(16));
             }
             lru.order.push_back((self.tick, h));
         }
         let cap = self.config.capacity_per_endpoint;
-        while self.lru[slot].last.len() > cap {
-            let Some(h) = self.lru[slot].pop_oldest() else {
+        while self.lru[slot].len > cap {
+            // The least recently used hash, taken out.
+            let Some((tick, h)) = self.lru[slot].order.pop_front() else {
                 break;
             };
-            self.forget(h, endpoint);
+            if self.is_current(endpoint.0, tick, h) {
+                self.lru[slot].len -= 1;
+                self.forget(h, endpoint);
+            }
         }
-        self.lru[slot].compact();
+        self.compact(endpoint.0);
+    }
+
+    /// Drops `slot`'s stale order entries when they are half of its queue.
+    fn compact(&mut self, slot: u32) {
+        let Some(lru) = self.lru.get_mut(slot as usize) else {
+            return;
+        };
+        if lru.order.len() > 2 * lru.len + 64 {
+            let mut order = std::mem::take(&mut lru.order);
+            order.retain(|&(tick, h)| self.is_current(slot, tick, h));
+            self.lru[slot as usize].order = order;
+        }
     }
 
     fn forget(&mut self, h: u64, endpoint: EndpointId) {
-        if let Some(set) = self.holders.get_mut(&h) {
-            set.remove(endpoint);
-            if set.is_empty() {
+        if let Some(e) = self.holders.get_mut(&h) {
+            if e.remove(endpoint.0) {
                 self.holders.remove(&h);
             }
         }
@@ -146,9 +254,12 @@ impl ApproxIndex {
         let Some(lru) = self.lru.get_mut(endpoint.0 as usize) else {
             return;
         };
-        let hashes: Vec<u64> = std::mem::take(lru).last.into_keys().collect();
-        for h in hashes {
-            self.forget(h, endpoint);
+        // Every hash held has its current entry in the order.
+        let order = std::mem::take(lru).order;
+        for (tick, h) in order {
+            if self.is_current(endpoint.0, tick, h) {
+                self.forget(h, endpoint);
+            }
         }
     }
 
@@ -167,7 +278,7 @@ impl ApproxIndex {
             blocks,
             candidates,
             |h| self.holders.prefetch(h),
-            |h| self.holders.get(&h).map(|s| (s, None)),
+            |h| self.holders.get(&h).map(|e| (e.set(), None)),
         )
     }
 
@@ -183,7 +294,7 @@ impl ApproxIndex {
             blocks,
             candidates,
             |h| self.holders.prefetch(h),
-            |h| self.holders.get(&h).map(|s| (s, None)),
+            |h| self.holders.get(&h).map(|e| (e.set(), None)),
             out,
         )
     }
@@ -295,6 +406,34 @@ mod tests {
                 proptest::prop_assert_eq!(idx.len(), distinct.len());
             }
         }
+    }
+
+    #[test]
+    fn a_hash_held_by_one_endpoint_costs_one_table_slot() {
+        // Key and holders with its tick: no allocation, no per-endpoint map entry.
+        assert_eq!(std::mem::size_of::<Option<(u64, Holders)>>(), 24);
+    }
+
+    #[test]
+    fn holders_move_between_one_and_many() {
+        let mut idx = ApproxIndex::new(cfg(100));
+        let (a, b) = (EndpointId(1), EndpointId(300));
+        idx.record(a, &[7]);
+        idx.record(b, &[7]);
+        assert_eq!(
+            idx.match_prefix(&[7], &[a, b])
+                .iter()
+                .map(|m| m.blocks)
+                .collect::<Vec<_>>(),
+            vec![1, 1]
+        );
+        idx.remove_endpoint(a);
+        assert!(matches!(
+            idx.holders.get(&7),
+            Some(Holders::One { slot: 300, .. })
+        ));
+        idx.remove_endpoint(b);
+        assert!(idx.is_empty());
     }
 
     #[test]

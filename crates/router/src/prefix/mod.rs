@@ -18,6 +18,7 @@ pub mod flat;
 pub mod hashing;
 pub mod precise;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
@@ -126,6 +127,16 @@ impl SlotSet {
     /// The empty set.
     pub const fn new() -> Self {
         SlotSet(Repr::One { base: 0, bits: 0 })
+    }
+
+    /// The set of one endpoint.
+    #[inline]
+    pub fn single(id: EndpointId) -> Self {
+        let i = id.0 as usize;
+        SlotSet(Repr::One {
+            base: (i / 64) as u32,
+            bits: 1u64 << (i % 64),
+        })
     }
 
     #[inline]
@@ -332,7 +343,7 @@ pub(crate) fn walk<'a>(
     blocks: &[u64],
     candidates: &[EndpointId],
     prefetch: impl Fn(u64),
-    holders: impl FnMut(u64) -> Option<(&'a SlotSet, Option<&'a SlotSet>)>,
+    holders: impl FnMut(u64) -> Option<(Cow<'a, SlotSet>, Option<&'a SlotSet>)>,
 ) -> Vec<PrefixMatch> {
     let mut out = vec![PrefixMatch::default(); candidates.len()];
     walk_into(
@@ -355,7 +366,7 @@ pub(crate) fn walk_into<'a>(
     blocks: &[u64],
     candidates: impl Iterator<Item = EndpointId> + Clone,
     prefetch: impl Fn(u64),
-    mut holders: impl FnMut(u64) -> Option<(&'a SlotSet, Option<&'a SlotSet>)>,
+    mut holders: impl FnMut(u64) -> Option<(Cow<'a, SlotSet>, Option<&'a SlotSet>)>,
     out: &mut [PrefixMatch],
 ) {
     out.iter_mut().for_each(|m| *m = PrefixMatch::default());
@@ -377,7 +388,8 @@ pub(crate) fn walk_into<'a>(
     // large table, so the next group's slots are prefetched while this group is looked
     // up and walked; stopping after each group keeps a request nobody holds cheap.
     const GROUP: usize = 8;
-    let mut found: [Option<(&SlotSet, Option<&SlotSet>)>; GROUP] = [None; GROUP];
+    let mut found: [Option<(Cow<SlotSet>, Option<&SlotSet>)>; GROUP] =
+        std::array::from_fn(|_| None);
     blocks.iter().take(GROUP).for_each(|&h| prefetch(h));
     'walk: for (g, group) in blocks.chunks(GROUP).enumerate() {
         blocks
@@ -390,12 +402,13 @@ pub(crate) fn walk_into<'a>(
         }
         for (j, entry) in found[..group.len()].iter().enumerate() {
             let i = g * GROUP + j;
-            let Some((upper, lower)) = *entry else {
+            let Some((upper, lower)) = entry else {
                 stop = i;
                 break 'walk;
             };
             // An empty lower tier (the common case) needs no union, which for a set
             // spanning words would allocate once per block.
+            let (upper, lower) = (upper.as_ref(), *lower);
             let next = match lower {
                 Some(l) if !l.is_empty() => alive.and(&upper.or(l)),
                 _ => alive.and(upper),
@@ -558,7 +571,7 @@ mod walk_properties {
                 low.into_iter().for_each(|s| e.1.insert(EndpointId(s)));
             }
             let candidates: Vec<EndpointId> = cand_slots.into_iter().map(EndpointId).collect();
-            let got = walk(&blocks, &candidates, |_| {}, |h| table.get(&h).map(|(u, l)| (u, Some(l))));
+            let got = walk(&blocks, &candidates, |_| {}, |h| table.get(&h).map(|(u, l)| (Cow::Borrowed(u), Some(l))));
             prop_assert_eq!(got, reference(&blocks, &candidates, &table));
         }
     }

@@ -8,6 +8,8 @@
 //! Invariant: no entry has both sets empty (entries are dropped when their last holder
 //! goes).
 
+use std::borrow::Cow;
+
 use strata_api::kv_events::{KvEvent, MEDIUM_GPU};
 
 use super::flat::FlatMap;
@@ -107,7 +109,11 @@ impl PreciseIndex {
             blocks,
             candidates,
             |h| self.blocks.prefetch(h),
-            |h| self.blocks.get(&h).map(|e| (&e.upper, Some(&e.lower))),
+            |h| {
+                self.blocks
+                    .get(&h)
+                    .map(|e| (Cow::Borrowed(&e.upper), Some(&e.lower)))
+            },
         )
     }
 
@@ -123,7 +129,11 @@ impl PreciseIndex {
             blocks,
             candidates,
             |h| self.blocks.prefetch(h),
-            |h| self.blocks.get(&h).map(|e| (&e.upper, Some(&e.lower))),
+            |h| {
+                self.blocks
+                    .get(&h)
+                    .map(|e| (Cow::Borrowed(&e.upper), Some(&e.lower)))
+            },
             out,
         )
     }

@@ -270,6 +270,13 @@ pub trait Scorer: Debug + Send + Sync {
 /// Orders scored candidates: the first is the pick, the rest are fallbacks.
 pub trait Picker: Debug + Send + Sync {
     fn pick(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore);
+
+    /// The first of [`Picker::pick`]'s order alone (`scored` is left holding just it, or
+    /// nothing), with the same draws from `rng`: for a caller that needs no fallbacks.
+    fn pick_first(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore) {
+        self.pick(scored, rng);
+        scored.truncate(1);
+    }
 }
 
 /// A candidate and its total score.
@@ -405,7 +412,26 @@ impl EndpointPicker {
             (None, None) => &self.profiles[0],
             (Some(name), _) => self.profile(name)?,
         };
-        self.run_profile(profile, ctx, req, candidates, split, rng)
+        self.run_profile(profile, ctx, req, candidates, split, rng, false)
+    }
+
+    /// [`EndpointPicker::schedule`] for a caller that uses only the pick: the decision's
+    /// ranking holds the first endpoint alone (the same one, after the same draws from
+    /// `rng`), which spares ordering the fallbacks.
+    pub fn schedule_first(
+        &self,
+        ctx: &Context,
+        req: &SchedRequest,
+        candidates: &[Candidate],
+        split: Option<&TrafficSplit>,
+        rng: &mut dyn RngCore,
+    ) -> Result<PickDecision, ScheduleError> {
+        let profile = match (&req.profile, &self.pd) {
+            (None, Some(pd)) => self.profile(&pd.decode_profile)?,
+            (None, None) => &self.profiles[0],
+            (Some(name), _) => self.profile(name)?,
+        };
+        self.run_profile(profile, ctx, req, candidates, split, rng, true)
     }
 
     fn profile(&self, name: &str) -> Result<&Profile, ScheduleError> {
@@ -437,7 +463,7 @@ impl EndpointPicker {
             return self.schedule(ctx, req, candidates, split, rng).map(single);
         };
         let decode_profile = self.profile(&pd.decode_profile)?;
-        let decode = self.run_profile(decode_profile, ctx, req, candidates, split, rng)?;
+        let decode = self.run_profile(decode_profile, ctx, req, candidates, split, rng, false)?;
         let first = decode.pick();
         let cached = candidates
             .iter()
@@ -452,7 +478,7 @@ impl EndpointPicker {
         }
         let prefill_profile = self.profile(&pd.prefill_profile)?;
         let prefill = self
-            .run_profile(prefill_profile, ctx, req, candidates, split, rng)
+            .run_profile(prefill_profile, ctx, req, candidates, split, rng, false)
             .ok()
             .map(|mut p| {
                 p.ranked.retain(|s| s.id != first);
@@ -471,6 +497,8 @@ impl EndpointPicker {
         })
     }
 
+    /// One profile's decision; `first_only`: rank the pick alone.
+    #[allow(clippy::too_many_arguments)]
     fn run_profile(
         &self,
         profile: &Profile,
@@ -479,6 +507,7 @@ impl EndpointPicker {
         candidates: &[Candidate],
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
+        first_only: bool,
     ) -> Result<PickDecision, ScheduleError> {
         // Eligibility in one pass, into one pre-sized list.
         let mut any_ready = false;
@@ -525,7 +554,11 @@ impl EndpointPicker {
             .zip(total.iter())
             .map(|(c, &score)| Scored { id: c.id, score })
             .collect();
-        profile.picker.pick(&mut scored, rng);
+        if first_only {
+            profile.picker.pick_first(&mut scored, rng);
+        } else {
+            profile.picker.pick(&mut scored, rng);
+        }
         Ok(PickDecision {
             profile: profile.name.clone(),
             ranked: scored,

@@ -25,6 +25,46 @@ impl Picker for MaxScore {
             scored.swap(0, i);
         }
     }
+
+    /// The pick without sorting: the best score's first candidate, or, among several
+    /// equal to it, the draw's one in the order the sort would give them.
+    fn pick_first(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore) {
+        // The sort's first: the highest key, the first position among equal keys.
+        let mut first = None;
+        for (i, s) in scored.iter().enumerate() {
+            if first.is_none_or(|(_, k)| total_key(s.score) > k) {
+                first = Some((i, total_key(s.score)));
+            }
+        }
+        let Some((first, best_key)) = first else {
+            return;
+        };
+        let best = scored[first].score;
+        // The tie group `pick` counts (`== best` from the front of the sorted order): the
+        // best key's candidates by position, then, for a best of +0.0, those of -0.0
+        // (next in the sort, and `==` to it). A NaN best has none.
+        let ties = scored.iter().filter(|s| s.score == best).count();
+        let chosen = if ties > 1 {
+            let i = rng.random_range(0..ties);
+            let same_key = scored.iter().filter(|s| total_key(s.score) == best_key);
+            let rest = scored
+                .iter()
+                .filter(|s| s.score == best && total_key(s.score) != best_key);
+            same_key.chain(rest).nth(i).copied()
+        } else {
+            None
+        };
+        let chosen = chosen.unwrap_or(scored[first]);
+        scored.clear();
+        scored.push(chosen);
+    }
+}
+
+/// `f64::total_cmp`'s order as an unsigned integer (the transform `f64::total_cmp` uses,
+/// then the sign bit flipped so that unsigned order is signed order).
+fn total_key(x: f64) -> u64 {
+    let bits = x.to_bits() as i64;
+    (bits ^ ((((bits >> 63) as u64) >> 1) as i64)) as u64 ^ (1 << 63)
 }
 
 /// Sorts by score, highest first, equal scores keeping their order: the order of a
@@ -34,17 +74,11 @@ impl Picker for MaxScore {
 /// comparison being one integer compare, even at a thousand candidates per decision;
 /// nothing is allocated for up to 64 of them.
 fn sort_by_score_stable(scored: &mut [Scored]) {
-    // `total_cmp`'s order as an unsigned integer (the transform `f64::total_cmp` uses,
-    // then the sign bit flipped so that unsigned order is signed order).
-    fn key(x: f64) -> u64 {
-        let bits = x.to_bits() as i64;
-        (bits ^ ((((bits >> 63) as u64) >> 1) as i64)) as u64 ^ (1 << 63)
-    }
     // Highest score first: the inverted key ascends; then the position ascends.
     let mut keys: SmallVec<[u128; 64]> = scored
         .iter()
         .enumerate()
-        .map(|(i, s)| (u128::from(!key(s.score)) << 64) | i as u128)
+        .map(|(i, s)| (u128::from(!total_key(s.score)) << 64) | i as u128)
         .collect();
     keys.sort_unstable();
     let sorted: SmallVec<[Scored; 64]> =
@@ -171,6 +205,38 @@ mod properties {
             sort_by_score_stable(&mut got);
             let bits = |v: &[Scored]| v.iter().map(|s| (s.id, s.score.to_bits())).collect::<Vec<_>>();
             prop_assert_eq!(bits(&got), bits(&want));
+        }
+
+        /// `pick_first` picks what `pick` puts first, after the same draws, for every
+        /// picker (ties, signed zeros and NaNs included).
+        #[test]
+        fn pick_first_equals_the_first_of_pick(
+            raw in proptest::collection::vec(prop_oneof![
+                (0u8..3).prop_map(f64::from),
+                Just(0.0),
+                Just(-0.0),
+                Just(f64::NAN),
+                -2.0f64..2.0,
+            ], 0..40),
+            seed in 0u64..1000,
+        ) {
+            use rand::{rngs::StdRng, RngCore, SeedableRng};
+            let scored: Vec<Scored> = raw
+                .iter()
+                .enumerate()
+                .map(|(i, &score)| Scored { id: EndpointId(i as u32), score })
+                .collect();
+            let pickers: [&dyn Picker; 3] = [&MaxScore, &WeightedRandom, &RandomPicker];
+            for p in pickers {
+                let (mut a, mut b) = (StdRng::seed_from_u64(seed), StdRng::seed_from_u64(seed));
+                let mut full = scored.clone();
+                p.pick(&mut full, &mut a);
+                let mut first = scored.clone();
+                p.pick_first(&mut first, &mut b);
+                let bits = |v: &[Scored]| v.iter().map(|s| (s.id, s.score.to_bits())).collect::<Vec<_>>();
+                prop_assert_eq!(bits(&first), bits(&full[..full.len().min(1)]));
+                prop_assert_eq!(a.next_u64(), b.next_u64(), "the same draws");
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use strata_bench::report::{Report, CDF_POINTS};
 
 use super::itl::ItlSamples;
+use crate::prefetch::prefetch;
 
 /// A gap too long for `u32` nanoseconds: the next entry of the request's side list.
 const LONG: u32 = u32::MAX;
@@ -56,6 +57,14 @@ impl TokenGaps {
                 v.push(LONG);
                 self.long.entry(id).or_default().push(ns);
             }
+        }
+    }
+
+    /// Starts loading request `id`'s list (its next [`TokenGaps::record`] is near).
+    #[inline]
+    pub(super) fn prefetch(&self, id: u32) {
+        if let Some(v) = self.gaps.get(id as usize) {
+            prefetch(v);
         }
     }
 
