@@ -385,8 +385,13 @@ mod x86 {
     trait Dot256 {
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
         unsafe fn nib_done(acc: __m256i) -> __m256i;
-        unsafe fn bytes(acc: [__m256i; 2], a: __m256i, lo: __m256i, hi: __m256i, b: __m256i)
-            -> [__m256i; 2];
+        unsafe fn bytes(
+            acc: [__m256i; 2],
+            a: __m256i,
+            lo: __m256i,
+            hi: __m256i,
+            b: __m256i,
+        ) -> [__m256i; 2];
         unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i;
         /// Whether `bytes` reads the nibbles (else only `a`).
         const SPLITS: bool;
