@@ -1088,7 +1088,10 @@ mod tests {
             // And the scalar definition is the exact product (all terms exact in f32).
             let exact = reference(&w, &x, m);
             for (i, (s, e)) in want.iter().zip(&exact).enumerate() {
-                assert!((s - e).abs() <= 1e-3 * e.abs().max(1.0), "{kind:?} {i}: {s} vs {e}");
+                assert!(
+                    (s - e).abs() <= 1e-3 * e.abs().max(1.0),
+                    "{kind:?} {i}: {s} vs {e}"
+                );
             }
         }
     }
