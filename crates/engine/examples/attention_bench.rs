@@ -4,7 +4,7 @@
 //! alternate round by round so a busy machine disturbs each alike.
 //!
 //! cargo run --release -p strata-engine --example attention_bench -- [--streams 16]
-//!     [--ctx 2048] [--layers 30] [--rounds 5] [--dtypes f16,int8,fp8]
+//!     [--ctx 2048] [--layers 30] [--rounds 5] [--dtypes f16,int8,fp8] [--contiguous]
 //!
 //! Prints one JSON line per entry type: the median step (ms) over rounds, and the bytes of
 //! keys and values a step reads.
@@ -33,9 +33,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let per_seq = (ctx + 1).div_ceil(block_size);
     let kv_dim = n_kv_head * hd;
     // Sequence `s` owns blocks s, s + streams, s + 2·streams, ...: interleaved, as a busy
-    // pool hands them out.
+    // pool hands them out; with `--contiguous`, blocks s·per_seq.. in a row.
+    let contiguous = args.iter().any(|a| a == "--contiguous");
     let tables: Vec<Vec<u32>> = (0..streams)
-        .map(|s| (0..per_seq).map(|b| (b * streams + s) as u32).collect())
+        .map(|s| {
+            (0..per_seq)
+                .map(|b| {
+                    if contiguous {
+                        (s * per_seq + b) as u32
+                    } else {
+                        (b * streams + s) as u32
+                    }
+                })
+                .collect()
+        })
         .collect();
     let tokens: Vec<TokenCtx<'_>> = tables
         .iter()
@@ -82,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.sort_by(|a, b| a.total_cmp(b));
         let read = streams * (ctx + 1) * layers * 2 * dtype.slot_bytes(kv_dim, n_kv_head);
         println!(
-            "{{\"kv_dtype\": \"{dtype}\", \"streams\": {streams}, \"ctx\": {ctx}, \"layers\": {layers}, \"step_ms_median\": {:.2}, \"step_ms_min\": {:.2}, \"bytes_read_per_step\": {read}, \"cache_bytes\": {}}}",
+            "{{\"kv_dtype\": \"{dtype}\", \"contiguous\": {contiguous}, \"streams\": {streams}, \"ctx\": {ctx}, \"layers\": {layers}, \"step_ms_median\": {:.2}, \"step_ms_min\": {:.2}, \"bytes_read_per_step\": {read}, \"cache_bytes\": {}}}",
             t[t.len() / 2],
             t[0],
             c.num_blocks * c.block_bytes()
