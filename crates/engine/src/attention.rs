@@ -306,12 +306,17 @@ fn attend_with<K: KvElem, V: KvElem>(
             // Where position j's key and value start, for j in 0..=pos (inside the window).
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             scratch.offs.clear();
+            scratch.slots.clear();
+            let scaled = ks.is_some() || vs.is_some();
             for_each_slot(block_table, block_size, pos + 1, |j, slot| {
                 if j >= first {
                     scratch.offs.push(slot * kv_dim + kvh * hd);
+                    if scaled {
+                        scratch.slots.push(slot);
+                    }
                 }
             });
-            scratch.gather_scales(ks, vs);
+            scratch.gather_scales(ks, vs, kv_dim, kvh * hd);
             let head = Head {
                 q,
                 group,
@@ -348,6 +353,8 @@ struct Head<'a> {
 struct Scratch {
     /// Offset of each position's key (and value) in the layer's cache.
     offs: Vec<usize>,
+    /// Each position's slot (8-bit entries only: where its scales are).
+    slots: Vec<usize>,
     /// `group × n_ctx` scores, then unnormalized probabilities.
     scores: Vec<f32>,
     /// `1 / Σ` of each row of probabilities.
@@ -360,11 +367,23 @@ struct Scratch {
 impl Scratch {
     /// Each position's key and value scale, read once per task (a head's numbers share
     /// one group: the group is a whole number of heads).
-    fn gather_scales(&mut self, ks: Option<Scales<'_>>, vs: Option<Scales<'_>>) {
+    ///
+    /// The head starts `head_at` numbers into its slot of `kv_dim`; a group divides the
+    /// slot, so slot `s`'s scale is `s · (kv_dim / group) + head_at / group`: two divisions
+    /// a task, none a position.
+    fn gather_scales(
+        &mut self,
+        ks: Option<Scales<'_>>,
+        vs: Option<Scales<'_>>,
+        kv_dim: usize,
+        head_at: usize,
+    ) {
         for (dst, src) in [(&mut self.kscale, ks), (&mut self.vscale, vs)] {
             dst.clear();
             if let Some(Scales { scales, group }) = src {
-                dst.extend(self.offs.iter().map(|&off| scales[off / group]));
+                debug_assert!(kv_dim.is_multiple_of(group));
+                let (per_slot, first) = (kv_dim / group, head_at / group);
+                dst.extend(self.slots.iter().map(|&s| scales[s * per_slot + first]));
             }
         }
     }
