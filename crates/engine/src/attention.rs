@@ -23,7 +23,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::kv::cache::KvBuf;
-use crate::kv::quant8::E4m3;
+use crate::kv::quant8::{E4m3, Scaled};
 
 /// A KV-cache entry type attention reads.
 pub trait KvElem: Copy + Send + Sync {
@@ -97,6 +97,15 @@ impl KvElem for E4m3 {
 struct Scales<'a> {
     scales: &'a [f32],
     group: usize,
+}
+
+impl<'a> Scales<'a> {
+    fn of<C>(buf: &'a Scaled<C>) -> Self {
+        Self {
+            scales: &buf.scales,
+            group: buf.group,
+        }
+    }
 }
 
 /// The shapes attention needs.
@@ -173,17 +182,11 @@ fn dispatch(
         KvBuf::F16(k) => with_values(run, k, None, values, out),
         KvBuf::F32(k) => with_values(run, k, None, values, out),
         KvBuf::Int8(k) => {
-            let ks = Scales {
-                scales: &k.scales,
-                group: k.group,
-            };
+            let ks = Scales::of(k);
             with_values(run, &k.data, Some(ks), values, out)
         }
         KvBuf::Fp8(k) => {
-            let ks = Scales {
-                scales: &k.scales,
-                group: k.group,
-            };
+            let ks = Scales::of(k);
             with_values(run, &k.data, Some(ks), values, out)
         }
     }
@@ -216,10 +219,7 @@ fn with_values<K: KvElem>(
         KvBuf::F16(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, simd),
         KvBuf::F32(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, simd),
         KvBuf::Int8(v) => {
-            let vs = Scales {
-                scales: &v.scales,
-                group: v.group,
-            };
+            let vs = Scales::of(v);
             attend_with(
                 shape,
                 q,
@@ -230,10 +230,7 @@ fn with_values<K: KvElem>(
             )
         }
         KvBuf::Fp8(v) => {
-            let vs = Scales {
-                scales: &v.scales,
-                group: v.group,
-            };
+            let vs = Scales::of(v);
             attend_with(
                 shape,
                 q,
