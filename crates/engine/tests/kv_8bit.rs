@@ -5,24 +5,12 @@
 
 mod common;
 
-use serde::Deserialize;
+use common::reference_fixture::{fixture, Case};
 use strata_engine::kv::cache::{KvCache, KvDtype};
 use strata_engine::model::{Llama, SeqInput, WeightFormat};
 use strata_engine::tokenizer::Tokenizer;
 
 const EIGHT_BIT: [KvDtype; 2] = [KvDtype::Int8, KvDtype::Fp8E4m3];
-
-#[derive(Deserialize)]
-struct Fixture {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-}
 
 fn cache(model: &Llama, num_blocks: usize, dtype: KvDtype) -> KvCache {
     KvCache::with_heads(
@@ -100,8 +88,7 @@ fn top5(row: &[f32]) -> Vec<usize> {
 
 #[test]
 fn eight_bit_caches_keep_logits_and_greedy_tokens_of_the_f16_cache() {
-    let fx: Fixture = serde_json::from_str(include_str!("fixtures/reference_smollm2.json"))
-        .expect("fixture parses");
+    let fx = fixture();
     let model = Llama::load(&common::model_path(), WeightFormat::Gguf).expect("load");
     let want: Vec<Vec<Vec<f32>>> = fx
         .cases

@@ -8,33 +8,9 @@
 
 mod common;
 
-use serde::Deserialize;
+use common::reference_fixture::{fixture, Case};
 use strata_engine::kv::cache::KvCache;
 use strata_engine::model::{Llama, SeqInput, WeightFormat};
-
-#[derive(Deserialize)]
-struct Fixture {
-    model_sha256: String,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    steps: Vec<Step>,
-}
-
-#[derive(Deserialize)]
-struct Step {
-    top5: Vec<(u32, f32)>,
-}
-
-fn fixture() -> Fixture {
-    let text = include_str!("fixtures/reference_smollm2.json");
-    serde_json::from_str(text).expect("fixture parses")
-}
 
 /// Runs the prompt then teacher-forces the reference's greedy tokens, returning the
 /// logits after the prompt and after each forced token (one row per reference step).

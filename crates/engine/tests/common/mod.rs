@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 
 pub mod kv_engine;
+pub mod reference_fixture;
 
 /// The default model: `$STRATA_TEST_MODEL`, else the cache entry that `strata model pull`
 /// writes. A missing model fails the test with what to run; it is never skipped.

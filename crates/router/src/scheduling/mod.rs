@@ -407,11 +407,7 @@ impl EndpointPicker {
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
     ) -> Result<PickDecision, ScheduleError> {
-        let profile = match (&req.profile, &self.pd) {
-            (None, Some(pd)) => self.profile(&pd.decode_profile)?,
-            (None, None) => &self.profiles[0],
-            (Some(name), _) => self.profile(name)?,
-        };
+        let profile = self.request_profile(req)?;
         self.run_profile(profile, ctx, req, candidates, split, rng, false)
     }
 
@@ -426,12 +422,18 @@ impl EndpointPicker {
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
     ) -> Result<PickDecision, ScheduleError> {
-        let profile = match (&req.profile, &self.pd) {
-            (None, Some(pd)) => self.profile(&pd.decode_profile)?,
-            (None, None) => &self.profiles[0],
-            (Some(name), _) => self.profile(name)?,
-        };
+        let profile = self.request_profile(req)?;
         self.run_profile(profile, ctx, req, candidates, split, rng, true)
+    }
+
+    /// The profile a request runs: the one it names, else P/D's decode profile, else the
+    /// first.
+    fn request_profile(&self, req: &SchedRequest) -> Result<&Profile, ScheduleError> {
+        match (&req.profile, &self.pd) {
+            (None, Some(pd)) => self.profile(&pd.decode_profile),
+            (None, None) => Ok(&self.profiles[0]),
+            (Some(name), _) => self.profile(name),
+        }
     }
 
     fn profile(&self, name: &str) -> Result<&Profile, ScheduleError> {
