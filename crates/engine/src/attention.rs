@@ -544,8 +544,8 @@ mod avx2 {
     }
 
     /// [`attend_group`] compiled for AVX-512F/VL: the same 256-bit operations in the same
-    /// order, so the same bits, but with 32 vector registers (the 3 × 4 tile's
-    /// accumulators, query rows and keys stop spilling) and the softmax's loops 512 bits
+    /// order, so the same bits, but with 32 vector registers for the 3 × 4 tile's
+    /// accumulators, query rows and keys instead of 16, and the softmax's loops 512 bits
     /// wide. A portable (`x86-64-v3`) build gets these only through this copy.
     ///
     /// # Safety
@@ -847,7 +847,7 @@ mod tests {
                 for shape in [causal, sliding] {
                     for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Fp8E4m3] {
                         let mut simd_bits: Option<Vec<u32>> = None;
-                        for path in paths_here() {
+                        for path in KernelPath::here() {
                             let out = check_against_reference(shape, path, dtype);
                             // Every SIMD path runs the same tile in the same order (its
                             // AVX-512 copy only has more registers): the same bits.
@@ -868,14 +868,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The paths this machine runs (the portable one always).
-    fn paths_here() -> Vec<KernelPath> {
-        KernelPath::ALL
-            .into_iter()
-            .filter(|p| p.supported())
-            .collect()
     }
 
     /// The cache holds `dtype` entries and the reference gets the same stored values (f16

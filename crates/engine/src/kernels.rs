@@ -734,14 +734,6 @@ mod tests {
         ));
     }
 
-    /// The paths this machine runs (the scalar one always).
-    fn paths_here() -> Vec<KernelPath> {
-        KernelPath::ALL
-            .into_iter()
-            .filter(|p| p.supported())
-            .collect()
-    }
-
     /// A random matrix that takes 8-bit decode rows (Q8_0 repacked for them).
     fn random_q8_rows(kind: BlockType, rows: usize, cols: usize, seed: u64) -> BlockMatrix {
         let w = random_blocks(kind, rows, cols, seed).with_q8_decode_rows();
@@ -773,7 +765,7 @@ mod tests {
         x[200] = 3.0e38;
         let want = QuantRows::new_on(KernelPath::Scalar, &x, m, k);
         assert_eq!(&want.q[1..7], &[0, 0, 2, -2, 2, 126]);
-        for path in paths_here() {
+        for path in KernelPath::here() {
             let got = QuantRows::new_on(path, &x, m, k);
             assert_eq!(got.q, want.q, "{path:?}");
             assert_eq!(
@@ -803,7 +795,7 @@ mod tests {
                 for m in [1, 2, 5, 8, 9, 17] {
                     let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
                     let want = w.matmul_split_on(KernelPath::Scalar, &x, m, 0);
-                    for path in paths_here() {
+                    for path in KernelPath::here() {
                         let got = w.matmul_split_on(path, &x, m, 0);
                         for (i, (g, s)) in got.iter().zip(&want).enumerate() {
                             assert_eq!(
@@ -821,7 +813,7 @@ mod tests {
     #[test]
     fn every_path_keeps_a_row_identical_alone_and_in_a_batch() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(22);
-        for path in paths_here() {
+        for path in KernelPath::here() {
             // Q8_0 twice: f32 activations only, and with 8-bit decode rows.
             for (kind, q8_rows) in [
                 (BlockType::Q4_0, true),
@@ -865,7 +857,7 @@ mod tests {
             let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
             let q = QuantRows::new(&x, m, k);
             let rb = w.row_bytes();
-            for path in paths_here() {
+            for path in KernelPath::here() {
                 let got = w.matmul_split_on(path, &x, m, 0);
                 for i in 0..m {
                     for j in 0..n {
@@ -913,7 +905,7 @@ mod tests {
         let want = reference(&w, &x, m);
         let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
         let q = QuantRows::new(&x, m, k);
-        for path in paths_here() {
+        for path in KernelPath::here() {
             // Two rows f32, four decode rows.
             let got = w.matmul_split_on(path, &x, m, 2);
             for i in 0..m {
@@ -1018,7 +1010,7 @@ mod tests {
                 let alone: Vec<Vec<f32>> = (0..64)
                     .map(|i| w.matmul_split_on(KernelPath::Scalar, &x[i * k..(i + 1) * k], 1, 0))
                     .collect();
-                for path in paths_here() {
+                for path in KernelPath::here() {
                     for &m in &ms {
                         let got = w.matmul_split_on(path, &x[..m * k], m, 0);
                         for i in 0..m {
@@ -1079,7 +1071,7 @@ mod tests {
                 }
             }
             let want = w.matmul_split_on(KernelPath::Scalar, &x, m, 0);
-            for path in paths_here() {
+            for path in KernelPath::here() {
                 let got = w.matmul_split_on(path, &x, m, 0);
                 for (i, (g, s)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(g.to_bits(), s.to_bits(), "{kind:?} {path:?} output {i}");

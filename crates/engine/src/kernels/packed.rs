@@ -223,6 +223,11 @@ impl KernelPath {
         }
     }
 
+    /// Every path this CPU supports, lowest first (the scalar one always).
+    pub fn here() -> impl Iterator<Item = Self> {
+        Self::ALL.into_iter().filter(|p| p.supported())
+    }
+
     /// The best path this CPU supports.
     pub fn best() -> Self {
         Self::ALL
