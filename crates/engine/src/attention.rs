@@ -681,10 +681,17 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         for (j, &off) in offs.iter().enumerate() {
             let v = values.add(off + d);
+            // Each value vector is loaded once and used by every row while it is live:
+            // R × C accumulators + R probabilities + one value (16 registers at 3 × 4), so
+            // the 16-register AVX2 build does not spill an accumulator every position.
+            let mut pr = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                let pr = _mm256_set1_ps(*p.add(r * n_ctx + j));
-                for c in 0..C {
-                    acc[r][c] = _mm256_fmadd_ps(pr, V::load8(v.add(8 * c)), acc[r][c]);
+                pr[r] = _mm256_set1_ps(*p.add(r * n_ctx + j));
+            }
+            for c in 0..C {
+                let vc = V::load8(v.add(8 * c));
+                for r in 0..R {
+                    acc[r][c] = _mm256_fmadd_ps(pr[r], vc, acc[r][c]);
                 }
             }
         }
