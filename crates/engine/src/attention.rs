@@ -182,14 +182,8 @@ fn dispatch(
     match keys {
         KvBuf::F16(k) => with_values(run, k, None, values, out),
         KvBuf::F32(k) => with_values(run, k, None, values, out),
-        KvBuf::Int8(k) => {
-            let ks = Scales::of(k);
-            with_values(run, &k.data, Some(ks), values, out)
-        }
-        KvBuf::Fp8(k) => {
-            let ks = Scales::of(k);
-            with_values(run, &k.data, Some(ks), values, out)
-        }
+        KvBuf::Int8(k) => with_values(run, &k.data, Some(Scales::of(k)), values, out),
+        KvBuf::Fp8(k) => with_values(run, &k.data, Some(Scales::of(k)), values, out),
     }
 }
 
@@ -211,37 +205,11 @@ fn with_values<K: KvElem>(
     values: &KvBuf,
     out: &mut [f32],
 ) {
-    let Run {
-        shape,
-        q,
-        tokens,
-        path,
-    } = run;
     match values {
-        KvBuf::F16(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, path),
-        KvBuf::F32(v) => attend_with(shape, q, pair(keys, ks, v, None), tokens, out, path),
-        KvBuf::Int8(v) => {
-            let vs = Scales::of(v);
-            attend_with(
-                shape,
-                q,
-                pair(keys, ks, &v.data, Some(vs)),
-                tokens,
-                out,
-                path,
-            )
-        }
-        KvBuf::Fp8(v) => {
-            let vs = Scales::of(v);
-            attend_with(
-                shape,
-                q,
-                pair(keys, ks, &v.data, Some(vs)),
-                tokens,
-                out,
-                path,
-            )
-        }
+        KvBuf::F16(v) => attend_with(run, pair(keys, ks, v, None), out),
+        KvBuf::F32(v) => attend_with(run, pair(keys, ks, v, None), out),
+        KvBuf::Int8(v) => attend_with(run, pair(keys, ks, &v.data, Some(Scales::of(v))), out),
+        KvBuf::Fp8(v) => attend_with(run, pair(keys, ks, &v.data, Some(Scales::of(v))), out),
     }
 }
 
@@ -269,14 +237,13 @@ fn pair<'a, K, V>(
 }
 
 /// [`attend`] over typed entries on `path` (one this CPU supports).
-fn attend_with<K: KvElem, V: KvElem>(
-    shape: AttnShape,
-    q: &[f32],
-    kv: KvPair<'_, K, V>,
-    tokens: &[TokenCtx<'_>],
-    out: &mut [f32],
-    path: KernelPath,
-) {
+fn attend_with<K: KvElem, V: KvElem>(run: Run<'_, '_>, kv: KvPair<'_, K, V>, out: &mut [f32]) {
+    let Run {
+        shape,
+        q,
+        tokens,
+        path,
+    } = run;
     let KvPair {
         keys,
         ks,
