@@ -193,6 +193,13 @@ impl SimEngine {
         self.planner.add(Sequence::new(req, sampler, id));
     }
 
+    /// Whether the replica's cache changes are collected for the router (`finish_step`'s
+    /// `out.kv`); on by default. Off for a router that reads no KV events, which would
+    /// drop every change anyway.
+    pub fn set_kv_events(&mut self, on: bool) {
+        self.planner.pool.set_events(on);
+    }
+
     pub fn busy(&self) -> bool {
         self.plan.is_some()
     }

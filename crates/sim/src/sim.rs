@@ -395,13 +395,16 @@ impl Sim<'_> {
         };
         let index = self.replicas.len() as u32;
         self.slot_owner[slot as usize] = Some(index);
+        let mut engine = SimEngine::new(
+            &self.cfg.engine,
+            self.num_blocks,
+            self.cfg.step.model.context_len as usize,
+            self.events_tx.clone(),
+        );
+        // Without the precise index the router drops every KV event: none are made.
+        engine.set_kv_events(self.router.uses_precise());
         self.replicas.push(Replica {
-            engine: SimEngine::new(
-                &self.cfg.engine,
-                self.num_blocks,
-                self.cfg.step.model.context_len as usize,
-                self.events_tx.clone(),
-            ),
+            engine,
             phase: Phase::Starting,
             slot: EndpointId(slot),
             launched: self.now,

@@ -137,22 +137,35 @@ struct BlockMeta {
 const NIL: u32 = u32::MAX;
 
 /// A doubly linked list over block ids with O(1) push, pop and removal from the middle.
+/// A block's links and its queued flag sit side by side, so a removal touches the block's
+/// entry and its two neighbours' rather than three arrays' worth of each.
 #[derive(Debug)]
 struct FreeQueue {
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    queued: Vec<bool>,
+    links: Vec<Link>,
     head: u32,
     tail: u32,
     len: usize,
 }
 
+/// One block's place in the [`FreeQueue`].
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    prev: u32,
+    next: u32,
+    queued: bool,
+}
+
 impl FreeQueue {
     fn new(n: usize) -> Self {
         let mut q = Self {
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
-            queued: vec![false; n],
+            links: vec![
+                Link {
+                    prev: NIL,
+                    next: NIL,
+                    queued: false
+                };
+                n
+            ],
             head: NIL,
             tail: NIL,
             len: 0,
@@ -164,54 +177,58 @@ impl FreeQueue {
     }
 
     fn push_back(&mut self, b: u32) {
-        let i = b as usize;
-        debug_assert!(!self.queued[i]);
-        self.prev[i] = self.tail;
-        self.next[i] = NIL;
+        debug_assert!(!self.links[b as usize].queued);
+        self.links[b as usize] = Link {
+            prev: self.tail,
+            next: NIL,
+            queued: true,
+        };
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.next[self.tail as usize] = b;
+            self.links[self.tail as usize].next = b;
         }
         self.tail = b;
-        self.queued[i] = true;
         self.len += 1;
     }
 
     fn push_front(&mut self, b: u32) {
-        let i = b as usize;
-        debug_assert!(!self.queued[i]);
-        self.next[i] = self.head;
-        self.prev[i] = NIL;
+        debug_assert!(!self.links[b as usize].queued);
+        self.links[b as usize] = Link {
+            prev: NIL,
+            next: self.head,
+            queued: true,
+        };
         if self.head == NIL {
             self.tail = b;
         } else {
-            self.prev[self.head as usize] = b;
+            self.links[self.head as usize].prev = b;
         }
         self.head = b;
-        self.queued[i] = true;
         self.len += 1;
     }
 
     fn remove(&mut self, b: u32) {
-        let i = b as usize;
-        if !self.queued[i] {
+        let link = self.links[b as usize];
+        if !link.queued {
             return;
         }
-        let (p, n) = (self.prev[i], self.next[i]);
+        let (p, n) = (link.prev, link.next);
         if p == NIL {
             self.head = n;
         } else {
-            self.next[p as usize] = n;
+            self.links[p as usize].next = n;
         }
         if n == NIL {
             self.tail = p;
         } else {
-            self.prev[n as usize] = p;
+            self.links[n as usize].prev = p;
         }
-        self.queued[i] = false;
-        self.prev[i] = NIL;
-        self.next[i] = NIL;
+        self.links[b as usize] = Link {
+            prev: NIL,
+            next: NIL,
+            queued: false,
+        };
         self.len -= 1;
     }
 
@@ -238,6 +255,8 @@ pub struct BlockPool {
     /// Whether `Stored` events carry the block's tokens (the KV-event wire format wants
     /// them; a consumer that reads only hashes, like the simulator, saves a copy per block).
     event_tokens: bool,
+    /// Whether cache changes are recorded as events at all (on by default).
+    events_on: bool,
     /// Per block, what it was committed with; `None` unless evictions are tracked (the
     /// tier needs the parent and tokens of an evicted block, nobody else does).
     meta: Option<Vec<Option<BlockMeta>>>,
@@ -255,6 +274,7 @@ impl BlockPool {
             prefix_caching,
             events: Vec::new(),
             event_tokens: true,
+            events_on: true,
             meta: None,
             evicted: Vec::new(),
         }
@@ -290,6 +310,15 @@ impl BlockPool {
     /// Leaves the tokens out of `Stored` events (empty) when `false`; on by default.
     pub fn set_event_tokens(&mut self, on: bool) {
         self.event_tokens = on;
+    }
+
+    /// Records no events when `false` (a caller nobody listens to, like a simulated
+    /// replica behind a router that reads no KV events); on by default.
+    pub fn set_events(&mut self, on: bool) {
+        self.events_on = on;
+        if !on {
+            self.events = Vec::new();
+        }
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -367,8 +396,10 @@ impl BlockPool {
                     self.cached.remove(&h, &self.hashes);
                 }
                 self.hashes[b as usize] = None;
-                if named {
+                if named && self.events_on {
                     self.events.push(PoolEvent::Removed { hash: h });
+                }
+                if named {
                     if let Some(meta) = self.meta.as_mut().and_then(|m| m[b as usize].take()) {
                         self.evicted.push(EvictedBlock {
                             block: b,
@@ -416,6 +447,9 @@ impl BlockPool {
                 lora: lora.cloned(),
             });
         }
+        if !self.events_on {
+            return;
+        }
         self.events.push(PoolEvent::Stored {
             hash,
             parent,
@@ -462,7 +496,9 @@ impl BlockPool {
         if let Some(meta) = self.meta.as_mut() {
             meta.iter_mut().for_each(|m| *m = None);
         }
-        self.events.push(PoolEvent::Cleared);
+        if self.events_on {
+            self.events.push(PoolEvent::Cleared);
+        }
         true
     }
 
@@ -572,6 +608,29 @@ mod tests {
                 if *hash == h(2) && *p == h(1) && tokens.is_empty()
         ));
         assert_eq!(pool.count_hits(&[h(1), h(2)]), 2, "caching is unchanged");
+    }
+
+    #[test]
+    fn a_pool_without_events_records_none_and_caches_the_same() {
+        let mut pool = BlockPool::new(2, true);
+        pool.set_events(false);
+        let a = pool.allocate(2).expect("two");
+        pool.commit(a[0], h(1), None, &[1, 2]);
+        pool.commit(a[1], h(2), Some(h(1)), &[3, 4]);
+        assert_eq!(pool.count_hits(&[h(1), h(2)]), 2, "both named");
+        pool.release(&a);
+        let e = pool.allocate(1).expect("evicts the chain's tail");
+        assert_eq!(pool.count_hits(&[h(1), h(2)]), 1, "h2 evicted");
+        pool.release(&e);
+        assert!(pool.reset());
+        assert!(
+            pool.take_events().is_empty(),
+            "no Stored, Removed or Cleared"
+        );
+        pool.set_events(true);
+        let b = pool.allocate(1).expect("one");
+        pool.commit(b[0], h(3), None, &[5, 6]);
+        assert_eq!(pool.take_events().len(), 1, "on again");
     }
 
     #[test]

@@ -370,7 +370,11 @@ pub(crate) fn walk_into<'a>(
     out: &mut [PrefixMatch],
 ) {
     out.iter_mut().for_each(|m| *m = PrefixMatch::default());
-    if blocks.is_empty() {
+    let Some(&first) = blocks.first() else { return };
+    // A first block nobody holds (every new prompt's) matches nothing anywhere: answered
+    // before building the candidates' set and accumulators, which a thousand candidates
+    // make the walk's largest cost.
+    if holders(first).is_none() {
         return;
     }
     let mut alive = SlotSet::new();
