@@ -373,8 +373,9 @@ pub(crate) fn walk_into<'a>(
     let Some(&first) = blocks.first() else { return };
     // A first block nobody holds (every new prompt's) matches nothing anywhere: answered
     // before building the candidates' set and accumulators, which a thousand candidates
-    // make the walk's largest cost.
-    if holders(first).is_none() {
+    // make the walk's largest cost. Otherwise its holders start the first group.
+    let mut first_holders = holders(first);
+    if first_holders.is_none() {
         return;
     }
     let mut alive = SlotSet::new();
@@ -401,8 +402,12 @@ pub(crate) fn walk_into<'a>(
             .skip((g + 1) * GROUP)
             .take(GROUP)
             .for_each(|&h| prefetch(h));
-        for (f, &h) in found.iter_mut().zip(group) {
-            *f = holders(h);
+        for (j, (f, &h)) in found.iter_mut().zip(group).enumerate() {
+            *f = if g == 0 && j == 0 {
+                first_holders.take()
+            } else {
+                holders(h)
+            };
         }
         for (j, entry) in found[..group.len()].iter().enumerate() {
             let i = g * GROUP + j;
