@@ -291,3 +291,31 @@ fn flow_control_same_seed_same_report_and_fair_shares_for_a_quiet_tenant() {
     assert_eq!(plain.report.requests.completed, 300);
     assert!(json(&a.report)["config"]["sim"]["tenants"].is_array());
 }
+
+#[test]
+fn replicas_announce_kv_events_to_a_router_that_scores_with_them() {
+    // Precise prefix affinity alone: the router knows where a prefix is cached only from
+    // the replicas' KV events. Events that never arrive leave it picking blind.
+    let dir = tempfile::tempdir().unwrap();
+    let routing = dir.path().join("router.yaml");
+    std::fs::write(
+        &routing,
+        "scheduling:\n  plugins:\n    - type: precise-prefix-cache-scorer\n    \
+         - type: max-score-picker\n  schedulingProfiles:\n    - name: default\n      \
+         plugins:\n        - pluginRef: precise-prefix-cache-scorer\n          weight: 1\n",
+    )
+    .unwrap();
+    let flags = format!(
+        "--hardware l4 --model-profile llama-3.1-8b --workload shared-prefix --groups 6 \
+         --prompts-per-group 8 --system-len 600 --question-len 20 --output-len 8 --rate 4 \
+         --requests 48 --seed 3 --routing-config {}",
+        routing.display()
+    );
+    let hit_rate = |delay: &str| {
+        let r = simulate(&config(&format!("{flags} --kv-event-delay {delay}"), 4)).unwrap();
+        assert_eq!(r.report.requests.completed, 48);
+        r.report.tokens.prefix_cache_hit_rate.unwrap()
+    };
+    let (informed, blind) = (hit_rate("1ms"), hit_rate("100000s"));
+    assert!(informed > blind + 0.1, "informed {informed}, blind {blind}");
+}

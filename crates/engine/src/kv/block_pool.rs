@@ -396,10 +396,10 @@ impl BlockPool {
                     self.cached.remove(&h, &self.hashes);
                 }
                 self.hashes[b as usize] = None;
-                if named && self.events_on {
-                    self.events.push(PoolEvent::Removed { hash: h });
-                }
                 if named {
+                    if self.events_on {
+                        self.events.push(PoolEvent::Removed { hash: h });
+                    }
                     if let Some(meta) = self.meta.as_mut().and_then(|m| m[b as usize].take()) {
                         self.evicted.push(EvictedBlock {
                             block: b,
@@ -447,19 +447,18 @@ impl BlockPool {
                 lora: lora.cloned(),
             });
         }
-        if !self.events_on {
-            return;
+        if self.events_on {
+            self.events.push(PoolEvent::Stored {
+                hash,
+                parent,
+                tokens: if self.event_tokens {
+                    tokens.to_vec()
+                } else {
+                    Vec::new()
+                },
+                lora: lora.cloned(),
+            });
         }
-        self.events.push(PoolEvent::Stored {
-            hash,
-            parent,
-            tokens: if self.event_tokens {
-                tokens.to_vec()
-            } else {
-                Vec::new()
-            },
-            lora: lora.cloned(),
-        });
     }
 
     /// Drops one reference to each of a sequence's blocks (given in table order).
