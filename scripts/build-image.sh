@@ -30,7 +30,7 @@ done
 if [ -z "$binary" ]; then
     echo "== release binary for x86-64-v3"
     RUSTFLAGS="-C target-cpu=x86-64-v3" cargo build --release --locked -p strata-cli \
-        --target-dir target/x86-64-v3
+        --features kubernetes --target-dir target/x86-64-v3
     binary=target/x86-64-v3/release/strata
 fi
 [ -x "$binary" ] || { echo "no executable binary at $binary" >&2; exit 1; }

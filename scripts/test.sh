@@ -8,15 +8,16 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== import circles between files"
 python3 scripts/import-cycles.py
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo clippy (every feature, then the binary's default one-machine build)"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+cargo clippy -p strata-cli --locked -- -D warnings
 echo "== default model"
-cargo run --quiet --locked -p strata-cli -- model pull
+cargo run --quiet --locked --all-features -p strata-cli -- model pull
 echo "== embedding model"
-cargo run --quiet --locked -p strata-cli -- model pull all-minilm-l6-v2
+cargo run --quiet --locked --all-features -p strata-cli -- model pull all-minilm-l6-v2
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --locked --no-fail-fast "$@"
+    cargo nextest run --workspace --all-features --locked --no-fail-fast "$@"
 else
-    cargo test --workspace --locked --no-fail-fast "$@"
+    cargo test --workspace --all-features --locked --no-fail-fast "$@"
 fi

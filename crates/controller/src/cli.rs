@@ -153,6 +153,46 @@ pub async fn serve_with<D: Driver>(
     serve_routes(cfg, driver, registrar, metrics, None, shutdown).await
 }
 
+/// The KEDA external scaler (gRPC) on `addr`, answering from the controller's status
+/// until `shutdown` turns true.
+#[cfg(feature = "kubernetes")]
+async fn start_keda(
+    addr: &str,
+    cfg: &ControllerConfig,
+    status: KedaStatus,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<KedaTask> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(listen = %addr, "KEDA external scaler (gRPC)");
+    let scaler = crate::keda::KedaScaler::new(status, Duration::from_secs_f64(cfg.interval_secs));
+    Ok(tokio::spawn(async move {
+        crate::keda::serve(scaler, l, async move {
+            while shutdown.changed().await.is_ok() {
+                if *shutdown.borrow() {
+                    break;
+                }
+            }
+        })
+        .await
+        .context("KEDA scaler")
+    }))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn start_keda(
+    _: &str,
+    _: &ControllerConfig,
+    _: KedaStatus,
+    _: watch::Receiver<bool>,
+) -> anyhow::Result<KedaTask> {
+    anyhow::bail!("kedaListen needs a build with the KEDA scaler (cargo feature `kubernetes`)")
+}
+
+type KedaStatus = Arc<std::sync::Mutex<crate::controller::Status>>;
+type KedaTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
 /// [`serve_with`] recording into `metrics`, the endpoint also serving `extra` routes.
 async fn serve_routes<D: Driver>(
     cfg: ControllerConfig,
@@ -186,24 +226,7 @@ async fn serve_routes<D: Driver>(
         app = extra.merge(app);
     }
     let keda = match &cfg.keda_listen {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
-            tracing::info!(listen = %addr, "KEDA external scaler (gRPC)");
-            let scaler = crate::keda::KedaScaler::new(
-                controller.status(),
-                Duration::from_secs_f64(cfg.interval_secs),
-            );
-            let mut keda_shutdown = shutdown.clone();
-            Some(tokio::spawn(crate::keda::serve(scaler, l, async move {
-                while keda_shutdown.changed().await.is_ok() {
-                    if *keda_shutdown.borrow() {
-                        break;
-                    }
-                }
-            })))
-        }
+        Some(addr) => Some(start_keda(addr, &cfg, controller.status(), shutdown.clone()).await?),
         None => None,
     };
     let mut http_shutdown = shutdown.clone();
@@ -226,7 +249,7 @@ async fn serve_routes<D: Driver>(
     controller.run(shutdown).await;
     if let Some(k) = keda {
         match k.await {
-            Ok(r) => r.context("KEDA scaler")?,
+            Ok(r) => r?,
             Err(e) => anyhow::bail!("KEDA scaler task: {e}"),
         }
     }

@@ -9,12 +9,14 @@
 //! - [`tls_client`]: the HTTP clients, verifying `https://` servers against an operator's CA.
 //! - [`driver`]: the [`driver::Driver`] trait and the local process driver.
 //! - [`controller`]: the control loop.
-//! - [`keda`]: the KEDA external scaler (gRPC) exposing the controller's judgement.
-//! - [`kubernetes_rollouts`]: the rollout API on Kubernetes (HTTPRoute weights).
+//! - `keda`: the KEDA external scaler (gRPC) exposing the controller's judgement.
+//! - `kubernetes_rollouts`: the rollout API on Kubernetes (HTTPRoute weights).
 //! - [`cli`]: `strata controller` and `strata model keygen|sign|verify`, wired by `strata`.
 //!
 //! Everything but `autoscale`, `rollout` and `registry` sits behind the default `runtime`
-//! feature: `default-features = false` links only the pure policies and the registry.
+//! feature: `default-features = false` links only the pure policies and the registry. The
+//! Kubernetes parts (the driver, `kubernetes_rollouts`, `keda`) sit behind `kubernetes`,
+//! also default here; the `strata` binary turns it on with its own `kubernetes` feature.
 
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
@@ -35,7 +37,7 @@ pub mod driver;
 pub mod held;
 #[cfg(feature = "runtime")]
 pub mod http;
-#[cfg(feature = "runtime")]
+#[cfg(feature = "kubernetes")]
 pub mod keda;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes_rollouts;

@@ -15,10 +15,14 @@
 //!   splits, circuit breakers, in-flight accounting: the [`Router`] handle the gateway
 //!   embeds and the controller drives;
 //! - **transport** ([`proxy`], [`server`]): the OpenAI-compatible HTTP front that streams
-//!   through, retries before the first byte, and exports [`telemetry`]; and [`extproc`],
-//!   the Gateway API Inference Extension endpoint picker over Envoy's ext_proc gRPC;
-//! - **discovery** ([`k8s`]): endpoints from an `InferencePool` and its pods, watched
-//!   through the Kubernetes API.
+//!   through, retries before the first byte, and exports [`telemetry`]; and `extproc`,
+//!   the Gateway API Inference Extension endpoint picker over Envoy's ext_proc gRPC
+//!   (cargo feature `ext-proc`);
+//! - **discovery** (`k8s`): endpoints from an `InferencePool` and its pods, watched
+//!   through the Kubernetes API (cargo feature `kubernetes`).
+//!
+//! Both features are on by default for this crate; the `strata` binary turns them on
+//! with its own `kubernetes` feature, so a one-machine build compiles neither.
 //!
 //! Entry points for the CLI: [`RouterArgs`] and [`run`].
 
@@ -32,9 +36,11 @@ pub mod client;
 pub mod config;
 pub mod datalayer;
 pub mod endpoint;
+#[cfg(feature = "ext-proc")]
 pub mod extproc;
 pub mod headers;
 pub mod intake;
+#[cfg(feature = "kubernetes")]
 pub mod k8s;
 pub mod objectives;
 pub mod prefix;

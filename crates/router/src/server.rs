@@ -224,8 +224,84 @@ pub async fn watch_endpoints_file(
     }
 }
 
-/// How often a picker re-reads its pool's `InferenceObjective`s.
-const OBJECTIVES_INTERVAL: Duration = Duration::from_secs(10);
+/// Endpoints from an `InferencePool` and its pods, and the pool's objectives, watched
+/// through the Kubernetes API.
+#[cfg(feature = "kubernetes")]
+async fn watch_pool(args: &RouterArgs, pool: &str, router: &Router) -> anyhow::Result<()> {
+    /// How often a picker re-reads its pool's `InferenceObjective`s.
+    const OBJECTIVES_INTERVAL: Duration = Duration::from_secs(10);
+    let pool = pool.to_string();
+    let client = crate::k8s::Discovery::infer_client().await?;
+    let mut cfg = crate::k8s::DiscoveryConfig::new(pool.clone(), args.pool_namespace.clone());
+    cfg.default_kind = router.config().default_kind;
+    cfg.https = args.pool_https;
+    let fixed = router.config().endpoints.clone();
+    crate::k8s::spawn(crate::k8s::Discovery::new(
+        cfg,
+        client.clone(),
+        router.clone(),
+        fixed,
+    ));
+    crate::k8s::objectives::spawn(
+        client,
+        &args.pool_namespace,
+        pool.clone(),
+        router.clone(),
+        OBJECTIVES_INTERVAL,
+    );
+    tracing::info!(pool = %pool, namespace = %args.pool_namespace, "watching InferencePool");
+    Ok(())
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn watch_pool(_: &RouterArgs, _: &str, _: &Router) -> anyhow::Result<()> {
+    anyhow::bail!("--pool-name needs a build with Kubernetes support (cargo feature `kubernetes`)")
+}
+
+/// The Gateway API Inference Extension endpoint picker on Envoy's ext_proc, until `stop`.
+#[cfg(feature = "ext-proc")]
+async fn start_ext_proc(
+    args: &RouterArgs,
+    port: u16,
+    router: &Router,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let on = |p: u16| (p != 0).then_some(p);
+    let listeners = crate::extproc::serve::Listeners::bind(
+        &args.host,
+        port,
+        on(args.health_port),
+        on(args.metrics_port),
+    )
+    .await
+    .context("binding the endpoint picker's ports")?;
+    let bound = listeners.addrs()?;
+    tracing::info!(ext_proc = %bound.ext_proc, health = ?bound.health, metrics = ?bound.metrics, "endpoint picker serving");
+    let ext = crate::extproc::ExtProc::new(router.clone())
+        .with_fallbacks(usize::from(args.ext_proc_fallbacks));
+    let mut rx = stop_rx;
+    let stop = async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let tls = args.http.tls_files();
+    Ok(tokio::spawn(async move {
+        crate::extproc::serve::serve_tls(ext, listeners, tls, stop)
+            .await
+            .map_err(anyhow::Error::from)
+    }))
+}
+
+#[cfg(not(feature = "ext-proc"))]
+async fn start_ext_proc(
+    _: &RouterArgs,
+    _: u16,
+    _: &Router,
+    _: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    anyhow::bail!(
+        "--ext-proc-port needs a build with the Envoy endpoint picker (cargo feature `kubernetes` of `strata`, `ext-proc` of the router)"
+    )
+}
 
 /// Serves until Ctrl-C or SIGTERM, then stops accepting and lets in-flight requests
 /// finish (bounded by `--shutdown-grace-s`).
@@ -259,53 +335,11 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         ));
     }
     if let Some(pool) = &args.pool_name {
-        let client = crate::k8s::Discovery::infer_client().await?;
-        let mut cfg = crate::k8s::DiscoveryConfig::new(pool.clone(), args.pool_namespace.clone());
-        cfg.default_kind = router.config().default_kind;
-        cfg.https = args.pool_https;
-        let fixed = router.config().endpoints.clone();
-        crate::k8s::spawn(crate::k8s::Discovery::new(
-            cfg,
-            client.clone(),
-            router.clone(),
-            fixed,
-        ));
-        crate::k8s::objectives::spawn(
-            client,
-            &args.pool_namespace,
-            pool.clone(),
-            router.clone(),
-            OBJECTIVES_INTERVAL,
-        );
-        tracing::info!(pool = %pool, namespace = %args.pool_namespace, "watching InferencePool");
+        watch_pool(&args, pool, &router).await?;
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ext_proc = match args.ext_proc_port {
-        Some(port) => {
-            let on = |p: u16| (p != 0).then_some(p);
-            let listeners = crate::extproc::serve::Listeners::bind(
-                &args.host,
-                port,
-                on(args.health_port),
-                on(args.metrics_port),
-            )
-            .await
-            .context("binding the endpoint picker's ports")?;
-            let bound = listeners.addrs()?;
-            tracing::info!(ext_proc = %bound.ext_proc, health = ?bound.health, metrics = ?bound.metrics, "endpoint picker serving");
-            let ext = crate::extproc::ExtProc::new(router.clone())
-                .with_fallbacks(usize::from(args.ext_proc_fallbacks));
-            let mut rx = stop_rx.clone();
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            Some(tokio::spawn(crate::extproc::serve::serve_tls(
-                ext,
-                listeners,
-                args.http.tls_files(),
-                stop,
-            )))
-        }
+        Some(port) => Some(start_ext_proc(&args, port, &router, stop_rx.clone()).await?),
         None => None,
     };
     if http_port == 0 {
