@@ -335,6 +335,20 @@ mod tests {
         Verify(ModelVerifyArgs),
     }
 
+    /// The binary's default build (no `kubernetes` feature) refuses a KEDA listener,
+    /// naming the feature, before binding anything.
+    #[cfg(not(feature = "kubernetes"))]
+    #[tokio::test]
+    async fn without_kubernetes_a_keda_listener_is_refused_saying_why() {
+        let status = Arc::new(std::sync::Mutex::new(crate::controller::Status::default()));
+        let (_tx, rx) = watch::channel(false);
+        let err = start_keda("127.0.0.1:0", &ControllerConfig::default(), status, rx)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
+    }
+
     #[test]
     fn args_parse() {
         let t = Top::try_parse_from([

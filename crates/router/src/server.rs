@@ -413,9 +413,40 @@ mod tests {
     }
 
     fn load(argv: &[&str]) -> RouterConfig {
-        let cli =
-            Cli::try_parse_from(std::iter::once("router").chain(argv.iter().copied())).unwrap();
-        load_config(&cli.args).unwrap()
+        load_config(&args(argv)).unwrap()
+    }
+
+    fn args(argv: &[&str]) -> RouterArgs {
+        Cli::try_parse_from(std::iter::once("router").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    /// The binary's default build (no `kubernetes` feature) refuses `--pool-name`, naming
+    /// the feature, instead of serving without the pool's endpoints.
+    #[cfg(not(feature = "kubernetes"))]
+    #[tokio::test]
+    async fn without_kubernetes_a_pool_name_is_refused_saying_why() {
+        let a = args(&["--pool-name", "p", "--endpoints", "http://127.0.0.1:9"]);
+        let err = run(a).await.unwrap_err().to_string();
+        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
+    }
+
+    /// Without `ext-proc`, `--ext-proc-port` is refused, naming the feature, before any
+    /// port is bound.
+    #[cfg(not(feature = "ext-proc"))]
+    #[tokio::test]
+    async fn without_ext_proc_the_picker_port_is_refused_saying_why() {
+        let a = args(&[
+            "--http-port",
+            "0",
+            "--ext-proc-port",
+            "0",
+            "--endpoints",
+            "http://127.0.0.1:9",
+        ]);
+        let err = run(a).await.unwrap_err().to_string();
+        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
     }
 
     #[test]
