@@ -230,9 +230,8 @@ pub async fn watch_endpoints_file(
 async fn watch_pool(args: &RouterArgs, pool: &str, router: &Router) -> anyhow::Result<()> {
     /// How often a picker re-reads its pool's `InferenceObjective`s.
     const OBJECTIVES_INTERVAL: Duration = Duration::from_secs(10);
-    let pool = pool.to_string();
     let client = crate::k8s::Discovery::infer_client().await?;
-    let mut cfg = crate::k8s::DiscoveryConfig::new(pool.clone(), args.pool_namespace.clone());
+    let mut cfg = crate::k8s::DiscoveryConfig::new(pool.to_string(), args.pool_namespace.clone());
     cfg.default_kind = router.config().default_kind;
     cfg.https = args.pool_https;
     let fixed = router.config().endpoints.clone();
@@ -245,7 +244,7 @@ async fn watch_pool(args: &RouterArgs, pool: &str, router: &Router) -> anyhow::R
     crate::k8s::objectives::spawn(
         client,
         &args.pool_namespace,
-        pool.clone(),
+        pool.to_string(),
         router.clone(),
         OBJECTIVES_INTERVAL,
     );
@@ -264,7 +263,7 @@ async fn start_ext_proc(
     args: &RouterArgs,
     port: u16,
     router: &Router,
-    stop_rx: tokio::sync::watch::Receiver<bool>,
+    mut stop_rx: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
     let on = |p: u16| (p != 0).then_some(p);
     let listeners = crate::extproc::serve::Listeners::bind(
@@ -279,9 +278,8 @@ async fn start_ext_proc(
     tracing::info!(ext_proc = %bound.ext_proc, health = ?bound.health, metrics = ?bound.metrics, "endpoint picker serving");
     let ext = crate::extproc::ExtProc::new(router.clone())
         .with_fallbacks(usize::from(args.ext_proc_fallbacks));
-    let mut rx = stop_rx;
     let stop = async move {
-        let _ = rx.wait_for(|s| *s).await;
+        let _ = stop_rx.wait_for(|s| *s).await;
     };
     let tls = args.http.tls_files();
     Ok(tokio::spawn(async move {
