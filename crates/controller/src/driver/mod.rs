@@ -3,8 +3,9 @@
 //!
 //! - [`local::LocalDriver`] runs `strata engine` processes on this machine.
 //! - [`kubernetes::KubernetesDriver`] scales a Deployment or LeaderWorkerSet through the
-//!   API server (cargo feature `kubernetes`, off in the `strata` binary's default build); [`kubernetes_rollout`] moves
-//!   a canary's traffic by HTTPRoute weights and reads each version's pods' metrics.
+//!   API server (cargo feature `kubernetes`, off in the `strata` binary's default build);
+//!   [`kubernetes_rollout`] moves a canary's traffic by HTTPRoute weights and reads each
+//!   version's pods' metrics.
 
 use std::fmt;
 use std::future::Future;
