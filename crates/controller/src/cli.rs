@@ -346,7 +346,10 @@ mod tests {
             .await
             .unwrap_err()
             .to_string();
-        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
+        assert!(
+            err.starts_with("kedaListen needs") && err.contains("cargo feature `kubernetes`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -427,7 +427,10 @@ mod tests {
     async fn without_kubernetes_a_pool_name_is_refused_saying_why() {
         let a = args(&["--pool-name", "p", "--endpoints", "http://127.0.0.1:9"]);
         let err = run(a).await.unwrap_err().to_string();
-        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
+        assert!(
+            err.starts_with("--pool-name needs") && err.contains("cargo feature `kubernetes`"),
+            "{err}"
+        );
     }
 
     /// Without `ext-proc`, `--ext-proc-port` is refused, naming the feature, before any
@@ -444,7 +447,10 @@ mod tests {
             "http://127.0.0.1:9",
         ]);
         let err = run(a).await.unwrap_err().to_string();
-        assert!(err.contains("cargo feature `kubernetes`"), "{err}");
+        assert!(
+            err.starts_with("--ext-proc-port needs") && err.contains("cargo feature `kubernetes`"),
+            "{err}"
+        );
     }
 
     #[test]
