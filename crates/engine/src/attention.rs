@@ -13,11 +13,14 @@
 //! widened, E4M3 mapped onto f16 bit patterns) and each head's scale is applied once per
 //! position: a score is multiplied by its key's scale after the dot product, and a
 //! probability by its value's scale before `P·V` (after the softmax sum, which is taken
-//! over the true probabilities).
+//! over the true probabilities). Int8 keys are scored in integers against a 16-bit copy
+//! of the query ([`int_keys`]).
 //!
 //! A token's output depends only on its own query, its position and its sequence's cached
 //! keys and values: never on which other tokens share the step, so batching does not change
 //! results.
+
+mod int_keys;
 
 use half::f16;
 use rayon::prelude::*;
@@ -35,6 +38,11 @@ pub trait KvElem: Copy + Send + Sync {
     /// AVX2 and F16C; `p` points at eight readable entries.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// The entries as int8 codes, for the integer `q·k` ([`int_keys`]): int8 only.
+    #[inline(always)]
+    fn int8_codes(_entries: &[Self]) -> Option<&[i8]> {
+        None
+    }
 }
 
 impl KvElem for f32 {
@@ -72,6 +80,10 @@ impl KvElem for i8 {
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+    }
+    #[inline(always)]
+    fn int8_codes(entries: &[Self]) -> Option<&[i8]> {
+        Some(entries)
     }
 }
 
@@ -289,6 +301,7 @@ fn attend_with<K: KvElem, V: KvElem>(run: Run<'_, '_>, kv: KvPair<'_, K, V>, out
                 hd,
                 scale,
                 softcap,
+                path,
             };
             #[cfg(target_arch = "x86_64")]
             {
@@ -329,6 +342,8 @@ struct Head<'a> {
     hd: usize,
     scale: f32,
     softcap: Option<f32>,
+    /// A path this CPU supports.
+    path: KernelPath,
 }
 
 /// Per-thread buffers, reused from task to task.
@@ -345,6 +360,10 @@ struct Scratch {
     /// Each position's key scale and value scale (8-bit entries; empty otherwise).
     kscale: Vec<f32>,
     vscale: Vec<f32>,
+    /// The query rows as 16-bit codes, and each row's factor from a code sum to its score
+    /// (the row's scale times the attention scale): int8 keys only.
+    q16: Vec<i16>,
+    qfactor: Vec<f32>,
 }
 
 impl Scratch {
@@ -383,6 +402,28 @@ impl Scratch {
     #[inline(always)]
     fn scale_probabilities(&mut self) {
         scale_columns(&mut self.scores, &self.vscale);
+    }
+
+    /// With int8 keys (and a head [`int_keys`] can sum exactly), rounds the task's query
+    /// rows to 16-bit codes and returns the keys' codes; otherwise `None`.
+    fn int_keys<'k, K: KvElem>(&mut self, h: &Head<'_>, keys: &'k [K]) -> Option<&'k [i8]> {
+        let codes = K::int8_codes(keys).filter(|_| h.hd <= int_keys::MAX_HEAD_DIM)?;
+        int_keys::quantize_rows(h.q, h.hd, &mut self.q16, &mut self.qfactor);
+        for f in &mut self.qfactor {
+            *f *= h.scale;
+        }
+        Some(codes)
+    }
+
+    /// `scores[g][j]` from the integer sums of the query codes and position `j`'s key
+    /// codes, on any CPU (the SIMD paths give the same bits).
+    fn int_scores(&mut self, keys: &[i8], hd: usize) {
+        let n_ctx = self.offs.len();
+        for (g, (qg, f)) in self.q16.chunks_exact(hd).zip(&self.qfactor).enumerate() {
+            for (j, &off) in self.offs.iter().enumerate() {
+                self.scores[g * n_ctx + j] = int_keys::dot(qg, &keys[off..off + hd]) as f32 * f;
+            }
+        }
     }
 
     /// Sizes the score buffer for `group` rows over this task's positions, all zero;
@@ -459,10 +500,14 @@ fn attend_group<K: KvElem, V: KvElem>(
     out: &mut [f32],
 ) {
     let (hd, n_ctx) = (h.hd, s.zero_scores(h.group));
-    for (j, &off) in s.offs.iter().enumerate() {
-        let k = &keys[off..off + hd];
-        for (g, qh) in h.q.chunks_exact(hd).enumerate() {
-            s.scores[g * n_ctx + j] = dot(qh, k) * h.scale;
+    if let Some(codes) = s.int_keys(h, keys) {
+        s.int_scores(codes, hd);
+    } else {
+        for (j, &off) in s.offs.iter().enumerate() {
+            let k = &keys[off..off + hd];
+            for (g, qh) in h.q.chunks_exact(hd).enumerate() {
+                s.scores[g * n_ctx + j] = dot(qh, k) * h.scale;
+            }
         }
     }
     s.scale_scores();
@@ -485,7 +530,7 @@ fn attend_group<K: KvElem, V: KvElem>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{soft_cap, softmax_rows, Head, KvElem, Scratch};
+    use super::{int_keys, soft_cap, softmax_rows, Head, KvElem, Scratch};
     use std::arch::x86_64::*;
 
     /// Query heads scored together against each key: three rows × four keys of 8-lane
@@ -538,17 +583,15 @@ mod avx2 {
         out: &mut [f32],
     ) {
         let (hd, n_ctx) = (h.hd, s.zero_scores(h.group));
-        let (q, sc) = (h.q.as_ptr(), s.scores.as_mut_ptr());
-        let mut g = 0;
-        while g < h.group {
-            let r = (h.group - g).min(ROWS);
-            let (qg, sg) = (q.add(g * hd), sc.add(g * n_ctx));
-            match r {
-                3 => score_rows::<K, 3>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
-                2 => score_rows::<K, 2>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
-                _ => score_rows::<K, 1>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+        if let Some(codes) = s.int_keys(h, keys) {
+            if hd.is_multiple_of(16) {
+                let (q, sc) = (s.q16.as_ptr(), s.scores.as_mut_ptr());
+                int_keys::score_rows(h.path, q, hd, codes.as_ptr(), &s.offs, &s.qfactor, sc);
+            } else {
+                s.int_scores(codes, hd);
             }
-            g += r;
+        } else {
+            float_scores(h, keys, s);
         }
         s.scale_scores();
         soft_cap(&mut s.scores, h.softcap);
@@ -575,6 +618,24 @@ mod avx2 {
                     _ => pv_pass::<V, 1, 1>(pg, n_ctx, values.as_ptr(), &s.offs, d, inv, og, hd),
                 }
                 d += 8;
+            }
+            g += r;
+        }
+    }
+
+    /// `scores[g][j] = (q_g · k_j) · scale` in floats, three rows at a time.
+    #[inline(always)]
+    unsafe fn float_scores<K: KvElem>(h: &Head<'_>, keys: &[K], s: &mut Scratch) {
+        let (hd, n_ctx) = (h.hd, s.offs.len());
+        let (q, sc) = (h.q.as_ptr(), s.scores.as_mut_ptr());
+        let mut g = 0;
+        while g < h.group {
+            let r = (h.group - g).min(ROWS);
+            let (qg, sg) = (q.add(g * hd), sc.add(g * n_ctx));
+            match r {
+                3 => score_rows::<K, 3>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+                2 => score_rows::<K, 2>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
+                _ => score_rows::<K, 1>(qg, hd, keys.as_ptr(), &s.offs, h.scale, sg),
             }
             g += r;
         }
@@ -900,7 +961,20 @@ mod tests {
             .collect();
         let mut out = vec![0f32; toks.len() * width];
         run(&q, &toks, &mut out);
-        let want = reference(shape, &q, &k, &v, &toks);
+        // Int8 keys meet the query as its 16-bit codes: the reference gets those too.
+        let q_seen = if dtype == KvDtype::Int8 && shape.head_dim <= int_keys::MAX_HEAD_DIM {
+            let (mut codes, mut scales) = (Vec::new(), Vec::new());
+            int_keys::quantize_rows(&q, shape.head_dim, &mut codes, &mut scales);
+            let hd = shape.head_dim;
+            codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| c as f32 * scales[i / hd])
+                .collect()
+        } else {
+            q.clone()
+        };
+        let want = reference(shape, &q_seen, &k, &v, &toks);
         for (g, w) in out.iter().zip(&want) {
             assert!(
                 (g - w).abs() < 1e-5 * (1.0 + w.abs()),
