@@ -21,6 +21,8 @@
 //! results.
 
 mod int_keys;
+#[cfg(target_arch = "x86_64")]
+mod tile4;
 
 use half::f16;
 use rayon::prelude::*;
@@ -530,6 +532,7 @@ fn attend_group<K: KvElem, V: KvElem>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::tile4::{four_keys, store_four};
     use super::{int_keys, soft_cap, softmax_rows, Head, KvElem, Scratch};
     use std::arch::x86_64::*;
 
@@ -664,10 +667,7 @@ mod avx2 {
         let scale = _mm_set1_ps(scale);
         let mut j = 0;
         while j < n_ctx {
-            let mut k = [keys; 4];
-            for (kk, p) in k.iter_mut().enumerate() {
-                *p = keys.add(offs[(j + kk).min(n_ctx - 1)]);
-            }
+            let k = four_keys(keys, offs, j);
             let mut acc = [[_mm256_setzero_ps(); 4]; R];
             let mut d = 0;
             while d < hd {
@@ -683,11 +683,13 @@ mod avx2 {
                 }
                 d += 8;
             }
-            let valid = (n_ctx - j).min(4);
             for r in 0..R {
-                let mut four = [0f32; 4];
-                _mm_storeu_ps(four.as_mut_ptr(), _mm_mul_ps(reduce4(acc[r]), scale));
-                std::ptr::copy_nonoverlapping(four.as_ptr(), scores.add(r * n_ctx + j), valid);
+                store_four(
+                    _mm_mul_ps(reduce4(acc[r]), scale),
+                    scores.add(r * n_ctx),
+                    j,
+                    n_ctx,
+                );
             }
             j += 4;
         }

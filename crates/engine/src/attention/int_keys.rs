@@ -75,6 +75,7 @@ pub(super) unsafe fn score_rows(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::tile4::{four_keys, store_four};
     use std::arch::x86_64::*;
 
     /// Query rows scored together: three rows × four keys of accumulators, the three
@@ -173,10 +174,7 @@ mod x86 {
         }
         let mut j = 0;
         while j < n_ctx {
-            let mut k = [keys; 4];
-            for (kk, p) in k.iter_mut().enumerate() {
-                *p = keys.add(offs[(j + kk).min(n_ctx - 1)]);
-            }
+            let k = four_keys(keys, offs, j);
             let mut acc = [[_mm256_setzero_si256(); 4]; R];
             let mut d = 0;
             while d < hd {
@@ -192,12 +190,9 @@ mod x86 {
                 }
                 d += 16;
             }
-            let valid = (n_ctx - j).min(4);
             for r in 0..R {
                 let sums = _mm_cvtepi32_ps(reduce4(acc[r]));
-                let mut four = [0f32; 4];
-                _mm_storeu_ps(four.as_mut_ptr(), _mm_mul_ps(sums, factor[r]));
-                std::ptr::copy_nonoverlapping(four.as_ptr(), scores.add(r * n_ctx + j), valid);
+                store_four(_mm_mul_ps(sums, factor[r]), scores.add(r * n_ctx), j, n_ctx);
             }
             j += 4;
         }
