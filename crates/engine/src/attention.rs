@@ -532,7 +532,7 @@ fn attend_group<K: KvElem, V: KvElem>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::tile4::{four_keys, store_four};
+    use super::tile4::{four_keys, prefetch_ahead, store_four};
     use super::{int_keys, soft_cap, softmax_rows, Head, KvElem, Scratch};
     use std::arch::x86_64::*;
 
@@ -666,7 +666,11 @@ mod avx2 {
         let n_ctx = offs.len();
         let scale = _mm_set1_ps(scale);
         let mut j = 0;
+        let key_bytes = hd * std::mem::size_of::<K>();
         while j < n_ctx {
+            for kk in 0..4 {
+                prefetch_ahead(keys, offs, j + kk, key_bytes);
+            }
             let k = four_keys(keys, offs, j);
             let mut acc = [[_mm256_setzero_ps(); 4]; R];
             let mut d = 0;
@@ -709,7 +713,9 @@ mod avx2 {
         hd: usize,
     ) {
         let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let pass_bytes = 8 * C * std::mem::size_of::<V>();
         for (j, &off) in offs.iter().enumerate() {
+            prefetch_ahead(values.add(d), offs, j, pass_bytes);
             let v = values.add(off + d);
             // Each value vector is loaded once and used by every row while it is live:
             // R × C accumulators + R probabilities + one value (16 registers at 3 × 4), so

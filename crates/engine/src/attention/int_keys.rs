@@ -75,7 +75,7 @@ pub(super) unsafe fn score_rows(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::tile4::{four_keys, store_four};
+    use super::super::tile4::{four_keys, prefetch_ahead, store_four};
     use std::arch::x86_64::*;
 
     /// Query rows scored together: three rows × four keys of accumulators, the three
@@ -174,6 +174,9 @@ mod x86 {
         }
         let mut j = 0;
         while j < n_ctx {
+            for kk in 0..4 {
+                prefetch_ahead(keys, offs, j + kk, hd);
+            }
             let k = four_keys(keys, offs, j);
             let mut acc = [[_mm256_setzero_si256(); 4]; R];
             let mut d = 0;
