@@ -48,7 +48,8 @@ const fn block_bytes(wide: bool) -> usize {
 }
 /// Activation rows per tile on the 512-bit paths (16 accumulators + 8 sums fit 32 registers).
 pub const MT_512: usize = 8;
-/// Activation rows per tile on the 256-bit paths (16 registers).
+/// Activation rows per tile on the 256-bit paths (16 registers); 4-bit weights on the
+/// AVX2 path take twice as many (`Dot256::NIBBLE_ROWS`).
 pub const MT_256: usize = 4;
 
 /// A 4-bit (or, from Q8_0, 8-bit) matrix in the interleaved layout (rows padded to a
@@ -400,6 +401,9 @@ mod x86 {
         unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i;
         /// Whether `bytes` reads the nibbles (else only `a`).
         const SPLITS: bool;
+        /// Activation rows a tile of 4-bit weights takes: [`MT_256`], or twice that where
+        /// it was measured faster.
+        const NIBBLE_ROWS: usize;
     }
     struct Vnni512;
     struct Madd512;
@@ -434,6 +438,8 @@ mod x86 {
     }
     impl Dot256 for Vnni256 {
         const SPLITS: bool = false;
+        // Not measured on a CPU with AVX-VNNI: kept at four rows.
+        const NIBBLE_ROWS: usize = MT_256;
         #[inline(always)]
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_dpbusd_avx_epi32(acc, a, b)
@@ -465,6 +471,13 @@ mod x86 {
     /// the high one is weighted by 16 when widened).
     impl Dot256 for Madd256 {
         const SPLITS: bool = true;
+        // Eight: a block's per-row work is fixed, and the unpacking of its nibbles (a
+        // fifth of it at four rows) is shared by the tile. `kernel_bench 16 64` on a
+        // 2-vCPU Zen 3, three interleaved rounds, time at eight rows ÷ at four: 0.87–1.0
+        // (most 0.90–0.97) for the 3072×576, 576×1536 and 49152×576 4-bit shapes. The
+        // 8-bit path keeps four: its two accumulators a row spill at eight (a first try
+        // took 0.7–1.7× the time on the 49152×576 `lm_head`).
+        const NIBBLE_ROWS: usize = 2 * MT_256;
         #[inline(always)]
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b))
@@ -715,19 +728,63 @@ mod x86 {
             if hv == 0 {
                 break;
             }
-            let mut i = 0;
-            while i < q.m {
-                let x = Rows::of(q, i);
-                let yi = y.add(i * ldy + 8 * half);
-                let wp = wg.as_ptr();
-                match (q.m - i).min(MT_256) {
-                    4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
-                    3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
-                    2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
-                    _ => tile_256::<D, WIDE, 1>(wp, half, x, yi, ldy, hv),
-                }
-                i += MT_256;
+            let yh = y.add(8 * half);
+            if WIDE || D::NIBBLE_ROWS <= MT_256 {
+                tiles_of_four::<D, WIDE>(wg.as_ptr(), half, q, yh, ldy, hv);
+            } else {
+                tiles_of_eight::<D>(wg.as_ptr(), half, q, yh, ldy, hv);
             }
+        }
+    }
+
+    /// One half of a group for every activation row, [`MT_256`] rows a tile.
+    #[inline(always)]
+    unsafe fn tiles_of_four<D: Dot256, const WIDE: bool>(
+        wp: *const u8,
+        half: usize,
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        hv: usize,
+    ) {
+        let mut i = 0;
+        while i < q.m {
+            let (x, yi) = (Rows::of(q, i), y.add(i * ldy));
+            match (q.m - i).min(MT_256) {
+                4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
+                3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
+                2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
+                _ => tile_256::<D, WIDE, 1>(wp, half, x, yi, ldy, hv),
+            }
+            i += MT_256;
+        }
+    }
+
+    /// The same for 4-bit weights with eight rows a tile: a block's eight unpacked weight
+    /// vectors then serve twice the rows.
+    #[inline(always)]
+    unsafe fn tiles_of_eight<D: Dot256>(
+        wp: *const u8,
+        half: usize,
+        q: &QuantRows,
+        y: *mut f32,
+        ldy: usize,
+        hv: usize,
+    ) {
+        let mut i = 0;
+        while i < q.m {
+            let (x, yi) = (Rows::of(q, i), y.add(i * ldy));
+            match (q.m - i).min(2 * MT_256) {
+                8 => tile_256::<D, false, 8>(wp, half, x, yi, ldy, hv),
+                7 => tile_256::<D, false, 7>(wp, half, x, yi, ldy, hv),
+                6 => tile_256::<D, false, 6>(wp, half, x, yi, ldy, hv),
+                5 => tile_256::<D, false, 5>(wp, half, x, yi, ldy, hv),
+                4 => tile_256::<D, false, 4>(wp, half, x, yi, ldy, hv),
+                3 => tile_256::<D, false, 3>(wp, half, x, yi, ldy, hv),
+                2 => tile_256::<D, false, 2>(wp, half, x, yi, ldy, hv),
+                _ => tile_256::<D, false, 1>(wp, half, x, yi, ldy, hv),
+            }
+            i += 2 * MT_256;
         }
     }
 
