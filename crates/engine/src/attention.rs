@@ -6,8 +6,10 @@
 //! block by block through the sequence's block table. With AVX2, scores come from a
 //! register tile of three query heads × four keys (FMA accumulators, one reduction tree
 //! per four dot products) and `P·V` from three heads × 32 output columns held in registers
-//! over all positions; softmax uses a vectorizable `exp`. Without AVX2 (or for head sizes
-//! not a multiple of 8) a portable loop computes the same.
+//! over all positions; softmax uses a vectorizable `exp`. Both passes ask for the keys and
+//! values they will read `tile4::AHEAD` positions in advance (a sequence's blocks are
+//! scattered over the cache). Without AVX2 (or for head sizes not a multiple of 8) a
+//! portable loop computes the same.
 //!
 //! With 8-bit entries ([`crate::kv::quant8`]) the same loops run over the raw codes (int8
 //! widened, E4M3 mapped onto f16 bit patterns) and each head's scale is applied once per

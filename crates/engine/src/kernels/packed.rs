@@ -728,18 +728,14 @@ mod x86 {
             if hv == 0 {
                 break;
             }
-            let yh = y.add(8 * half);
-            if WIDE || D::NIBBLE_ROWS <= MT_256 {
-                tiles_of_four::<D, WIDE>(wg.as_ptr(), half, q, yh, ldy, hv);
-            } else {
-                tiles_of_eight::<D>(wg.as_ptr(), half, q, yh, ldy, hv);
-            }
+            tiles::<D, WIDE>(wg.as_ptr(), half, q, y.add(8 * half), ldy, hv);
         }
     }
 
-    /// One half of a group for every activation row, [`MT_256`] rows a tile.
+    /// One half of a group for every activation row: [`MT_256`] rows a tile, or
+    /// `D::NIBBLE_ROWS` (at most eight) for 4-bit weights.
     #[inline(always)]
-    unsafe fn tiles_of_four<D: Dot256, const WIDE: bool>(
+    unsafe fn tiles<D: Dot256, const WIDE: bool>(
         wp: *const u8,
         half: usize,
         q: &QuantRows,
@@ -747,44 +743,23 @@ mod x86 {
         ldy: usize,
         hv: usize,
     ) {
+        let step = if WIDE { MT_256 } else { D::NIBBLE_ROWS };
+        debug_assert!((MT_256..=2 * MT_256).contains(&step));
         let mut i = 0;
         while i < q.m {
             let (x, yi) = (Rows::of(q, i), y.add(i * ldy));
-            match (q.m - i).min(MT_256) {
+            match (q.m - i).min(step) {
+                // More than four rows only with 4-bit weights (`step` is four otherwise).
+                8 => tile_256::<D, false, 8>(wp, half, x, yi, ldy, hv),
+                7 => tile_256::<D, false, 7>(wp, half, x, yi, ldy, hv),
+                6 => tile_256::<D, false, 6>(wp, half, x, yi, ldy, hv),
+                5 => tile_256::<D, false, 5>(wp, half, x, yi, ldy, hv),
                 4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
                 3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
                 2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
                 _ => tile_256::<D, WIDE, 1>(wp, half, x, yi, ldy, hv),
             }
-            i += MT_256;
-        }
-    }
-
-    /// The same for 4-bit weights with eight rows a tile: a block's eight unpacked weight
-    /// vectors then serve twice the rows.
-    #[inline(always)]
-    unsafe fn tiles_of_eight<D: Dot256>(
-        wp: *const u8,
-        half: usize,
-        q: &QuantRows,
-        y: *mut f32,
-        ldy: usize,
-        hv: usize,
-    ) {
-        let mut i = 0;
-        while i < q.m {
-            let (x, yi) = (Rows::of(q, i), y.add(i * ldy));
-            match (q.m - i).min(2 * MT_256) {
-                8 => tile_256::<D, false, 8>(wp, half, x, yi, ldy, hv),
-                7 => tile_256::<D, false, 7>(wp, half, x, yi, ldy, hv),
-                6 => tile_256::<D, false, 6>(wp, half, x, yi, ldy, hv),
-                5 => tile_256::<D, false, 5>(wp, half, x, yi, ldy, hv),
-                4 => tile_256::<D, false, 4>(wp, half, x, yi, ldy, hv),
-                3 => tile_256::<D, false, 3>(wp, half, x, yi, ldy, hv),
-                2 => tile_256::<D, false, 2>(wp, half, x, yi, ldy, hv),
-                _ => tile_256::<D, false, 1>(wp, half, x, yi, ldy, hv),
-            }
-            i += 2 * MT_256;
+            i += step;
         }
     }
 
