@@ -1,9 +1,11 @@
 //! Times the sentence encoder: sentences per second at batch 1 and batch 32 over the
 //! reference sentences (the nine short ones, 7 to 11 tokens), and one 256-token input.
 //!
-//! `cargo run --release -p strata-engine --example embed_bench [-- MODEL_DIR [ROUNDS]]`;
-//! the model directory defaults to the cache entry of `strata model pull all-minilm-l6-v2`.
-//! Both weight formats (f32 and 8-bit) are timed, round by round alternately.
+//! `cargo run --release -p strata-engine --example embed_bench [-- MODEL_DIR [ROUNDS [ONLY]]]`;
+//! the model directory defaults to the cache entry of `strata model pull all-minilm-l6-v2`
+//! (`-` for the default when more arguments follow). Both weight formats (f32 and 8-bit) are
+//! timed, round by round alternately; `ONLY` keeps the cases whose label contains it (`int8`,
+//! `batch 32`, `batch 32 int8`), for a profile of one case.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -49,9 +51,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args
         .next()
+        .filter(|d| d != "-")
         .map(PathBuf::from)
         .unwrap_or_else(|| ModelCache::from_env().path_of(EMBEDDING_MODEL));
     let rounds: usize = args.next().map(|r| r.parse()).transpose()?.unwrap_or(20);
+    let only = args.next().unwrap_or_default();
     let config = EncoderConfig::from_dir(&dir)?;
     let tokenizer = EmbedTokenizer::from_file(&dir.join("tokenizer.json"))?;
     let models = [EncoderWeights::F32, EncoderWeights::Int8]
@@ -97,7 +101,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (&long, "1 × 256 tok"),
     ] {
         for (format, model) in &models {
-            run(model, batch, &format!("{label} {}", format.name()))?;
+            let label = format!("{label} {}", format.name());
+            if label.contains(only.as_str()) {
+                run(model, batch, &label)?;
+            }
         }
     }
     Ok(())
