@@ -17,7 +17,9 @@ built at opt-level 3 in the dev profile too).
 
 `--weights` starts one Strata engine per encoder weight format (`STRATA_EMBED_WEIGHTS`:
 `int8`, the default, or `f32`) and interleaves them with sentence-transformers in every
-round, so a before/after comparison shares the machine's conditions.
+round, so a before/after comparison shares the machine's conditions. With `STRATA_B` (a
+second `strata` binary, the build before a change) each format also runs on it, labelled
+`FORMAT@b`, in the same rounds.
 """
 
 import argparse
@@ -152,6 +154,12 @@ def main():
     try:
         for w in formats:
             sides.append(Strata(exe, args.model, args.threads, w))
+        if os.environ.get("STRATA_B"):
+            for w in list(formats):
+                side = Strata(os.environ["STRATA_B"], args.model, args.threads, w)
+                side.weights = f"{w}@b"
+                sides.append(side)
+                formats.append(side.weights)
         items = sentences(max(args.b1, args.b32))
         # Warm-up, and a check that both sides compute the same vectors.
         probe = items[:32]

@@ -408,6 +408,10 @@ pub struct QuantRows {
     /// `m × k/32`: `d · Σq / 8` of each block. Spread over the 8 lanes of an accumulator
     /// it adds up to the block's `d · Σq` (a division by 8 is exact).
     s8: Vec<f32>,
+    /// `m × k/32`: `Σq` of each block, the integer behind `s8` (the AVX2 path of 8-bit
+    /// weights turns a sum over signed weights into one over the stored unsigned ones
+    /// with it).
+    sums: Vec<i32>,
 }
 
 impl QuantRows {
@@ -425,6 +429,7 @@ impl QuantRows {
         let mut q = vec![0i8; m * k];
         let mut d = vec![0f32; m * nb];
         let mut s8 = vec![0f32; m * nb];
+        let mut sums = vec![0i32; m * nb];
         #[cfg(target_arch = "x86_64")]
         let simd = path.or_supported() >= KernelPath::Avx2;
         #[cfg(not(target_arch = "x86_64"))]
@@ -432,31 +437,40 @@ impl QuantRows {
             let _ = path;
             false
         };
-        let quantize = |x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]| {
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX2 is present (the path is supported); the slices hold
-                // whole blocks, `d` and `s8` one entry per block.
-                unsafe { avx2::quantize_blocks(x, q, d, s8) };
-                return;
-            }
-            let _ = simd;
-            quantize_blocks_scalar(x, q, d, s8);
-        };
+        let quantize =
+            |x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32], sums: &mut [i32]| {
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: AVX2 is present (the path is supported); the slices hold
+                    // whole blocks, `d`, `s8` and `sums` one entry per block.
+                    unsafe { avx2::quantize_blocks(x, q, d, s8, sums) };
+                    return;
+                }
+                let _ = simd;
+                quantize_blocks_scalar(x, q, d, s8, sums);
+            };
         // Rows per task: about 32 KiB of input each, so that a batched decode step's rows
         // (16 × 576 floats and up) are shared by the pool while a single row stays on
         // this thread.
         let rows_per_task = (8_192 / k.max(1)).max(1);
         if m <= rows_per_task {
-            quantize(x, &mut q, &mut d, &mut s8);
+            quantize(x, &mut q, &mut d, &mut s8, &mut sums);
         } else {
             x.par_chunks(rows_per_task * k)
                 .zip(q.par_chunks_mut(rows_per_task * k))
                 .zip(d.par_chunks_mut(rows_per_task * nb))
                 .zip(s8.par_chunks_mut(rows_per_task * nb))
-                .for_each(|(((x, q), d), s8)| quantize(x, q, d, s8));
+                .zip(sums.par_chunks_mut(rows_per_task * nb))
+                .for_each(|((((x, q), d), s8), sums)| quantize(x, q, d, s8, sums));
         }
-        Self { m, k, q, d, s8 }
+        Self {
+            m,
+            k,
+            q,
+            d,
+            s8,
+            sums,
+        }
     }
 }
 
@@ -474,12 +488,19 @@ fn block_scale(amax: f32) -> (f32, f32) {
 }
 
 /// The portable quantizer, the definition every SIMD path reproduces bit for bit.
-fn quantize_blocks_scalar(x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]) {
-    for (((xs, qs), d), s8) in x
+fn quantize_blocks_scalar(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s8: &mut [f32],
+    sums: &mut [i32],
+) {
+    for ((((xs, qs), d), s8), block_sum) in x
         .chunks_exact(BLOCK)
         .zip(q.chunks_exact_mut(BLOCK))
         .zip(d.iter_mut())
         .zip(s8.iter_mut())
+        .zip(sums.iter_mut())
     {
         // `f32::max` skips a NaN operand, so a NaN never becomes the scale.
         let amax = xs.iter().fold(0f32, |a, v| v.abs().max(a));
@@ -499,6 +520,7 @@ fn quantize_blocks_scalar(x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]
         }
         *d = scale;
         *s8 = scale * sum as f32 / 8.0;
+        *block_sum = sum;
     }
 }
 
@@ -778,6 +800,7 @@ mod tests {
                 want.s8.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 "{path:?}"
             );
+            assert_eq!(got.sums, want.sums, "{path:?}");
             // A row alone quantizes as it does among the others.
             let alone = QuantRows::new_on(path, &x[5 * k..6 * k], 1, k);
             assert_eq!(alone.q, want.q[5 * k..6 * k], "{path:?}");

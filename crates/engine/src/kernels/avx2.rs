@@ -11,14 +11,21 @@ use std::arch::x86_64::*;
 /// sum of the integers is exact.
 ///
 /// # Safety
-/// AVX2; `x` and `q` hold the same whole number of blocks, `d` and `s8` one entry each.
+/// AVX2; `x` and `q` hold the same whole number of blocks, `d`, `s8` and `sums` one entry
+/// each.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s8: &mut [f32]) {
+pub(super) unsafe fn quantize_blocks(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s8: &mut [f32],
+    sums: &mut [i32],
+) {
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     let lo = _mm256_set1_ps(-127.0);
     let hi = _mm256_set1_ps(127.0);
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (b, (d, s8)) in d.iter_mut().zip(s8.iter_mut()).enumerate() {
+    for (b, ((d, s8), block_sum)) in d.iter_mut().zip(s8.iter_mut()).zip(sums).enumerate() {
         let p = x.as_ptr().add(b * BLOCK);
         let v = [
             _mm256_loadu_ps(p),
@@ -55,7 +62,8 @@ pub(super) unsafe fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s8:
         let bytes = _mm256_permutevar8x32_epi32(packed, order);
         _mm256_storeu_si256(q.as_mut_ptr().add(b * BLOCK) as *mut __m256i, bytes);
         *d = scale;
-        *s8 = scale * _mm_cvtsi128_si32(s1) as f32 / 8.0;
+        *block_sum = _mm_cvtsi128_si32(s1);
+        *s8 = scale * *block_sum as f32 / 8.0;
     }
 }
 

@@ -23,9 +23,11 @@
 //! (exact in f16 whenever `d` is finite and not too large), so `d·q = d·(q + 128) + m` and the
 //! arithmetic above is unchanged. A group's block then holds eight 64-byte vectors of four
 //! weights × 16 rows instead of four vectors of nibbles. `vpdpbusd` takes those bytes as
-//! they are; the paths without VNNI split each byte into its two nibbles, because
-//! `maddubs` would saturate on the 16-bit sum of two products of up to 255 · 127, and add
-//! `16 ×` the high nibbles' sum: the same exact integer either way.
+//! they are. `maddubs` would saturate on the 16-bit sum of two products of up to
+//! 255 · 127, so the AVX-512BW path splits each byte into its two nibbles and adds `16 ×`
+//! the high nibbles' sum, and the AVX2 path multiplies the signed `q` (`|q|` against the
+//! activation with `q`'s sign) and adds `128 ×` the activations' block sum: the same exact
+//! integer every way.
 
 use half::f16;
 
@@ -384,26 +386,23 @@ mod x86 {
     /// The 256-bit paths sum one block of one tile row in an accumulator of their own
     /// form, turned into eight exact 32-bit sums once per block by `done`.
     ///
-    /// `nib` adds `Σ_4 u8(a) · i8(b)` per 32-bit lane for nibbles `a` (at most 15);
-    /// `bytes` adds the same for full bytes, given also as their low (`lo`) and high
-    /// (`hi`) nibbles, into a pair of accumulators. Every sum is exact, so each form gives
-    /// the same integers as the 512-bit paths.
+    /// `nib` adds `Σ_4 u8(a) · i8(b)` per 32-bit lane for nibbles `a` (at most 15). Full
+    /// bytes `u` (stored as `q + 128`) are first prepared once per weight vector for all
+    /// the tile's rows (`prep`); `bytes` then adds each row's products, and `bytes_done`
+    /// turns the block's accumulator into `Σ u · x` per lane, given the row's `Σx` over
+    /// the block. Every sum is exact, so each form gives the same integers as the 512-bit
+    /// paths.
     trait Dot256 {
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
         unsafe fn nib_done(acc: __m256i) -> __m256i;
-        unsafe fn bytes(
-            acc: [__m256i; 2],
-            a: __m256i,
-            lo: __m256i,
-            hi: __m256i,
-            b: __m256i,
-        ) -> [__m256i; 2];
-        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i;
-        /// Whether `bytes` reads the nibbles (else only `a`).
-        const SPLITS: bool;
+        unsafe fn prep(u: __m256i) -> [__m256i; 2];
+        unsafe fn bytes(acc: __m256i, w: [__m256i; 2], x: __m256i) -> __m256i;
+        unsafe fn bytes_done(acc: __m256i, x_sum: i32) -> __m256i;
         /// Activation rows a tile of 4-bit weights takes: [`MT_256`], or twice that where
         /// it was measured faster.
         const NIBBLE_ROWS: usize;
+        /// The same for 8-bit weights.
+        const BYTE_ROWS: usize;
     }
     struct Vnni512;
     struct Madd512;
@@ -437,9 +436,9 @@ mod x86 {
         }
     }
     impl Dot256 for Vnni256 {
-        const SPLITS: bool = false;
         // Not measured on a CPU with AVX-VNNI: kept at four rows.
         const NIBBLE_ROWS: usize = MT_256;
+        const BYTE_ROWS: usize = MT_256;
         #[inline(always)]
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_dpbusd_avx_epi32(acc, a, b)
@@ -449,35 +448,41 @@ mod x86 {
             acc
         }
         #[inline(always)]
-        unsafe fn bytes(
-            acc: [__m256i; 2],
-            a: __m256i,
-            _lo: __m256i,
-            _hi: __m256i,
-            b: __m256i,
-        ) -> [__m256i; 2] {
-            [_mm256_dpbusd_avx_epi32(acc[0], a, b), acc[1]]
+        unsafe fn prep(u: __m256i) -> [__m256i; 2] {
+            [u, u]
         }
         #[inline(always)]
-        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i {
-            acc[0]
+        unsafe fn bytes(acc: __m256i, w: [__m256i; 2], x: __m256i) -> __m256i {
+            _mm256_dpbusd_avx_epi32(acc, w[0], x)
+        }
+        #[inline(always)]
+        unsafe fn bytes_done(acc: __m256i, _x_sum: i32) -> __m256i {
+            acc
         }
     }
-    /// `maddubs` gives 16-bit sums of two products; they are added up in 16 bits over the
-    /// whole block and widened by one `madd` at its end (not one per `maddubs`). No 16-bit
-    /// sum can overflow: a nibble times an activation is at most 15 · 127 in magnitude, a
-    /// pair 3,810, and a block adds eight pairs into each 16-bit lane (30,480 < 32,767),
-    /// for the low and the high nibbles of full bytes alike (each in its own accumulator;
-    /// the high one is weighted by 16 when widened).
+    /// `maddubs` gives 16-bit sums of two products. For nibbles they are added up in 16
+    /// bits over the whole block and widened by one `madd` at its end (not one per
+    /// `maddubs`). No 16-bit sum can overflow: a nibble times an activation is at most
+    /// 15 · 127 in magnitude, a pair 3,810, and a block adds eight pairs into each 16-bit
+    /// lane (30,480 < 32,767).
+    ///
+    /// Full bytes would saturate `maddubs` (255 · 127 · 2 > 32,767), so they are taken as
+    /// the signed `q = u − 128`: `maddubs(|q|, sign(x, q))` multiplies `|q| ≤ 128` by
+    /// `±x` (activations are at most 127 in magnitude), a pair at most 32,512, widened by
+    /// a `madd` each; `128 · Σx` at the block's end makes `Σ q·x` the stored bytes'
+    /// `Σ u·x`. One `maddubs` and one accumulator a row per weight vector, where splitting
+    /// each byte into its nibbles took two of each.
     impl Dot256 for Madd256 {
-        const SPLITS: bool = true;
         // Eight: a block's per-row work is fixed, and the unpacking of its nibbles (a
         // fifth of it at four rows) is shared by the tile. `kernel_bench 16 64` on a
         // 2-vCPU Zen 3, three interleaved rounds, time at eight rows ÷ at four: 0.87–1.0
-        // (most 0.90–0.97) for the 3072×576, 576×1536 and 49152×576 4-bit shapes. The
-        // 8-bit path keeps four: its two accumulators a row spill at eight (a first try
-        // took 0.7–1.7× the time on the 49152×576 `lm_head`).
+        // (most 0.90–0.97) for the 3072×576, 576×1536 and 49152×576 4-bit shapes.
         const NIBBLE_ROWS: usize = 2 * MT_256;
+        // Eight for bytes too, now that a row needs one accumulator (with the nibble
+        // split's two, eight rows spilled and four were faster). The 49152×576 Q8_0
+        // `lm_head` at 16 rows, `kernel_bench 1 16 64`, three interleaved rounds on the
+        // Zen 3: 6.36 ms (nibble split, four rows), 5.95 (sign, four), 5.06 (sign, eight).
+        const BYTE_ROWS: usize = 2 * MT_256;
         #[inline(always)]
         unsafe fn nib(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b))
@@ -487,23 +492,18 @@ mod x86 {
             _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
         }
         #[inline(always)]
-        unsafe fn bytes(
-            acc: [__m256i; 2],
-            _a: __m256i,
-            lo: __m256i,
-            hi: __m256i,
-            b: __m256i,
-        ) -> [__m256i; 2] {
-            [
-                _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(lo, b)),
-                _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(hi, b)),
-            ]
+        unsafe fn prep(u: __m256i) -> [__m256i; 2] {
+            let q = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+            [_mm256_abs_epi8(q), q]
         }
         #[inline(always)]
-        unsafe fn bytes_done(acc: [__m256i; 2]) -> __m256i {
-            let lo = _mm256_madd_epi16(acc[0], _mm256_set1_epi16(1));
-            let hi = _mm256_madd_epi16(acc[1], _mm256_set1_epi16(16));
-            _mm256_add_epi32(lo, hi)
+        unsafe fn bytes(acc: __m256i, w: [__m256i; 2], x: __m256i) -> __m256i {
+            let pairs = _mm256_maddubs_epi16(w[0], _mm256_sign_epi8(x, w[1]));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+        #[inline(always)]
+        unsafe fn bytes_done(acc: __m256i, x_sum: i32) -> __m256i {
+            _mm256_add_epi32(acc, _mm256_set1_epi32(x_sum << 7))
         }
     }
 
@@ -513,6 +513,7 @@ mod x86 {
         q: *const i8,
         d: *const f32,
         s8: *const f32,
+        sums: *const i32,
         k: usize,
     }
 
@@ -525,6 +526,7 @@ mod x86 {
                     q: q.q.as_ptr().add(i * q.k),
                     d: q.d.as_ptr().add(i * nb),
                     s8: q.s8.as_ptr().add(i * nb),
+                    sums: q.sums.as_ptr().add(i * nb),
                     k: q.k,
                 }
             }
@@ -533,6 +535,11 @@ mod x86 {
         #[inline(always)]
         unsafe fn quad(self, i: usize, at: usize) -> i32 {
             (self.q.add(i * self.k + at) as *const i32).read_unaligned()
+        }
+        /// `Σq` of row `i`'s block `b`.
+        #[inline(always)]
+        unsafe fn sum(self, i: usize, b: usize) -> i32 {
+            *self.sums.add(i * (self.k / BLOCK) + b)
         }
         /// `d` and `s8` of row `i`'s block `b` as stored.
         #[inline(always)]
@@ -732,8 +739,8 @@ mod x86 {
         }
     }
 
-    /// One half of a group for every activation row: [`MT_256`] rows a tile, or
-    /// `D::NIBBLE_ROWS` (at most eight) for 4-bit weights.
+    /// One half of a group for every activation row, `D::NIBBLE_ROWS` (4-bit weights) or
+    /// `D::BYTE_ROWS` (8-bit) rows a tile: [`MT_256`] or up to twice that.
     #[inline(always)]
     unsafe fn tiles<D: Dot256, const WIDE: bool>(
         wp: *const u8,
@@ -743,17 +750,16 @@ mod x86 {
         ldy: usize,
         hv: usize,
     ) {
-        let step = if WIDE { MT_256 } else { D::NIBBLE_ROWS };
+        let step = if WIDE { D::BYTE_ROWS } else { D::NIBBLE_ROWS };
         debug_assert!((MT_256..=2 * MT_256).contains(&step));
         let mut i = 0;
         while i < q.m {
             let (x, yi) = (Rows::of(q, i), y.add(i * ldy));
             match (q.m - i).min(step) {
-                // More than four rows only with 4-bit weights (`step` is four otherwise).
-                8 => tile_256::<D, false, 8>(wp, half, x, yi, ldy, hv),
-                7 => tile_256::<D, false, 7>(wp, half, x, yi, ldy, hv),
-                6 => tile_256::<D, false, 6>(wp, half, x, yi, ldy, hv),
-                5 => tile_256::<D, false, 5>(wp, half, x, yi, ldy, hv),
+                8 => tile_256::<D, WIDE, 8>(wp, half, x, yi, ldy, hv),
+                7 => tile_256::<D, WIDE, 7>(wp, half, x, yi, ldy, hv),
+                6 => tile_256::<D, WIDE, 6>(wp, half, x, yi, ldy, hv),
+                5 => tile_256::<D, WIDE, 5>(wp, half, x, yi, ldy, hv),
                 4 => tile_256::<D, WIDE, 4>(wp, half, x, yi, ldy, hv),
                 3 => tile_256::<D, WIDE, 3>(wp, half, x, yi, ldy, hv),
                 2 => tile_256::<D, WIDE, 2>(wp, half, x, yi, ldy, hv),
@@ -784,25 +790,16 @@ mod x86 {
             let blk = w.add(b * gbb);
             let mut s = [_mm256_setzero_si256(); M];
             if WIDE {
-                let mut s2 = [[_mm256_setzero_si256(); 2]; M];
                 for p in 0..8 {
                     let at = blk.add(4 * GROUP + p * 64 + 32 * half);
-                    let v = _mm256_loadu_si256(at as *const __m256i);
-                    let (lo, hi) = if D::SPLITS {
-                        (
-                            _mm256_and_si256(v, mask),
-                            _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
-                        )
-                    } else {
-                        (v, v)
-                    };
+                    let w = D::prep(_mm256_loadu_si256(at as *const __m256i));
                     for i in 0..M {
                         let xq = _mm256_set1_epi32(x.quad(i, b * BLOCK + 4 * p));
-                        s2[i] = D::bytes(s2[i], v, lo, hi, xq);
+                        s[i] = D::bytes(s[i], w, xq);
                     }
                 }
                 for i in 0..M {
-                    s[i] = D::bytes_done(s2[i]);
+                    s[i] = D::bytes_done(s[i], x.sum(i, b));
                 }
             } else {
                 for p in 0..4 {
