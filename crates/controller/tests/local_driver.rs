@@ -40,6 +40,8 @@ fn fake_engine() {
     let exit_after: Option<u64> = std::env::var("FAKE_EXIT_AFTER_MS")
         .ok()
         .and_then(|v| v.parse().ok());
+    // Exits (status 0) once this file exists: the test decides when the process ends.
+    let exit_on_file = std::env::var("FAKE_EXIT_ON_FILE").ok().map(PathBuf::from);
     let config = MockConfig {
         gauges_file: std::env::var("FAKE_STATE").ok().map(PathBuf::from),
         ..MockConfig::default()
@@ -70,10 +72,21 @@ fn fake_engine() {
                 None => std::future::pending().await,
             }
         };
+        let exit_on_file = async {
+            match exit_on_file {
+                Some(path) => {
+                    while !path.exists() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
         tokio::select! {
             _ = exit => std::process::exit(3),
+            _ = exit_on_file => std::process::exit(0),
             _ = term.recv() => {
                 if let Some(d) = mark_dir {
                     std::fs::write(d.join(format!("{port}.term")), b"").unwrap();
@@ -259,6 +272,43 @@ async fn replicas_register_when_ready_and_drain_before_stopping() {
     let events = driver.shutdown().await;
     assert_eq!(count(&events, "stopped"), 1, "{events:?}");
     assert!(driver.replicas().is_empty());
+    assert!(rec.ready.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_replica_whose_process_ends_stops_without_waiting_out_the_drain() {
+    // A request runs forever by the gauges, so only the process's end can finish the drain.
+    let env = Env::new();
+    env.set_load(0.0, 1.0);
+    let exit_file = env.dir.path().join("exit-now");
+    let rec = Arc::new(Recorder::default());
+    let cfg = env.config(&[("FAKE_EXIT_ON_FILE", &exit_file.display().to_string())]);
+    assert!(cfg.drain_timeout_secs >= 20.0);
+    let mut driver = LocalDriver::new(cfg, rec.clone()).unwrap();
+    let mut seen = Vec::new();
+    reconcile_until(&mut driver, 1, &mut seen, |_, r| ready(r) == 1).await;
+
+    let started = Instant::now();
+    let ends = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        std::fs::write(&exit_file, b"").unwrap();
+    });
+    let events = driver.shutdown().await;
+    let took = started.elapsed();
+    ends.await.unwrap();
+    // It waited for the running request while the process lived, and no longer.
+    assert!(took >= Duration::from_millis(500), "{took:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "{took:?}: waited out the drain"
+    );
+    assert!(
+        matches!(
+            &events[..],
+            [.., ReplicaEvent::Stopped { forced: false, .. }]
+        ),
+        "{events:?}"
+    );
     assert!(rec.ready.lock().unwrap().is_empty());
 }
 

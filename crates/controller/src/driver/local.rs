@@ -3,7 +3,8 @@
 //!
 //! Life of a replica: *started* (process spawned) → *ready* (`GET /health` answers 200;
 //! only now registered with the router) → on scale-in *draining* (deregistered first, then
-//! waits until its `/metrics` show no running or waiting request, or `drainTimeoutSecs`)
+//! waits until its `/metrics` show no running or waiting request, its process ends, or
+//! `drainTimeoutSecs`)
 //! → SIGTERM → SIGKILL if still alive after `stopGraceSecs`. A replica that is not ready
 //! within `readyTimeoutSecs` is killed and reported; one that exits on its own is
 //! reported; both are replaced by the next reconcile, which starts whatever is missing.
@@ -310,9 +311,17 @@ impl LocalDriver {
         let poll = Duration::from_millis(self.cfg.health_poll_ms);
         let client = self.client.clone();
         self.drains.spawn(async move {
-            let Replica { id, url, child, .. } = r;
+            let Replica {
+                id, url, mut child, ..
+            } = r;
             if drain {
-                wait_idle(client, &url, drain_timeout, poll).await;
+                // A replica whose process has ended holds no request: its drain is over,
+                // not a wait until `drain_timeout` (`strata up` stops its engines before
+                // the controller, and a replica may crash while draining).
+                tokio::select! {
+                    _ = wait_idle(client, &url, drain_timeout, poll) => {}
+                    _ = child.wait() => {}
+                }
             }
             let forced = terminate(child, grace).await;
             if let Ok(mut d) = draining.lock() {
