@@ -19,9 +19,10 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+use super::attention::{attention, Rows};
 use super::linear::{EncoderWeights, Linear};
 use super::{Activation, EmbedError, EncoderConfig, Pooling};
-use crate::attention::{dot, exp};
+use crate::attention::exp;
 
 /// Rows per rayon task in the row-wise passes: enough work to outweigh the task.
 const ROWS_PER_TASK: usize = 16;
@@ -81,21 +82,6 @@ enum Qkv {
     /// set, over the three matrices' largest weights, lost too much: the lowest
     /// reference cosine fell below 0.999).
     Split(Box<[Linear; 3]>),
-}
-
-/// One projection's rows inside a buffer: token `i`'s vector is
-/// `data[i·stride + offset..][..hidden]`.
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    data: &'a [f32],
-    stride: usize,
-    offset: usize,
-}
-
-impl<'a> Rows<'a> {
-    fn at(&self, token: usize, from: usize, len: usize) -> &'a [f32] {
-        &self.data[token * self.stride + self.offset + from..][..len]
-    }
 }
 
 struct Layer {
@@ -473,69 +459,6 @@ fn erf(x: f32) -> f32 {
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
     (1.0 - poly * exp(-a * a)).copysign(x)
-}
-
-/// Self-attention of each input over its own tokens, one task per (input, head).
-///
-/// `qkv` are the query, key and value rows, `hidden` wide each; the result is the context,
-/// `hidden` wide, heads side by side, in token order.
-fn attention(qkv: [Rows; 3], spans: &[(usize, usize)], hidden: usize, heads: usize) -> Vec<f32> {
-    let [q_rows, k_rows, v_rows] = qkv;
-    let d = hidden / heads;
-    let scale = 1.0 / (d as f32).sqrt();
-    let tasks: Vec<(usize, usize, usize)> = spans
-        .iter()
-        .flat_map(|&(start, n)| (0..heads).map(move |head| (start, n, head)))
-        .collect();
-    // Each task returns its head's context rows; they are written back below.
-    let parts: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(start, n, head)| {
-            let q_at = |i: usize| q_rows.at(start + i, head * d, d);
-            // This head's keys and values, gathered contiguous: every query walks all of
-            // them, and in the projections consecutive tokens are a stride apart.
-            let mut keys = Vec::with_capacity(n * d);
-            let mut values = Vec::with_capacity(n * d);
-            for j in 0..n {
-                keys.extend_from_slice(k_rows.at(start + j, head * d, d));
-                values.extend_from_slice(v_rows.at(start + j, head * d, d));
-            }
-            let k_at = |j: usize| &keys[j * d..(j + 1) * d];
-            let v_at = |j: usize| &values[j * d..(j + 1) * d];
-            let mut ctx = vec![0f32; n * d];
-            let mut scores = vec![0f32; n];
-            for i in 0..n {
-                let q = q_at(i);
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = dot(q, k_at(j)) * scale;
-                    max = max.max(*s);
-                }
-                // The engine's vectorizing exp (≤ 2 ulp on softmax arguments): libm's
-                // scalar expf was most of the attention time on long inputs.
-                for s in scores.iter_mut() {
-                    *s = exp(*s - max);
-                }
-                let sum: f32 = scores.iter().sum();
-                let out = &mut ctx[i * d..(i + 1) * d];
-                for (j, s) in scores.iter().enumerate() {
-                    let p = s / sum;
-                    for (o, v) in out.iter_mut().zip(v_at(j)) {
-                        *o += p * v;
-                    }
-                }
-            }
-            ctx
-        })
-        .collect();
-    let total: usize = spans.iter().map(|s| s.1).sum();
-    let mut out = vec![0f32; total * hidden];
-    for (&(start, n, head), part) in tasks.iter().zip(&parts) {
-        for i in 0..n {
-            out[(start + i) * hidden + head * d..][..d].copy_from_slice(&part[i * d..(i + 1) * d]);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //!   forward.
 //! - [`server`]: the HTTP routes of an engine serving an encoder.
 
+mod attention;
 pub mod bert;
 pub mod linear;
 pub mod server;
