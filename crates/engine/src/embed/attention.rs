@@ -58,8 +58,8 @@ pub fn attention(
         .collect();
     let total: usize = spans.iter().map(|s| s.1).sum();
     let mut out = vec![0f32; total * hidden];
+    let dp = pad(d, LANES);
     for (&(start, n, head), part) in tasks.iter().zip(&parts) {
-        let dp = pad(d, LANES);
         for i in 0..n {
             out[(start + i) * hidden + head * d..][..d].copy_from_slice(&part[i * dp..][..d]);
         }
