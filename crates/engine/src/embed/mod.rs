@@ -9,6 +9,7 @@
 //! - [`bert`]: the encoder; one forward over a ragged batch (no padding: the dense layers
 //!   run over every token of every input at once, attention per input), then pooling and
 //!   L2 normalisation.
+//! - `attention`: its self-attention, each input over its own tokens, in register tiles.
 //! - [`linear`]: its dense layers, 8-bit weights and activations on the decoder's integer
 //!   kernels by default, f32 on candle's GEMM with `STRATA_EMBED_WEIGHTS=f32`.
 //! - [`tokenizer`]: the WordPiece tokenizer from `tokenizer.json`, with the file's own
