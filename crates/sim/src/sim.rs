@@ -463,6 +463,8 @@ impl Sim<'_> {
         if !result.kv.is_empty() {
             self.router.announce(slot, now, result.kv.drain(..));
         }
+        let keep_times = self.cfg.keep_token_times;
+        let step = if keep_times { self.gaps.step(r, now) } else { 0 };
         // The step's requests were last touched about a thousand events ago: start
         // loading all of them before the first is read.
         for &(id, _) in &result.tokens {
@@ -476,12 +478,15 @@ impl Sim<'_> {
             if req.first.is_none() {
                 req.first = Some(now);
                 self.ttfts.push((now - req.start).as_secs_f64());
-            } else if self.cfg.keep_token_times {
+                if keep_times {
+                    self.gaps.first(id as u32, r, step);
+                }
+            } else if keep_times {
                 // The gap between consecutive token times (`(now - start) - (last -
                 // start)`: the same whole nanoseconds).
                 let gap = now - req.last;
                 let expect = req.max_tokens.saturating_sub(1) as usize;
-                self.gaps.record(id as u32, gap, expect);
+                self.gaps.record(id as u32, r, step, gap, expect);
             }
             req.out = n;
             req.last = now;

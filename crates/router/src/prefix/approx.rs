@@ -7,17 +7,16 @@
 //! endpoint is recorded as holding every chunk of the request. Each endpoint keeps at most
 //! `capacity` hashes, least recently used evicted first, as a stand-in for its cache size.
 //!
-//! Invariant: `holders[h]` contains slot `e` with tick `t` exactly when `(t, h)` is in
-//! `lru[e].order` (with older, stale entries for `h` possibly before it), and `lru[e].len`
-//! counts the hashes `e` holds.
+//! Invariant: `holders[h]` contains slot `e` at position `p` exactly when `h` is the entry
+//! of `lru[e].order` at position `p` (with older, stale entries for `h` possibly before
+//! it), and `lru[e].len` counts the hashes `e` holds.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
-use super::flat::FlatMap;
-use super::{walk, walk_into, PrefixMatch, SlotSet};
+use super::lru_holders::HolderTable;
+use super::{walk, walk_into, PrefixMatch};
 use crate::endpoint::EndpointId;
 
 /// Approximate-index settings.
@@ -41,139 +40,39 @@ impl Default for ApproxConfig {
     }
 }
 
-/// The endpoints holding one hash, each with the tick of its last use there.
+/// One endpoint's LRU order.
 ///
-/// Nearly every hash is held by one endpoint, so that case is inline (16 bytes in the
-/// table, no allocation); a hash held by several keeps their set and ticks boxed.
-#[derive(Debug, Clone, Default)]
-enum Holders {
-    /// Only while an entry is being filled.
-    #[default]
-    Empty,
-    One {
-        slot: u32,
-        tick: u64,
-    },
-    Many(Box<ManyHolders>),
-}
-
-#[derive(Debug, Clone, Default)]
-struct ManyHolders {
-    set: SlotSet,
-    /// (slot, tick of last use), one per member of `set`.
-    ticks: Vec<(u32, u64)>,
-}
-
-impl Holders {
-    /// The tick of `slot`'s last use of this hash, if it holds it.
-    fn tick_of(&self, slot: u32) -> Option<u64> {
-        match self {
-            Holders::Empty => None,
-            Holders::One { slot: s, tick } => (*s == slot).then_some(*tick),
-            Holders::Many(m) => m.ticks.iter().find(|(s, _)| *s == slot).map(|(_, t)| *t),
-        }
-    }
-
-    /// Sets `slot`'s tick; whether `slot` held the hash before.
-    fn set_tick(&mut self, slot: u32, tick: u64) -> bool {
-        match self {
-            Holders::One { slot: s, tick: t } if *s == slot => {
-                *t = tick;
-                true
-            }
-            Holders::Empty => {
-                *self = Holders::One { slot, tick };
-                false
-            }
-            Holders::One { slot: s, tick: t } => {
-                let (s, t) = (*s, *t);
-                let set = [s, slot].into_iter().map(EndpointId).collect();
-                *self = Holders::Many(Box::new(ManyHolders {
-                    set,
-                    ticks: vec![(s, t), (slot, tick)],
-                }));
-                false
-            }
-            Holders::Many(m) => {
-                if let Some(e) = m.ticks.iter_mut().find(|(s, _)| *s == slot) {
-                    e.1 = tick;
-                    return true;
-                }
-                m.ticks.push((slot, tick));
-                m.set.insert(EndpointId(slot));
-                false
-            }
-        }
-    }
-
-    /// Takes `slot` out; whether no holder is left.
-    fn remove(&mut self, slot: u32) -> bool {
-        match self {
-            Holders::Empty => true,
-            Holders::One { slot: s, .. } => *s == slot,
-            Holders::Many(m) => {
-                m.ticks.retain(|(s, _)| *s != slot);
-                m.set.remove(EndpointId(slot));
-                match m.ticks.as_slice() {
-                    [] => true,
-                    &[(slot, tick)] => {
-                        *self = Holders::One { slot, tick };
-                        false
-                    }
-                    _ => false,
-                }
-            }
-        }
-    }
-
-    /// The holders as a set.
-    #[inline]
-    fn set(&self) -> Cow<'_, SlotSet> {
-        match self {
-            Holders::Empty => Cow::Owned(SlotSet::new()),
-            Holders::One { slot, .. } => Cow::Owned(SlotSet::single(EndpointId(*slot))),
-            Holders::Many(m) => Cow::Borrowed(&m.set),
-        }
-    }
-}
-
-/// One endpoint's LRU order. The tick of its last use of each hash it holds lives in the
-/// index's table ([`Holders`]), beside the hash: no per-endpoint map.
+/// A use of a hash pushes it at the back; its position is `base` plus its index (the
+/// endpoint's count of pushes), and the table ([`HolderTable`]) keeps, beside the hash,
+/// the position of the endpoint's last use of it. An older entry of a hash used again
+/// stays in the queue, stale (its position no longer the one in the table): eviction
+/// skips those, and the queue is compacted when they are half of it. This keeps the
+/// order of a tick-sorted map at 8 bytes an entry and a fraction of its cost per block.
 #[derive(Debug, Default, Clone)]
 struct EndpointLru {
     /// Hashes held.
     len: usize,
-    /// (tick, hash) in the order of use, oldest first. A use of a hash already held
-    /// leaves its older entry here, stale (its tick no longer the one in the table):
-    /// eviction skips those, and the queue is compacted when they are half of it. This
-    /// keeps the order of a tick-sorted map at a fraction of its cost per recorded block.
-    order: VecDeque<(u64, u64)>,
+    /// The position of `order[0]`.
+    base: u64,
+    /// Hashes in the order of use, oldest first.
+    order: VecDeque<u64>,
 }
 
 /// Text-chunk hashes → endpoints that were sent them.
 #[derive(Debug, Clone)]
 pub struct ApproxIndex {
     config: ApproxConfig,
-    holders: FlatMap<Holders>,
+    holders: HolderTable,
     lru: Vec<EndpointLru>,
-    tick: u64,
 }
 
 impl ApproxIndex {
     pub fn new(config: ApproxConfig) -> Self {
         ApproxIndex {
             config,
-            holders: FlatMap::default(),
+            holders: HolderTable::default(),
             lru: Vec::new(),
-            tick: 0,
         }
-    }
-
-    /// Whether `(tick, h)` is `slot`'s last use of `h`.
-    fn is_current(&self, slot: u32, tick: u64, h: u64) -> bool {
-        self.holders
-            .get(&h)
-            .is_some_and(|e| e.tick_of(slot) == Some(tick))
     }
 
     pub fn config(&self) -> &ApproxConfig {
@@ -198,14 +97,10 @@ impl ApproxIndex {
         }
         // Newest tick to the first block: eviction takes a chain from its tail, and a
         // chain without its first block matches nothing.
+        let lru = &mut self.lru[slot];
         for &h in blocks.iter().rev() {
-            self.tick += 1;
-            let lru = &mut self.lru[slot];
-            if !self
-                .holders
-                .get_or_default(h)
-                .set_tick(endpoint.0, self.tick)
-            {
+            let pos = lru.base + lru.order.len() as u64;
+            if !self.holders.set_position(h, endpoint.0, pos) {
                 lru.len += 1;
             }
             if lru.order.len() == lru.order.capacity() {
@@ -213,39 +108,44 @@ impl ApproxIndex {
                 // of entries, and doubling leaves up to half of that unused.
                 lru.order.reserve_exact((lru.order.len() / 4).max(16));
             }
-            lru.order.push_back((self.tick, h));
+            lru.order.push_back(h);
         }
         let cap = self.config.capacity_per_endpoint;
-        while self.lru[slot].len > cap {
+        while lru.len > cap {
             // The least recently used hash, taken out.
-            let Some((tick, h)) = self.lru[slot].order.pop_front() else {
+            let Some(h) = lru.order.pop_front() else {
                 break;
             };
-            if self.is_current(endpoint.0, tick, h) {
-                self.lru[slot].len -= 1;
-                self.forget(h, endpoint);
+            let pos = lru.base;
+            lru.base += 1;
+            if self.holders.position(h, endpoint.0) == Some(pos) {
+                lru.len -= 1;
+                self.holders.remove(h, endpoint.0);
             }
         }
         self.compact(endpoint.0);
     }
 
-    /// Drops `slot`'s stale order entries when they are half of its queue.
+    /// Drops `slot`'s stale order entries when they are half of its queue, renumbering
+    /// the rest from `base`. A hash's current entry is its last one in the queue, so
+    /// every stale entry is met before its hash is renumbered.
     fn compact(&mut self, slot: u32) {
         let Some(lru) = self.lru.get_mut(slot as usize) else {
             return;
         };
         if lru.order.len() > 2 * lru.len + 64 {
-            let mut order = std::mem::take(&mut lru.order);
-            order.retain(|&(tick, h)| self.is_current(slot, tick, h));
-            self.lru[slot as usize].order = order;
-        }
-    }
-
-    fn forget(&mut self, h: u64, endpoint: EndpointId) {
-        if let Some(e) = self.holders.get_mut(&h) {
-            if e.remove(endpoint.0) {
-                self.holders.remove(&h);
-            }
+            let holders = &mut self.holders;
+            let (base, mut old, mut new) = (lru.base, lru.base, lru.base);
+            lru.order.retain(|&h| {
+                let current = holders.position(h, slot) == Some(old);
+                old += 1;
+                if current {
+                    holders.set_position(h, slot, new);
+                    new += 1;
+                }
+                current
+            });
+            debug_assert_eq!(new - base, lru.order.len() as u64);
         }
     }
 
@@ -255,10 +155,10 @@ impl ApproxIndex {
             return;
         };
         // Every hash held has its current entry in the order.
-        let order = std::mem::take(lru).order;
-        for (tick, h) in order {
-            if self.is_current(endpoint.0, tick, h) {
-                self.forget(h, endpoint);
+        let lru = std::mem::take(lru);
+        for (pos, h) in (lru.base..).zip(lru.order) {
+            if self.holders.position(h, endpoint.0) == Some(pos) {
+                self.holders.remove(h, endpoint.0);
             }
         }
     }
@@ -269,7 +169,7 @@ impl ApproxIndex {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.holders.is_empty()
+        self.holders.len() == 0
     }
 
     /// Per candidate, how many leading blocks it holds.
@@ -278,7 +178,7 @@ impl ApproxIndex {
             blocks,
             candidates,
             |h| self.holders.prefetch(h),
-            |h| self.holders.get(&h).map(|e| (e.set(), None)),
+            |h| self.holders.holders(h).map(|set| (set, None)),
         )
     }
 
@@ -294,7 +194,7 @@ impl ApproxIndex {
             blocks,
             candidates,
             |h| self.holders.prefetch(h),
-            |h| self.holders.get(&h).map(|e| (e.set(), None)),
+            |h| self.holders.holders(h).map(|set| (set, None)),
             out,
         )
     }
@@ -320,6 +220,7 @@ pub fn hash_text(model: &str, text: &str, chunk: usize, max_blocks: usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prefix::SlotSet;
 
     fn cfg(cap: usize) -> ApproxConfig {
         ApproxConfig {
@@ -409,12 +310,6 @@ mod tests {
     }
 
     #[test]
-    fn a_hash_held_by_one_endpoint_costs_one_table_slot() {
-        // Key and holders with its tick: no allocation, no per-endpoint map entry.
-        assert_eq!(std::mem::size_of::<Option<(u64, Holders)>>(), 24);
-    }
-
-    #[test]
     fn holders_move_between_one_and_many() {
         let mut idx = ApproxIndex::new(cfg(100));
         let (a, b) = (EndpointId(1), EndpointId(300));
@@ -428,12 +323,39 @@ mod tests {
             vec![1, 1]
         );
         idx.remove_endpoint(a);
-        assert!(matches!(
-            idx.holders.get(&7),
-            Some(Holders::One { slot: 300, .. })
-        ));
+        assert_eq!(idx.holders.position(7, 1), None);
+        assert_eq!(idx.holders.position(7, 300), Some(0));
+        assert_eq!(
+            idx.holders.holders(7).map(|s| s.into_owned()),
+            Some(SlotSet::single(b))
+        );
         idx.remove_endpoint(b);
         assert!(idx.is_empty());
+    }
+
+    #[test]
+    fn compaction_keeps_the_order_and_renumbers_what_it_keeps() {
+        let mut idx = ApproxIndex::new(cfg(4));
+        let e = EndpointId(3);
+        // 3 hashes used 200 times each: the queue compacts several times over.
+        for _ in 0..200 {
+            idx.record(e, &[10, 11, 12]);
+        }
+        let lru = &idx.lru[3];
+        assert!(lru.order.len() <= 2 * lru.len + 64, "compacted");
+        for (pos, &h) in (lru.base..).zip(&lru.order) {
+            let current = idx.holders.position(h, 3) == Some(pos);
+            let last = lru.order.iter().rposition(|&x| x == h) == Some((pos - lru.base) as usize);
+            assert_eq!(current, last, "hash {h} at {pos}");
+        }
+        // Five hashes for four places: the least recently used goes, 12 (a chain's tail
+        // is its oldest block), then 11 with one more.
+        idx.record(e, &[20, 21]);
+        let held = |idx: &ApproxIndex, h| idx.match_prefix(&[h], &[e])[0].blocks == 1;
+        assert!(!held(&idx, 12) && held(&idx, 11) && held(&idx, 10));
+        idx.record(e, &[22]);
+        assert!(!held(&idx, 11) && held(&idx, 10) && held(&idx, 20) && held(&idx, 22));
+        assert_eq!(idx.len(), 4);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 pub mod approx;
 pub mod flat;
 pub mod hashing;
+mod lru_holders;
 pub mod precise;
 
 use std::borrow::Cow;

@@ -3,12 +3,18 @@
 //! `strata bench`'s report takes two things from a request's token times: the gaps
 //! between consecutive ones (the ITL samples, and an ITL objective's test) and, for the
 //! timeline, the bucket each token time falls in. A million simulated requests of 128
-//! tokens would keep 128 M `Duration`s (2 GB) for that. Here a request keeps its gaps
-//! as `u32` nanoseconds (a gap of 4.29 s or more goes to a side list, marked by
-//! `u32::MAX`): its token times are its first token's time plus the running sums of its
-//! gaps, the same whole nanoseconds the simulation measured. At the end the report is
-//! built without token times and its ITL summary, ITL CDF and timeline tokens are
-//! computed from the gaps by the report's own rules, to the bit
+//! tokens would keep 128 M `Duration`s (2 GB) for that.
+//!
+//! A running request gets a token from every step of its replica, so its token times are
+//! that replica's step ends from its first token's step on. Here each replica keeps the
+//! gap before each of its step ends (`u32` nanoseconds; a gap of 4.29 s or more goes to
+//! a side map, marked by `u32::MAX`), and a request keeps only where its tokens began and
+//! how many gaps followed: 12 bytes, where its own list of gaps took half a kilobyte. A
+//! request whose tokens skip a step of its replica (preempted, or left out of a step)
+//! keeps its own list of gaps from then on. Its token times are its first token's time
+//! plus the running sums of its gaps, the same whole nanoseconds the simulation measured.
+//! At the end the report is built without token times and its ITL summary, ITL CDF and
+//! timeline tokens are computed from the gaps by the report's own rules, to the bit
 //! (`report_parts_equal_those_from_full_token_times`).
 
 use std::collections::HashMap;
@@ -19,14 +25,35 @@ use strata_bench::report::{Report, CDF_POINTS};
 use super::itl::ItlSamples;
 use crate::prefetch::prefetch;
 
-/// A gap too long for `u32` nanoseconds: the next entry of the request's side list.
+/// A gap too long for `u32` nanoseconds: its value is in a side map.
 const LONG: u32 = u32::MAX;
+/// [`Run::n`] of a request whose gaps are its own list.
+const OWN: u32 = u32::MAX;
+
+/// Where a request's gaps are: the `n` step gaps of `replica` after step `first`, or
+/// (`n == OWN`) its own list.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    replica: u32,
+    first: u32,
+    n: u32,
+}
 
 /// Token-time gaps of every request, by request id.
 #[derive(Default)]
 pub(super) struct TokenGaps {
-    gaps: Vec<Vec<u32>>,
-    long: HashMap<u32, Vec<u64>>,
+    /// Per replica, the gap before each of its step ends (by step number).
+    steps: Vec<Vec<u32>>,
+    /// Per replica, its last step's end.
+    last_end: Vec<Duration>,
+    /// Long step gaps, by (replica, step).
+    step_long: HashMap<(u32, u32), u64>,
+    /// Per request; `None` before its first token.
+    runs: Vec<Option<Run>>,
+    /// The gaps of requests whose run broke.
+    own: HashMap<u32, Vec<u32>>,
+    /// Their long gaps, in order.
+    own_long: HashMap<u32, Vec<u64>>,
 }
 
 /// What the timeline needs of one request besides its gaps.
@@ -38,51 +65,142 @@ pub(super) struct TimelineRequest {
     pub output_tokens: u32,
 }
 
+fn nanos(gap: Duration) -> u64 {
+    u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl TokenGaps {
-    /// Records the gap before request `id`'s next token; `expect` is how many gaps it may
-    /// have in all (its first gap reserves that much room once).
-    pub(super) fn record(&mut self, id: u32, gap: Duration, expect: usize) {
-        let i = id as usize;
-        if self.gaps.len() <= i {
-            self.gaps.resize_with(i + 1, Vec::new);
+    /// Records that `replica` ended a step at `now`; the step's number.
+    pub(super) fn step(&mut self, replica: u32, now: Duration) -> u32 {
+        let r = replica as usize;
+        if self.steps.len() <= r {
+            self.steps.resize_with(r + 1, Vec::new);
+            self.last_end.resize(r + 1, Duration::ZERO);
         }
-        let v = &mut self.gaps[i];
-        if v.capacity() == 0 {
-            v.reserve_exact(expect.max(1));
+        let ns = nanos(now.saturating_sub(self.last_end[r]));
+        self.last_end[r] = now;
+        let v = &mut self.steps[r];
+        if v.len() == v.capacity() {
+            // A quarter more, not double: a fleet's replicas keep tens of millions.
+            v.reserve_exact(v.len() / 4 + 64);
         }
-        let ns = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX);
+        let step = u32::try_from(v.len()).unwrap_or(u32::MAX);
         match u32::try_from(ns) {
             Ok(g) if g != LONG => v.push(g),
             _ => {
                 v.push(LONG);
-                self.long.entry(id).or_default().push(ns);
+                self.step_long.insert((replica, step), ns);
             }
+        }
+        step
+    }
+
+    /// Records request `id`'s first token, at the end of `replica`'s step `step`.
+    pub(super) fn first(&mut self, id: u32, replica: u32, step: u32) {
+        let i = id as usize;
+        if self.runs.len() <= i {
+            self.runs.resize(i + 1, None);
+        }
+        self.runs[i] = Some(Run {
+            replica,
+            first: step,
+            n: 0,
+        });
+    }
+
+    /// Records request `id`'s next token, `gap` after its last, at the end of
+    /// `replica`'s step `step`; `expect` is how many gaps it may have in all (a list of
+    /// its own reserves that much room once).
+    pub(super) fn record(&mut self, id: u32, replica: u32, step: u32, gap: Duration, expect: usize) {
+        let i = id as usize;
+        if let Some(Some(run)) = self.runs.get_mut(i) {
+            if run.n != OWN
+                && run.replica == replica
+                && u64::from(run.first) + u64::from(run.n) + 1 == u64::from(step)
+                && run.n + 1 != OWN
+            {
+                run.n += 1;
+                return;
+            }
+        }
+        self.record_own(id, gap, expect);
+    }
+
+    /// Request `id`'s gap in its own list, its run's gaps moved there first.
+    fn record_own(&mut self, id: u32, gap: Duration, expect: usize) {
+        let i = id as usize;
+        if self.runs.len() <= i {
+            self.runs.resize(i + 1, None);
+        }
+        let run = self.runs[i].unwrap_or(Run {
+            replica: 0,
+            first: 0,
+            n: 0,
+        });
+        if run.n != OWN {
+            let moved: Vec<u64> = self.run_gaps(run).collect();
+            let list = self.own.entry(id).or_default();
+            list.reserve_exact(expect.max(moved.len() + 1));
+            for ns in moved {
+                push_gap(list, self.own_long.entry(id), ns);
+            }
+            self.runs[i] = Some(Run { n: OWN, ..run });
+        }
+        let list = self.own.entry(id).or_default();
+        push_gap(list, self.own_long.entry(id), nanos(gap));
+    }
+
+    /// Starts loading request `id`'s run (its next [`TokenGaps::record`] is near).
+    #[inline]
+    pub(super) fn prefetch(&self, id: u32) {
+        if let Some(r) = self.runs.get(id as usize) {
+            prefetch(r);
         }
     }
 
-    /// Starts loading request `id`'s list (its next [`TokenGaps::record`] is near).
-    #[inline]
-    pub(super) fn prefetch(&self, id: u32) {
-        if let Some(v) = self.gaps.get(id as usize) {
-            prefetch(v);
+    /// The gaps of a run in nanoseconds (none for a run of its own list).
+    fn run_gaps(&self, run: Run) -> impl Iterator<Item = u64> + '_ {
+        let n = if run.n == OWN { 0 } else { run.n as usize };
+        let from = run.first as usize + 1;
+        let steps = self
+            .steps
+            .get(run.replica as usize)
+            .and_then(|v| v.get(from..from + n))
+            .unwrap_or(&[]);
+        (from..)
+            .zip(steps)
+            .map(move |(step, &g)| self.expand(g, || self.step_long.get(&(run.replica, step as u32))))
+    }
+
+    fn expand<'a>(&self, g: u32, long: impl FnOnce() -> Option<&'a u64>) -> u64 {
+        if g == LONG {
+            long().copied().unwrap_or(u64::MAX)
+        } else {
+            u64::from(g)
         }
     }
 
     /// Request `id`'s gaps in nanoseconds, in token order.
-    pub(super) fn of(&self, id: u32) -> impl Iterator<Item = u64> + '_ {
-        let long = self.long.get(&id).map_or(&[][..], Vec::as_slice);
-        let mut next_long = long.iter();
-        self.gaps
-            .get(id as usize)
-            .map_or(&[][..], Vec::as_slice)
-            .iter()
-            .map(move |&g| {
-                if g == LONG {
-                    next_long.next().copied().unwrap_or(u64::MAX)
-                } else {
-                    u64::from(g)
-                }
-            })
+    pub(super) fn of(&self, id: u32) -> Box<dyn Iterator<Item = u64> + '_> {
+        match self.runs.get(id as usize).copied().flatten() {
+            None => Box::new(std::iter::empty()),
+            Some(run) if run.n != OWN => Box::new(self.run_gaps(run)),
+            Some(_) => {
+                let long = self.own_long.get(&id).map_or(&[][..], Vec::as_slice);
+                let mut next_long = long.iter();
+                let own = self.own.get(&id).map_or(&[][..], Vec::as_slice);
+                Box::new(own.iter().map(move |&g| self.expand(g, || next_long.next())))
+            }
+        }
+    }
+
+    /// How many gaps request `id` has.
+    fn count(&self, id: u32) -> usize {
+        match self.runs.get(id as usize).copied().flatten() {
+            None => 0,
+            Some(run) if run.n != OWN => run.n as usize,
+            Some(_) => self.own.get(&id).map_or(0, Vec::len),
+        }
     }
 
     /// The longest gap of request `id`, if it has one.
@@ -105,7 +223,7 @@ impl TokenGaps {
         for (id, r) in requests.iter().enumerate() {
             let Some(first) = r.first else { continue };
             let id = id as u32;
-            let chunks = 1 + self.gaps.get(id as usize).map_or(0, Vec::len);
+            let chunks = 1 + self.count(id);
             let per_chunk = if r.ok {
                 f64::from(r.output_tokens) / chunks as f64
             } else {
@@ -120,25 +238,31 @@ impl TokenGaps {
         }
     }
 
-    /// Every gap, for the ITL summary (each request's list is freed as it is taken).
-    pub(super) fn into_itl(mut self) -> ItlSamples {
-        let mut itl = ItlSamples::with_capacity(self.gaps.iter().map(Vec::len).sum());
-        for (id, v) in self.gaps.iter_mut().enumerate() {
-            let v = std::mem::take(v);
-            let mut long = self
-                .long
-                .remove(&(id as u32))
-                .unwrap_or_default()
-                .into_iter();
-            for g in v {
-                if g == LONG {
-                    itl.push_ns(long.next().unwrap_or(u64::MAX));
-                } else {
-                    itl.push_ns(u64::from(g));
-                }
+    /// Every gap, for the ITL summary.
+    pub(super) fn into_itl(self) -> ItlSamples {
+        let total = (0..self.runs.len()).map(|id| self.count(id as u32)).sum();
+        let mut itl = ItlSamples::with_capacity(total);
+        for id in 0..self.runs.len() {
+            for ns in self.of(id as u32) {
+                itl.push_ns(ns);
             }
         }
         itl
+    }
+}
+
+/// Appends a gap to a list, a long one to its side list.
+fn push_gap(
+    list: &mut Vec<u32>,
+    long: std::collections::hash_map::Entry<'_, u32, Vec<u64>>,
+    ns: u64,
+) {
+    match u32::try_from(ns) {
+        Ok(g) if g != LONG => list.push(g),
+        _ => {
+            list.push(LONG);
+            long.or_default().push(ns);
+        }
     }
 }
 
@@ -159,6 +283,23 @@ mod tests {
     fn report_parts_equal_those_from_full_token_times() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let mut gaps = TokenGaps::default();
+        // Four replicas' step ends, long gaps and zero gaps among them.
+        let replicas = 4u32;
+        let mut ends: Vec<Vec<Duration>> = vec![Vec::new(); replicas as usize];
+        for (r, ends) in ends.iter_mut().enumerate() {
+            let mut t = Duration::from_millis(rng.random_range(1..3_000));
+            for _ in 0..300 {
+                let ns = match rng.random_range(0..40) {
+                    0 => rng.random_range(4_300_000_000..6_000_000_000u64),
+                    1 => 0,
+                    _ => rng.random_range(1_000_000..90_000_000u64),
+                };
+                t += Duration::from_nanos(ns);
+                let step = gaps.step(r as u32, t);
+                assert_eq!(step as usize, ends.len());
+                ends.push(t);
+            }
+        }
         let mut full = Vec::new();
         let mut compact = Vec::new();
         let mut lean = Vec::new();
@@ -166,20 +307,21 @@ mod tests {
             let start = Duration::from_millis(rng.random_range(0..20_000));
             let failed = id % 37 == 5;
             let tokens = if failed { 0 } else { rng.random_range(0..40) };
+            let replica = rng.random_range(0..replicas);
+            let ends = &ends[replica as usize];
+            let mut step = rng.random_range(0..200u32);
             let mut times = Vec::new();
-            let mut t = Duration::from_millis(rng.random_range(1..3_000));
             for k in 0..tokens {
-                if k > 0 {
-                    let ns = match rng.random_range(0..20) {
-                        0 => rng.random_range(4_300_000_000..6_000_000_000u64),
-                        1 => 0,
-                        _ => rng.random_range(1_000_000..90_000_000u64),
-                    };
-                    let gap = Duration::from_nanos(ns);
-                    gaps.record(id, gap, 40);
-                    t += gap;
+                if k == 0 {
+                    gaps.first(id, replica, step);
+                } else {
+                    // Mostly the next step; now and then a request misses some (its
+                    // gaps move to a list of its own).
+                    let last = ends[step as usize];
+                    step += if rng.random_range(0..15) == 0 { rng.random_range(2..4) } else { 1 };
+                    gaps.record(id, replica, step, ends[step as usize] - last, 40);
                 }
-                times.push(t);
+                times.push(ends[step as usize]);
             }
             // Some requests report fewer tokens than they streamed chunks.
             let out = if id % 11 == 0 { tokens / 2 } else { tokens };
@@ -211,6 +353,7 @@ mod tests {
             });
             full.push(record);
         }
+        assert!(!gaps.own.is_empty() && !gaps.step_long.is_empty() && !gaps.own_long.is_empty());
         let end = Duration::from_secs(30);
         let slo = Slo::default();
         let want = Report::from_records("x", serde_json::Value::Null, &full, end, &slo);
