@@ -464,7 +464,11 @@ impl Sim<'_> {
             self.router.announce(slot, now, result.kv.drain(..));
         }
         let keep_times = self.cfg.keep_token_times;
-        let step = if keep_times { self.gaps.step(r, now) } else { 0 };
+        let step = if keep_times {
+            self.gaps.step(r, now)
+        } else {
+            0
+        };
         // The step's requests were last touched about a thousand events ago: start
         // loading all of them before the first is read.
         for &(id, _) in &result.tokens {

@@ -97,6 +97,10 @@ impl ApproxIndex {
         }
         // Newest tick to the first block: eviction takes a chain from its tail, and a
         // chain without its first block matches nothing.
+        // Every chunk's slot is a cache miss in a large table: start them all first.
+        for &h in blocks {
+            self.holders.prefetch(h);
+        }
         let lru = &mut self.lru[slot];
         for &h in blocks.iter().rev() {
             let pos = lru.base + lru.order.len() as u64;

@@ -111,7 +111,14 @@ impl TokenGaps {
     /// Records request `id`'s next token, `gap` after its last, at the end of
     /// `replica`'s step `step`; `expect` is how many gaps it may have in all (a list of
     /// its own reserves that much room once).
-    pub(super) fn record(&mut self, id: u32, replica: u32, step: u32, gap: Duration, expect: usize) {
+    pub(super) fn record(
+        &mut self,
+        id: u32,
+        replica: u32,
+        step: u32,
+        gap: Duration,
+        expect: usize,
+    ) {
         let i = id as usize;
         if let Some(Some(run)) = self.runs.get_mut(i) {
             if run.n != OWN
@@ -167,9 +174,9 @@ impl TokenGaps {
             .get(run.replica as usize)
             .and_then(|v| v.get(from..from + n))
             .unwrap_or(&[]);
-        (from..)
-            .zip(steps)
-            .map(move |(step, &g)| self.expand(g, || self.step_long.get(&(run.replica, step as u32))))
+        (from..).zip(steps).map(move |(step, &g)| {
+            self.expand(g, || self.step_long.get(&(run.replica, step as u32)))
+        })
     }
 
     fn expand<'a>(&self, g: u32, long: impl FnOnce() -> Option<&'a u64>) -> u64 {
@@ -189,7 +196,10 @@ impl TokenGaps {
                 let long = self.own_long.get(&id).map_or(&[][..], Vec::as_slice);
                 let mut next_long = long.iter();
                 let own = self.own.get(&id).map_or(&[][..], Vec::as_slice);
-                Box::new(own.iter().map(move |&g| self.expand(g, || next_long.next())))
+                Box::new(
+                    own.iter()
+                        .map(move |&g| self.expand(g, || next_long.next())),
+                )
             }
         }
     }
@@ -318,7 +328,11 @@ mod tests {
                     // Mostly the next step; now and then a request misses some (its
                     // gaps move to a list of its own).
                     let last = ends[step as usize];
-                    step += if rng.random_range(0..15) == 0 { rng.random_range(2..4) } else { 1 };
+                    step += if rng.random_range(0..15) == 0 {
+                        rng.random_range(2..4)
+                    } else {
+                        1
+                    };
                     gaps.record(id, replica, step, ends[step as usize] - last, 40);
                 }
                 times.push(ends[step as usize]);
