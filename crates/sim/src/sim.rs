@@ -782,17 +782,20 @@ impl Sim<'_> {
                 return;
             };
             let turn = &slot.session.turns[slot.next_turn];
-            let user = ids_of(&turn.user);
+            let user_len: usize = turn.user.iter().map(|x| x.len as usize).sum();
             // Room for the reply too: the engine appends every generated token to it.
             let mut prompt =
-                Vec::with_capacity(slot.history.len() + user.len() + turn.max_tokens as usize);
+                Vec::with_capacity(slot.history.len() + user_len + turn.max_tokens as usize);
             prompt.extend_from_slice(&slot.history);
             let planned = (slot.session.system.iter().map(|x| x.len).sum::<u32>())
                 + slot.session.turns[..=slot.next_turn]
                     .iter()
                     .map(|t| t.user.iter().map(|x| x.len).sum::<u32>())
                     .sum::<u32>();
-            prompt.extend_from_slice(&user);
+            // The user's turn rendered in place (`ids_of` without its own list).
+            for seg in &turn.user {
+                seg.render_ids(&mut prompt);
+            }
             (
                 prompt,
                 turn.max_tokens,
@@ -902,14 +905,15 @@ impl Sim<'_> {
         let Some(reply) = reply else {
             return self.close_session(s);
         };
-        let turn = &slot.session.turns[slot.next_turn];
-        let user = ids_of(&turn.user);
-        slot.history.extend_from_slice(&user);
-        slot.history.extend_from_slice(reply);
         slot.next_turn += 1;
         if slot.next_turn >= slot.session.turns.len() {
+            // No later turn reads the history.
             return self.close_session(s);
         }
+        for seg in &slot.session.turns[slot.next_turn - 1].user {
+            seg.render_ids(&mut slot.history);
+        }
+        slot.history.extend_from_slice(reply);
         let at = now + slot.session.think_time;
         self.push(at, Ev::Turn(s));
     }

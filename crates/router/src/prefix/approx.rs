@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use xxhash_rust::xxh64::{xxh64, Xxh64};
+use xxhash_rust::xxh64::xxh64;
 
 use super::lru_holders::HolderTable;
 use super::{walk, walk_into, PrefixMatch};
@@ -205,17 +205,22 @@ impl ApproxIndex {
 }
 
 /// Chained xxhash64 over `chunk`-byte pieces of `text`, seeded by the model name.
+///
+/// Each chunk is hashed in one call over the previous hash and the chunk side by side
+/// (the same value as streaming them into one hasher, without its setup per chunk).
 pub fn hash_text(model: &str, text: &str, chunk: usize, max_blocks: usize) -> Vec<u64> {
     let seed = xxh64(model.as_bytes(), 0);
+    let chunk = chunk.max(1);
     let mut prev = seed;
+    let mut buf = Vec::with_capacity(8 + chunk);
     text.as_bytes()
-        .chunks_exact(chunk.max(1))
+        .chunks_exact(chunk)
         .take(max_blocks)
         .map(|piece| {
-            let mut h = Xxh64::new(seed);
-            h.update(&prev.to_le_bytes());
-            h.update(piece);
-            prev = h.digest();
+            buf.clear();
+            buf.extend_from_slice(&prev.to_le_bytes());
+            buf.extend_from_slice(piece);
+            prev = xxh64(&buf, seed);
             prev
         })
         .collect()
@@ -243,6 +248,35 @@ mod tests {
         assert_ne!(a[1], b[1], "chained: same chunk after a different prefix");
         assert_ne!(a, idx.hash_prompt("other", "aaaabbbbcc"));
         assert_eq!(a, idx.hash_prompt("m", "aaaabbbbcc"));
+    }
+
+    #[test]
+    fn chunk_hashes_are_the_streamed_chain() {
+        // The chain as PROTOCOLS §6 defines it: a hasher seeded by the model's hash, fed
+        // the previous hash then the chunk.
+        let streamed = |model: &str, text: &str, chunk: usize| {
+            let seed = xxh64(model.as_bytes(), 0);
+            let mut prev = seed;
+            let mut out = Vec::new();
+            for piece in text.as_bytes().chunks_exact(chunk) {
+                let mut h = xxhash_rust::xxh64::Xxh64::new(seed);
+                h.update(&prev.to_le_bytes());
+                h.update(piece);
+                prev = h.digest();
+                out.push(prev);
+            }
+            out
+        };
+        let text: String = (0..700)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        for chunk in [1, 4, 24, 64, 200] {
+            assert_eq!(
+                hash_text("m", &text, chunk, 1000),
+                streamed("m", &text, chunk)
+            );
+        }
+        assert_eq!(hash_text("m", &text, 64, 3), streamed("m", &text, 64)[..3]);
     }
 
     #[test]

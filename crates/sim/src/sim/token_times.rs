@@ -39,13 +39,20 @@ struct Run {
     n: u32,
 }
 
+/// One replica's steps.
+#[derive(Default)]
+struct ReplicaSteps {
+    /// Its last step's end.
+    last_end: Duration,
+    /// The gap before each of its step ends (by step number).
+    gaps: Vec<u32>,
+}
+
 /// Token-time gaps of every request, by request id.
 #[derive(Default)]
 pub(super) struct TokenGaps {
-    /// Per replica, the gap before each of its step ends (by step number).
-    steps: Vec<Vec<u32>>,
-    /// Per replica, its last step's end.
-    last_end: Vec<Duration>,
+    /// Per replica, its steps' gaps.
+    steps: Vec<ReplicaSteps>,
     /// Long step gaps, by (replica, step).
     step_long: HashMap<(u32, u32), u64>,
     /// Per request; `None` before its first token.
@@ -74,12 +81,12 @@ impl TokenGaps {
     pub(super) fn step(&mut self, replica: u32, now: Duration) -> u32 {
         let r = replica as usize;
         if self.steps.len() <= r {
-            self.steps.resize_with(r + 1, Vec::new);
-            self.last_end.resize(r + 1, Duration::ZERO);
+            self.steps.resize_with(r + 1, ReplicaSteps::default);
         }
-        let ns = nanos(now.saturating_sub(self.last_end[r]));
-        self.last_end[r] = now;
-        let v = &mut self.steps[r];
+        let rs = &mut self.steps[r];
+        let ns = nanos(now.saturating_sub(rs.last_end));
+        rs.last_end = now;
+        let v = &mut rs.gaps;
         if v.len() == v.capacity() {
             // A quarter more, not double: a fleet's replicas keep tens of millions.
             v.reserve_exact(v.len() / 4 + 64);
@@ -172,7 +179,7 @@ impl TokenGaps {
         let steps = self
             .steps
             .get(run.replica as usize)
-            .and_then(|v| v.get(from..from + n))
+            .and_then(|v| v.gaps.get(from..from + n))
             .unwrap_or(&[]);
         (from..).zip(steps).map(move |(step, &g)| {
             self.expand(g, || self.step_long.get(&(run.replica, step as u32)))
