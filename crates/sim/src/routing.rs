@@ -9,6 +9,7 @@
 //! and applying KV events to the precise index. Every choice is the library's.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -52,6 +53,10 @@ pub struct SimRouter {
     /// The saturation thresholds flow control's room is measured by.
     saturation: SaturationConfig,
     cands: Vec<Candidate>,
+    /// The one spec every replica has (the same server, model and kind; the picker reads
+    /// nothing else of it): shared, so a pick over a thousand replicas reads it from one
+    /// place.
+    spec: Arc<EndpointSpec>,
     /// Endpoint slot → its position in `cands` (a thousand replicas scrape every 50 ms:
     /// a linear search per update would dominate the run).
     pos: Vec<Option<usize>>,
@@ -84,6 +89,7 @@ impl SimRouter {
             stale_after: config.stale_after(),
             saturation: config.saturation_config(),
             cands: Vec::new(),
+            spec: Arc::new(EndpointSpec::new("sim://replica", EngineKind::Strata)),
             pos: Vec::new(),
             approx: ApproxIndex::new(config.approx_config()),
             precise: PreciseIndex::new(),
@@ -120,13 +126,12 @@ impl SimRouter {
 
     /// Adds an endpoint (ready, no metrics yet), as the live router adds one from its
     /// endpoints file.
-    pub fn add(&mut self, id: EndpointId, name: &str) {
-        let spec = EndpointSpec::new(format!("sim://{name}"), EngineKind::Strata);
+    pub fn add(&mut self, id: EndpointId) {
         if let Some(i) = self.slot_pos(id) {
             self.cands.remove(i);
             self.reindex();
         }
-        self.cands.push(Candidate::new(id, spec));
+        self.cands.push(Candidate::with_spec(id, self.spec.clone()));
         let slot = id.0 as usize;
         if self.pos.len() <= slot {
             self.pos.resize(slot + 1, None);

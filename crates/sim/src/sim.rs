@@ -423,7 +423,7 @@ impl Sim<'_> {
         let rep = &mut self.replicas[r as usize];
         rep.phase = Phase::Ready;
         let slot = rep.slot;
-        self.router.add(slot, &format!("replica-{r}"));
+        self.router.add(slot);
     }
 
     fn retire(&mut self, r: u32) {

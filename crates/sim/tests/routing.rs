@@ -106,7 +106,7 @@ fn drive(yaml: &str, seed: u64) {
     let n = 6u32;
     let mut sim = SimRouter::new(&cfg, seed, Duration::ZERO).unwrap();
     for i in 0..n {
-        sim.add(EndpointId(i), &format!("replica-{i}"));
+        sim.add(EndpointId(i));
     }
     let mut reference = Reference::new(&cfg, seed, n);
     let mut ops = StdRng::seed_from_u64(seed ^ 99);
@@ -231,7 +231,7 @@ fn kv_events_arrive_after_their_delay() {
     let cfg = RouterConfig::from_yaml(PRECISE).unwrap();
     let mut sim = SimRouter::new(&cfg, 1, Duration::from_millis(20)).unwrap();
     for i in 0..3 {
-        sim.add(EndpointId(i), &format!("replica-{i}"));
+        sim.add(EndpointId(i));
     }
     let prompt: Vec<u32> = (0..64).map(|i| 2000 + i).collect();
     let hashes = wire_hashes(&prompt, 16);

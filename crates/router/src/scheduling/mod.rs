@@ -101,9 +101,15 @@ pub struct Candidate {
 impl Candidate {
     /// A ready candidate with no metrics yet.
     pub fn new(id: EndpointId, spec: EndpointSpec) -> Self {
+        Candidate::with_spec(id, Arc::new(spec))
+    }
+
+    /// A ready candidate with no metrics yet, sharing `spec` (endpoints that serve the
+    /// same way can share one spec: a pick then reads it from one place).
+    pub fn with_spec(id: EndpointId, spec: Arc<EndpointSpec>) -> Self {
         Candidate {
             id,
-            spec: Arc::new(spec),
+            spec,
             metrics: None,
             in_flight: 0,
             ready: true,
