@@ -65,14 +65,17 @@ pub fn fast_block_hash(parent: Option<&HashKey>, tokens: &[u32], salt: Option<&s
     let mut buf = [0u8; MAX];
     let a = if tokens.len() <= 64 && salt.is_none() {
         let mut n = 0;
-        if let Some(p) = parent {
-            buf[..32].copy_from_slice(p);
+        // Whole fixed-size stores: a `copy_from_slice` of a length the compiler does not
+        // see is a call to `memcpy`, per token.
+        if let (Some(p), Some(head)) = (parent, buf.first_chunk_mut::<32>()) {
+            *head = *p;
             n = 32;
         }
-        for t in tokens {
-            buf[n..n + 4].copy_from_slice(&t.to_le_bytes());
-            n += 4;
+        let (words, _) = buf[n..].as_chunks_mut::<4>();
+        for (w, t) in words.iter_mut().zip(tokens) {
+            *w = t.to_le_bytes();
         }
+        n += 4 * tokens.len();
         xxhash_rust::xxh3::xxh3_128(&buf[..n]).to_le_bytes()
     } else {
         let mut h = Xxh3::new();
@@ -87,11 +90,13 @@ pub fn fast_block_hash(parent: Option<&HashKey>, tokens: &[u32], salt: Option<&s
         }
         h.digest128().to_le_bytes()
     };
-    let mut out = [0u8; 32];
-    out[..16].copy_from_slice(&a);
     // The second half is derived, so the wire form (the last 8 bytes) depends on all of it.
     let b = xxhash_rust::xxh3::xxh3_128(&a).to_le_bytes();
-    out[16..].copy_from_slice(&b);
+    let mut out = [0u8; 32];
+    let (lo, hi) = out.split_at_mut(16);
+    for (o, x) in lo.iter_mut().chain(hi).zip(a.iter().chain(&b)) {
+        *o = *x;
+    }
     out
 }
 

@@ -384,12 +384,23 @@ impl BlockPool {
     /// Takes `n` free blocks, evicting least recently used cached ones, or none at all
     /// when fewer than `n` are free.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
+        let mut blocks = Vec::new();
+        self.allocate_into(n, &mut blocks).then_some(blocks)
+    }
+
+    /// [`BlockPool::allocate`] onto the end of `blocks` (a sequence's block table, which
+    /// then needs no list of its own per allocation); whether it took them. All or
+    /// nothing: `blocks` is unchanged when fewer than `n` are free.
+    pub fn allocate_into(&mut self, n: usize, blocks: &mut Vec<u32>) -> bool {
         if n > self.free.len {
-            return None;
+            return false;
         }
-        let mut blocks = Vec::with_capacity(n);
+        blocks.reserve(n);
         for _ in 0..n {
-            let b = self.free.pop_front()?;
+            let Some(b) = self.free.pop_front() else {
+                // Unreachable: `free.len` counted at least `n`.
+                return false;
+            };
             if let Some(h) = self.hashes[b as usize] {
                 let named = self.cached.get(&h, &self.hashes) == Some(b);
                 if named {
@@ -414,7 +425,7 @@ impl BlockPool {
             self.ref_counts[b as usize] = 1;
             blocks.push(b);
         }
-        Some(blocks)
+        true
     }
 
     /// Records that held block `block` is full with `tokens` whose chained hash is `hash`.
@@ -535,6 +546,20 @@ mod tests {
         let mut b = pool.allocate(4).expect("all free again");
         b.sort();
         assert_eq!(b, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn allocate_into_appends_all_or_nothing() {
+        let mut pool = BlockPool::new(4, true);
+        let mut table = pool.allocate(1).expect("one");
+        assert!(pool.allocate_into(2, &mut table));
+        assert_eq!(table.len(), 3);
+        assert!(!pool.allocate_into(2, &mut table), "one free, two asked");
+        assert_eq!((table.len(), pool.num_free()), (3, 1), "nothing taken");
+        assert!(pool.allocate_into(1, &mut table));
+        table.sort();
+        assert_eq!(table, vec![0, 1, 2, 3]);
+        assert!((0..4).all(|b| pool.ref_count(b) == 1));
     }
 
     #[test]

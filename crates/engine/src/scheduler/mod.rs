@@ -391,8 +391,10 @@ impl StepPlanner {
                 }
                 continue; // retry `i` (or whoever now sits there) with more free blocks
             }
-            if let Some(blocks) = self.pool.allocate(need) {
-                self.running[i].block_table.extend(blocks);
+            if self
+                .pool
+                .allocate_into(need, &mut self.running[i].block_table)
+            {
                 plan.work.push(Scheduled {
                     index: i,
                     num_tokens,
@@ -475,14 +477,13 @@ impl StepPlanner {
             seq.num_computed = hits * self.config.block_size;
             let num_tokens = seq.num_pending().min(budget);
             let need = self.blocks_needed(&seq, num_tokens);
-            let Some(blocks) = self.pool.allocate(need) else {
+            if !self.pool.allocate_into(need, &mut seq.block_table) {
                 self.pool.release(&seq.block_table);
                 seq.block_table.clear();
                 seq.num_computed = 0;
                 self.waiting.push_front(seq);
                 break;
-            };
-            seq.block_table.extend(blocks);
+            }
             seq.num_committed = hits;
             if !seq.admitted_once {
                 seq.admitted_once = true;
