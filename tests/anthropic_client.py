@@ -53,9 +53,13 @@ tools = [
     }
 ]
 question = {"role": "user", "content": "What is the weather in Paris?"}
+# Greedy (the Messages API's `temperature`; this SDK sends it as an extra body field):
+# sampled at the default temperature, the small model now and then adds keys the schema
+# allows until it runs out of tokens, and the call ends on `max_tokens`.
 called = client.messages.create(
     model=model,
     max_tokens=48,
+    extra_body={"temperature": 0},
     tools=tools,
     tool_choice={"type": "tool", "name": "get_weather"},
     messages=[question],
@@ -84,6 +88,7 @@ assert answer.content[0].type == "text" and answer.content[0].text, answer.conte
 with client.messages.stream(
     model=model,
     max_tokens=48,
+    extra_body={"temperature": 0},
     tools=tools,
     tool_choice={"type": "tool", "name": "get_weather"},
     messages=[question],

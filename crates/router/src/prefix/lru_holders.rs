@@ -130,23 +130,7 @@ impl HolderTable {
     /// Sets `slot`'s position for `h`; whether `slot` held `h` before.
     pub(super) fn set_position(&mut self, h: u64, slot: u32, pos: u64) -> bool {
         let word = self.map.get_or_default(h);
-        match word.view() {
-            View::Empty => {
-                *word = Packed::one(slot, pos).unwrap_or_else(|| {
-                    side_insert(&mut self.many, &mut self.free, vec![(slot, pos)])
-                });
-                false
-            }
-            View::One { slot: s, .. } if s == slot => {
-                *word = Packed::one(slot, pos).unwrap_or_else(|| {
-                    side_insert(&mut self.many, &mut self.free, vec![(slot, pos)])
-                });
-                true
-            }
-            View::One { slot: s, pos: p } => {
-                *word = side_insert(&mut self.many, &mut self.free, vec![(s, p), (slot, pos)]);
-                false
-            }
+        let held = match word.view() {
             View::Many(i) => {
                 let m = &mut self.many[i];
                 if let Some(e) = m.members.iter_mut().find(|(s, _)| *s == slot) {
@@ -155,9 +139,18 @@ impl HolderTable {
                 }
                 m.members.push((slot, pos));
                 m.set.insert(EndpointId(slot));
-                false
+                return false;
             }
-        }
+            View::One { slot: s, pos: p } if s != slot => {
+                *word = side_insert(&mut self.many, &mut self.free, vec![(s, p), (slot, pos)]);
+                return false;
+            }
+            View::One { .. } => true,
+            View::Empty => false,
+        };
+        *word = Packed::one(slot, pos)
+            .unwrap_or_else(|| side_insert(&mut self.many, &mut self.free, vec![(slot, pos)]));
+        held
     }
 
     /// Takes `slot` out of `h`'s holders, and `h` out of the table when none is left.
