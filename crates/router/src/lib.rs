@@ -43,7 +43,6 @@ pub mod intake;
 #[cfg(feature = "kubernetes")]
 pub mod k8s;
 pub mod objectives;
-mod prefetch;
 pub mod prefix;
 pub mod proxy;
 pub mod response_homes;

@@ -74,7 +74,16 @@ impl<V> FlatMap<V> {
         if self.slots.is_empty() {
             return;
         }
-        crate::prefetch::prefetch(&self.slots[self.home(key)]);
+        let slot = &self.slots[self.home(key)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch is only a hint: it reads nothing into the program, cannot
+            // fault, and `sse` (which it needs) is part of every x86_64 target.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((slot as *const Option<(u64, V)>).cast()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
     }
 
     #[inline]
