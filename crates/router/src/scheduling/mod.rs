@@ -154,21 +154,26 @@ impl Candidate {
     /// Whether it may serve `model` (and adapter `lora`). A request that names no model
     /// (an empty one: a `GET`, a body without `model` on a path that needs none) may go to
     /// any endpoint.
+    #[inline]
     pub fn serves(&self, model: &str) -> bool {
         match &self.spec.model {
             None => true,
             Some(_) if model.is_empty() => true,
             Some(m) if m == model => true,
-            Some(_) => {
-                self.spec.lora.iter().any(|a| a == model)
-                    || self.metrics.as_ref().is_some_and(|m| {
-                        m.lora_running
-                            .iter()
-                            .chain(&m.lora_waiting)
-                            .any(|a| a == model)
-                    })
-            }
+            Some(_) => self.serves_adapter(model),
         }
+    }
+
+    /// Whether `model` names an adapter it has or runs (out of line: the common cases
+    /// above are checked for every candidate of every pick).
+    fn serves_adapter(&self, model: &str) -> bool {
+        self.spec.lora.iter().any(|a| a == model)
+            || self.metrics.as_ref().is_some_and(|m| {
+                m.lora_running
+                    .iter()
+                    .chain(&m.lora_waiting)
+                    .any(|a| a == model)
+            })
     }
 }
 
