@@ -253,6 +253,10 @@ mod tests {
     }
 
     proptest! {
+        // Each case checks every hash and slot after every operation: fewer cases keep it
+        // a couple of seconds in a debug build.
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
         /// The table answers as a map of hash → (slot → position) does, and its side
         /// list never holds more entries than hashes that need one.
         #[test]
