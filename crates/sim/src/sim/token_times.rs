@@ -151,17 +151,15 @@ impl TokenGaps {
             first: 0,
             n: 0,
         });
+        let moved: Vec<u64> = self.run_gaps(run).collect();
+        let list = self.own.entry(id).or_default();
         if run.n != OWN {
-            let moved: Vec<u64> = self.run_gaps(run).collect();
-            let list = self.own.entry(id).or_default();
             list.reserve_exact(expect.max(moved.len() + 1));
-            for ns in moved {
-                push_gap(list, self.own_long.entry(id), ns);
-            }
             self.runs[i] = Some(Run { n: OWN, ..run });
         }
-        let list = self.own.entry(id).or_default();
-        push_gap(list, self.own_long.entry(id), nanos(gap));
+        for ns in moved.into_iter().chain([nanos(gap)]) {
+            push_gap(list, self.own_long.entry(id), ns);
+        }
     }
 
     /// Starts loading request `id`'s run (its next [`TokenGaps::record`] is near).
@@ -181,17 +179,9 @@ impl TokenGaps {
             .get(run.replica as usize)
             .and_then(|v| v.gaps.get(from..from + n))
             .unwrap_or(&[]);
-        (from..).zip(steps).map(move |(step, &g)| {
-            self.expand(g, || self.step_long.get(&(run.replica, step as u32)))
-        })
-    }
-
-    fn expand<'a>(&self, g: u32, long: impl FnOnce() -> Option<&'a u64>) -> u64 {
-        if g == LONG {
-            long().copied().unwrap_or(u64::MAX)
-        } else {
-            u64::from(g)
-        }
+        (from..)
+            .zip(steps)
+            .map(move |(step, &g)| expand(g, || self.step_long.get(&(run.replica, step as u32))))
     }
 
     /// Request `id`'s gaps in nanoseconds, in token order.
@@ -203,10 +193,7 @@ impl TokenGaps {
                 let long = self.own_long.get(&id).map_or(&[][..], Vec::as_slice);
                 let mut next_long = long.iter();
                 let own = self.own.get(&id).map_or(&[][..], Vec::as_slice);
-                Box::new(
-                    own.iter()
-                        .map(move |&g| self.expand(g, || next_long.next())),
-                )
+                Box::new(own.iter().map(move |&g| expand(g, || next_long.next())))
             }
         }
     }
@@ -265,6 +252,15 @@ impl TokenGaps {
             }
         }
         itl
+    }
+}
+
+/// A stored gap in nanoseconds: `g`, or for [`LONG`] the value `long` gives.
+fn expand<'a>(g: u32, long: impl FnOnce() -> Option<&'a u64>) -> u64 {
+    if g == LONG {
+        long().copied().unwrap_or(u64::MAX)
+    } else {
+        u64::from(g)
     }
 }
 
