@@ -88,6 +88,10 @@ enum ModelCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Sim(_) | Command::Plan(_)) {
+        // Before anything else: it may restart the process (`strata_sim::heap`).
+        strata_sim::heap::restart_with_huge_pages();
+    }
     let otlp = otlp_target(&cli);
     if let (Command::Up(_), Some(t)) = (&cli.command, &otlp) {
         // `strata up`'s engine children are processes of their own: they read the same

@@ -127,3 +127,64 @@ fn sim_runs_and_bad_profiles_are_clear_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown hardware profile `nonsense`"), "{err}");
 }
+
+/// `strata sim` restarts itself once with glibc's huge-page tunables where the kernel has
+/// transparent huge pages (`strata_sim::heap`), keeps them off where it has not, and
+/// leaves an operator's own tunables alone: read from the running process's environment.
+#[test]
+fn sim_restarts_with_huge_page_tunables_where_the_kernel_has_them() {
+    use strata_sim::heap::{should_restart, OPT_OUT, THP_ENABLED, TUNABLES};
+    let thp = std::fs::read_to_string(THP_ENABLED).ok();
+    let gnu = cfg!(all(target_os = "linux", target_env = "gnu"));
+    let expect = gnu && should_restart(None, None, thp.as_deref());
+    let want = format!("GLIBC_TUNABLES={TUNABLES}");
+    let mine = "GLIBC_TUNABLES=glibc.malloc.arena_max=2";
+    for operator_set in [false, true] {
+        let mut cmd = strata();
+        cmd.args([
+            "sim",
+            "--seed",
+            "7",
+            "--requests",
+            "4000",
+            "--replicas",
+            "4",
+        ])
+        .env_remove(OPT_OUT)
+        .stdout(std::process::Stdio::piped());
+        if operator_set {
+            cmd.env("GLIBC_TUNABLES", "glibc.malloc.arena_max=2");
+        } else {
+            cmd.env_remove("GLIBC_TUNABLES");
+        }
+        let mut child = cmd.spawn().expect("run strata sim");
+        let environ = format!("/proc/{}/environ", child.id());
+        let (mut saw_ours, mut saw_mine) = (false, false);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Ok(env) = std::fs::read(&environ) {
+                for kv in env.split(|b| *b == 0) {
+                    saw_ours |= kv == want.as_bytes();
+                    saw_mine |= kv == mine.as_bytes();
+                }
+            }
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "strata sim did not finish");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let out = child.wait_with_output().expect("output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(status.success(), "{stdout}");
+        assert!(
+            stdout.contains("4000 sent, 4000 completed"),
+            "the same arguments: {stdout}"
+        );
+        if operator_set {
+            assert!(!saw_ours && saw_mine, "the operator's tunables stand");
+        } else {
+            assert_eq!(saw_ours, expect, "THP mode {thp:?}");
+        }
+    }
+}

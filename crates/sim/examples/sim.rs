@@ -13,7 +13,9 @@ enum Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    let result = match Cli::parse() {
+    let cli = Cli::parse();
+    strata_sim::heap::restart_with_huge_pages();
+    let result = match cli {
         Cli::Sim(a) => strata_sim::run_sim(*a),
         Cli::Plan(a) => strata_sim::run_plan(*a),
     };

@@ -16,12 +16,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use strata_api::kv_events::KvEvent;
 use strata_router::endpoint::{EndpointId, EndpointSpec, EngineKind};
-use strata_router::prefix::approx::{hash_text, ApproxConfig, ApproxIndex};
+use strata_router::prefix::approx::{ApproxConfig, ApproxIndex, ChunkChain};
 use strata_router::prefix::precise::PreciseIndex;
 use strata_router::scheduling::flow::PoolView;
 use strata_router::scheduling::saturation::{pool_room, SaturationConfig};
 use strata_router::scheduling::{
-    Candidate, Context, EndpointMetrics, PickDecision, SchedRequest, ScheduleError,
+    Candidate, Context, EndpointMetrics, PickDecision, PickScratch, SchedRequest, ScheduleError,
 };
 use strata_router::{EndpointPicker, RouterConfig};
 
@@ -70,8 +70,8 @@ pub struct SimRouter {
     /// Scratch events, refilled for each delivery so that delivering allocates nothing.
     stored: KvEvent,
     removed: KvEvent,
-    /// Scratch text for the approximate index's chunk hashes.
-    text: String,
+    /// The picker's working lists, kept between picks.
+    scratch: PickScratch,
 }
 
 impl SimRouter {
@@ -110,7 +110,7 @@ impl SimRouter {
                 block_hashes: Vec::with_capacity(1),
                 medium: None,
             },
-            text: String::new(),
+            scratch: PickScratch::default(),
         })
     }
 
@@ -245,20 +245,17 @@ impl SimRouter {
 
     /// The approximate index's chunk hashes of a token prompt. The live router hashes the
     /// prompt text in chunks of `block_size_tokens × 4` bytes; the simulation writes each
-    /// token as 4 bytes of text, so one chunk is exactly one block of tokens.
-    pub fn approx_blocks(&mut self, model: &str, tokens: &[u32]) -> Vec<u64> {
-        const DIGITS: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    /// token as 4 bytes of text, so one chunk is exactly one block of tokens (written
+    /// straight into the hash chain, with no text of the whole prompt).
+    pub fn approx_blocks(&self, model: &str, tokens: &[u32]) -> Vec<u64> {
         let c = &self.approx_config;
         let chunk_tokens = c.block_size_tokens.max(1);
-        let n = tokens.len().min(c.max_blocks.saturating_mul(chunk_tokens));
-        self.text.clear();
-        for &t in &tokens[..n] {
-            for shift in [18, 12, 6, 0] {
-                self.text.push(DIGITS[((t >> shift) & 63) as usize] as char);
-            }
-        }
-        hash_text(model, &self.text, chunk_tokens * 4, c.max_blocks)
+        let mut chain = ChunkChain::new(model);
+        tokens
+            .chunks_exact(chunk_tokens)
+            .take(c.max_blocks)
+            .map(|block| chain.push(|buf| block.iter().for_each(|&t| token_text(t, buf))))
+            .collect()
     }
 
     /// One decision at `now`, then the live router's bookkeeping: the request number, the
@@ -280,9 +277,14 @@ impl SimRouter {
         };
         // Only the pick is used: its fallbacks are not ordered (the same pick, the same
         // draws).
-        let decision = self
-            .picker
-            .schedule_first(&ctx, req, &self.cands, None, &mut self.rng)?;
+        let decision = self.picker.schedule_first(
+            &ctx,
+            req,
+            &self.cands,
+            None,
+            &mut self.rng,
+            &mut self.scratch,
+        )?;
         let first = decision.pick();
         self.approx.record(first, &req.approx_blocks);
         if let Some(c) = self.cand_mut(first) {
@@ -319,5 +321,42 @@ impl SimRouter {
     /// Whether any endpoint could take a request now.
     pub fn any_ready(&self) -> bool {
         self.cands.iter().any(|c| c.ready && !c.draining)
+    }
+}
+
+/// A token id as the simulation's prompt text: 4 characters, 6 bits each, high first.
+fn token_text(t: u32, out: &mut Vec<u8>) {
+    const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let d = |shift: u32| DIGITS[((t >> shift) & 63) as usize];
+    out.extend_from_slice(&[d(18), d(12), d(6), d(0)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_router::prefix::approx::hash_text;
+
+    #[test]
+    fn prompt_chunks_hash_as_the_live_router_hashes_the_prompt_text() {
+        let config = RouterConfig::default();
+        let router = SimRouter::new(&config, 1, Duration::ZERO).unwrap();
+        let c = config.approx_config();
+        let b = c.block_size_tokens;
+        const DIGITS: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let text = |tokens: &[u32]| -> String {
+            tokens
+                .iter()
+                .flat_map(|&t| {
+                    [18, 12, 6, 0].map(|s| DIGITS.as_bytes()[((t >> s) & 63) as usize] as char)
+                })
+                .collect()
+        };
+        // Whole blocks, a partial last block, more blocks than the index keeps, none.
+        for len in [4 * b, 4 * b + 3, (c.max_blocks + 2) * b, b - 1, 0] {
+            let tokens: Vec<u32> = (0..len as u32).map(|i| i * 7919 % 151_000).collect();
+            let want = hash_text("m", &text(&tokens), b * 4, c.max_blocks);
+            assert_eq!(router.approx_blocks("m", &tokens), want, "{len} tokens");
+            assert_eq!(want.len(), (len / b).min(c.max_blocks));
+        }
     }
 }

@@ -205,25 +205,45 @@ impl ApproxIndex {
 }
 
 /// Chained xxhash64 over `chunk`-byte pieces of `text`, seeded by the model name.
-///
-/// Each chunk is hashed in one call over the previous hash and the chunk side by side
-/// (the same value as streaming them into one hasher, without its setup per chunk).
 pub fn hash_text(model: &str, text: &str, chunk: usize, max_blocks: usize) -> Vec<u64> {
-    let seed = xxh64(model.as_bytes(), 0);
-    let chunk = chunk.max(1);
-    let mut prev = seed;
-    let mut buf = Vec::with_capacity(8 + chunk);
+    let mut chain = ChunkChain::new(model);
     text.as_bytes()
-        .chunks_exact(chunk)
+        .chunks_exact(chunk.max(1))
         .take(max_blocks)
-        .map(|piece| {
-            buf.clear();
-            buf.extend_from_slice(&prev.to_le_bytes());
-            buf.extend_from_slice(piece);
-            prev = xxh64(&buf, seed);
-            prev
-        })
+        .map(|piece| chain.push(|buf| buf.extend_from_slice(piece)))
         .collect()
+}
+
+/// [`hash_text`]'s chain one chunk at a time, for a caller that writes each chunk's bytes
+/// itself rather than the whole text first (the simulator, which renders token ids as
+/// text). Each chunk is hashed in one call over the previous hash and the chunk side by
+/// side (the same value as streaming them into one hasher, without its setup per chunk).
+#[derive(Debug, Clone)]
+pub struct ChunkChain {
+    seed: u64,
+    /// The previous hash (the seed at first), then the chunk being written.
+    buf: Vec<u8>,
+}
+
+impl ChunkChain {
+    /// A chain seeded by `model`'s name.
+    pub fn new(model: &str) -> Self {
+        let seed = xxh64(model.as_bytes(), 0);
+        ChunkChain {
+            seed,
+            buf: seed.to_le_bytes().to_vec(),
+        }
+    }
+
+    /// The next chunk's hash, its bytes appended by `write`.
+    pub fn push(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> u64 {
+        self.buf.truncate(8);
+        write(&mut self.buf);
+        let h = xxh64(&self.buf, self.seed);
+        self.buf.truncate(0);
+        self.buf.extend_from_slice(&h.to_le_bytes());
+        h
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod pd;
 pub mod pickers;
 pub mod saturation;
 pub mod scorers;
+pub mod scratch;
 pub mod split;
 
 use std::fmt::Debug;
@@ -34,7 +35,6 @@ use std::time::Duration;
 
 use rand::RngCore;
 use serde::Serialize;
-use smallvec::SmallVec;
 
 use crate::endpoint::{EndpointId, EndpointSpec};
 use crate::prefix::approx::ApproxIndex;
@@ -42,6 +42,7 @@ use crate::prefix::precise::PreciseIndex;
 
 pub use config::{ConfigError, EndpointPickerConfig};
 pub use pd::{PdChoice, PdDecider, PdHandler};
+pub use scratch::PickScratch;
 pub use split::TrafficSplit;
 
 /// An endpoint's state as read from its `/metrics` (PROTOCOLS §2), whatever its kind.
@@ -429,12 +430,22 @@ impl EndpointPicker {
         rng: &mut dyn RngCore,
     ) -> Result<PickDecision, ScheduleError> {
         let profile = self.request_profile(req)?;
-        self.run_profile(profile, ctx, req, candidates, split, rng, false)
+        let mut scratch = PickScratch::default();
+        self.run_profile(
+            profile,
+            ctx,
+            req,
+            candidates,
+            split,
+            rng,
+            false,
+            &mut scratch,
+        )
     }
 
     /// [`EndpointPicker::schedule`] for a caller that uses only the pick: the decision's
     /// ranking holds the first endpoint alone (the same one, after the same draws from
-    /// `rng`), which spares ordering the fallbacks.
+    /// `rng`), which spares ordering the fallbacks; its working lists are `scratch`'s.
     pub fn schedule_first(
         &self,
         ctx: &Context,
@@ -442,9 +453,10 @@ impl EndpointPicker {
         candidates: &[Candidate],
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
+        scratch: &mut PickScratch,
     ) -> Result<PickDecision, ScheduleError> {
         let profile = self.request_profile(req)?;
-        self.run_profile(profile, ctx, req, candidates, split, rng, true)
+        self.run_profile(profile, ctx, req, candidates, split, rng, true, scratch)
     }
 
     /// The profile a request runs: the one it names, else P/D's decode profile, else the
@@ -486,7 +498,17 @@ impl EndpointPicker {
             return self.schedule(ctx, req, candidates, split, rng).map(single);
         };
         let decode_profile = self.profile(&pd.decode_profile)?;
-        let decode = self.run_profile(decode_profile, ctx, req, candidates, split, rng, false)?;
+        let mut scratch = PickScratch::default();
+        let decode = self.run_profile(
+            decode_profile,
+            ctx,
+            req,
+            candidates,
+            split,
+            rng,
+            false,
+            &mut scratch,
+        )?;
         let first = decode.pick();
         let cached = candidates
             .iter()
@@ -501,7 +523,16 @@ impl EndpointPicker {
         }
         let prefill_profile = self.profile(&pd.prefill_profile)?;
         let prefill = self
-            .run_profile(prefill_profile, ctx, req, candidates, split, rng, false)
+            .run_profile(
+                prefill_profile,
+                ctx,
+                req,
+                candidates,
+                split,
+                rng,
+                false,
+                &mut scratch,
+            )
             .ok()
             .map(|mut p| {
                 p.ranked.retain(|s| s.id != first);
@@ -520,7 +551,8 @@ impl EndpointPicker {
         })
     }
 
-    /// One profile's decision; `first_only`: rank the pick alone.
+    /// One profile's decision; `first_only`: rank the pick alone. Its working lists are
+    /// `scratch`'s, given back emptied.
     #[allow(clippy::too_many_arguments)]
     fn run_profile(
         &self,
@@ -531,62 +563,116 @@ impl EndpointPicker {
         split: Option<&TrafficSplit>,
         rng: &mut dyn RngCore,
         first_only: bool,
+        scratch: &mut PickScratch,
     ) -> Result<PickDecision, ScheduleError> {
-        // Eligibility in one pass, into one pre-sized list.
-        let mut any_ready = false;
-        let mut cands: Vec<&Candidate> = Vec::with_capacity(candidates.len());
-        for c in candidates.iter().filter(|c| c.ready && !c.draining) {
-            any_ready = true;
-            if c.serves(&req.model) {
-                cands.push(c);
-            }
-        }
-        if !any_ready {
-            return Err(ScheduleError::NoReadyEndpoint);
-        }
-        if cands.is_empty() {
-            return Err(ScheduleError::UnknownModel(req.model.clone()));
-        }
+        let mut cands = scratch.take_cands();
+        let ranked = self.rank(
+            profile, ctx, req, candidates, split, rng, first_only, scratch, &mut cands,
+        );
+        scratch.put_cands(cands);
+        Ok(PickDecision {
+            profile: profile.name.clone(),
+            ranked: ranked?,
+        })
+    }
+
+    /// [`Self::run_profile`]'s steps: eligibility, the split, the filters, the scorers'
+    /// weighted sum and the picker's order.
+    #[allow(clippy::too_many_arguments)]
+    fn rank<'c>(
+        &self,
+        profile: &Profile,
+        ctx: &Context,
+        req: &SchedRequest,
+        candidates: &'c [Candidate],
+        split: Option<&TrafficSplit>,
+        rng: &mut dyn RngCore,
+        first_only: bool,
+        scratch: &mut PickScratch,
+        cands: &mut Vec<&'c Candidate>,
+    ) -> Result<Vec<Scored>, ScheduleError> {
+        eligible(req, candidates, cands)?;
         if let Some(split) = split {
-            cands = split.apply(cands, rng);
+            *cands = split.apply(std::mem::take(cands), rng);
         }
         for (_, f) in &profile.filters {
-            cands = f.filter(ctx, req, cands);
+            *cands = f.filter(ctx, req, std::mem::take(cands));
             if cands.is_empty() {
                 return Err(ScheduleError::Filtered(profile.name.clone()));
             }
         }
-        let n = cands.len();
-        // Totals and one scorer's scratch, side by side in one buffer.
-        let mut buf: SmallVec<[f64; 128]> = SmallVec::from_elem(0.0, 2 * n);
-        let (total, one) = buf.split_at_mut(n);
-        for (_, scorer, weight) in &profile.scorers {
-            one.iter_mut().for_each(|s| *s = 0.0);
-            scorer.score(ctx, req, &cands, one, rng);
-            for (t, s) in total.iter_mut().zip(one.iter()) {
-                let s = if s.is_finite() {
-                    s.clamp(0.0, 1.0)
-                } else {
-                    0.0
-                };
-                *t += s * weight;
-            }
-        }
-        let mut scored: Vec<Scored> = cands
-            .iter()
-            .zip(total.iter())
-            .map(|(c, &score)| Scored { id: c.id, score })
-            .collect();
+        let totals = weighted_totals(profile, ctx, req, cands, rng, &mut scratch.totals);
+        let scored = &mut scratch.scored;
+        scored.clear();
+        scored.extend(
+            cands
+                .iter()
+                .zip(totals.iter())
+                .map(|(c, &score)| Scored { id: c.id, score }),
+        );
         if first_only {
-            profile.picker.pick_first(&mut scored, rng);
+            profile.picker.pick_first(scored, rng);
+            // The pick alone: a list of its own, the scratch keeping its room.
+            let ranked = scored.to_vec();
+            scored.clear();
+            Ok(ranked)
         } else {
-            profile.picker.pick(&mut scored, rng);
+            profile.picker.pick(scored, rng);
+            Ok(std::mem::take(scored))
         }
-        Ok(PickDecision {
-            profile: profile.name.clone(),
-            ranked: scored,
-        })
     }
+}
+
+/// Eligibility in one pass, into `cands`: ready, not draining, serves the model.
+fn eligible<'c>(
+    req: &SchedRequest,
+    candidates: &'c [Candidate],
+    cands: &mut Vec<&'c Candidate>,
+) -> Result<(), ScheduleError> {
+    cands.reserve(candidates.len());
+    let mut any_ready = false;
+    for c in candidates.iter().filter(|c| c.ready && !c.draining) {
+        any_ready = true;
+        if c.serves(&req.model) {
+            cands.push(c);
+        }
+    }
+    if !any_ready {
+        return Err(ScheduleError::NoReadyEndpoint);
+    }
+    if cands.is_empty() {
+        return Err(ScheduleError::UnknownModel(req.model.clone()));
+    }
+    Ok(())
+}
+
+/// Each candidate's weighted sum of the profile's scores (each clamped to 0..1, a
+/// non-finite one counting 0), in `buf`: the totals, then one scorer's scratch.
+fn weighted_totals<'b>(
+    profile: &Profile,
+    ctx: &Context,
+    req: &SchedRequest,
+    cands: &[&Candidate],
+    rng: &mut dyn RngCore,
+    buf: &'b mut Vec<f64>,
+) -> &'b [f64] {
+    let n = cands.len();
+    buf.clear();
+    buf.resize(2 * n, 0.0);
+    let (total, one) = buf.split_at_mut(n);
+    for (_, scorer, weight) in &profile.scorers {
+        one.iter_mut().for_each(|s| *s = 0.0);
+        scorer.score(ctx, req, cands, one, rng);
+        for (t, s) in total.iter_mut().zip(one.iter()) {
+            let s = if s.is_finite() {
+                s.clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            *t += s * weight;
+        }
+    }
+    &buf[..n]
 }
 
 #[cfg(test)]

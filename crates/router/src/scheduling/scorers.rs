@@ -11,20 +11,22 @@ use crate::prefix::PrefixMatch;
 
 /// `(max - x) / (max - min)` over the known values, 1 when all equal; unknown gets 0.
 /// `value(i)` is the `i`-th value, read once: known values wait in `out` (a bit each
-/// marks them) while the minimum and maximum are found, then become scores in place, by
-/// the same operations in the same order as reading them twice. A pool of a thousand
+/// marks them; an unknown one waits as NaN, which `f64::min` and `f64::max` pass over,
+/// as they pass over a known NaN) while the minimum and maximum are found, then become
+/// scores in place, by the same operations as reading them twice. A pool of a thousand
 /// endpoints is one pass over their records instead of two, and allocates nothing.
 fn min_max_inverse(value: impl Fn(usize) -> Option<f64>, out: &mut [f64]) {
     let mut known: SmallVec<[u64; 16]> = SmallVec::from_elem(0, out.len().div_ceil(64));
-    let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
     for (i, o) in out.iter_mut().enumerate() {
-        if let Some(v) = value(i) {
-            known[i / 64] |= 1 << (i % 64);
-            *o = v;
-            min = min.min(v);
-            max = max.max(v);
-        }
+        *o = match value(i) {
+            Some(v) => {
+                known[i / 64] |= 1 << (i % 64);
+                v
+            }
+            None => f64::NAN,
+        };
     }
+    let (min, max) = min_max(out);
     for (i, o) in out.iter_mut().enumerate() {
         *o = if (known[i / 64] >> (i % 64)) & 1 == 0 {
             0.0
@@ -34,6 +36,33 @@ fn min_max_inverse(value: impl Fn(usize) -> Option<f64>, out: &mut [f64]) {
             (max - *o) / (max - min)
         };
     }
+}
+
+/// The least and greatest of `values`, NaNs passed over (infinite when there is no
+/// other). Four of each run side by side, which a pass in order cannot: the minimum of a
+/// set is the same in any order, but for a zero's sign. That sign changes no score of a
+/// set without negative values (queues and counts; `min_max_inverse_equals_two_passes_bit_for_bit`),
+/// and otherwise only a zero score's sign, which a weighted total never shows (a sum
+/// that starts at +0 is never -0).
+fn min_max(values: &[f64]) -> (f64, f64) {
+    let mut min = [f64::INFINITY; 4];
+    let mut max = [f64::NEG_INFINITY; 4];
+    let chunks = values.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..4 {
+            min[k] = min[k].min(c[k]);
+            max[k] = max[k].max(c[k]);
+        }
+    }
+    for (k, &v) in rest.iter().enumerate() {
+        min[k] = min[k].min(v);
+        max[k] = max[k].max(v);
+    }
+    (
+        min[0].min(min[1]).min(min[2].min(min[3])),
+        max[0].max(max[1]).max(max[2].max(max[3])),
+    )
 }
 
 /// Shorter waiting queue scores higher: `(max - q) / (max - min)`; stale metrics score 0.
