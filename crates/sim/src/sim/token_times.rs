@@ -242,13 +242,42 @@ impl TokenGaps {
         }
     }
 
-    /// Every gap, for the ITL summary.
+    /// Every gap, for the ITL summary: each replica step's gap once, with how many
+    /// requests' runs took a token at its end; the gaps of lists of their own one by one.
     pub(super) fn into_itl(self) -> ItlSamples {
-        let total = (0..self.runs.len()).map(|id| self.count(id as u32)).sum();
-        let mut itl = ItlSamples::with_capacity(total);
-        for id in 0..self.runs.len() {
-            for ns in self.of(id as u32) {
-                itl.push_ns(ns);
+        let mut itl = ItlSamples::default();
+        // Per replica and step, the runs starting there minus those ending before it.
+        let mut starts: Vec<Vec<u32>> = self
+            .steps
+            .iter()
+            .map(|s| vec![0; s.gaps.len() + 1])
+            .collect();
+        for (id, run) in self.runs.iter().enumerate() {
+            match run {
+                Some(run) if run.n == OWN => self.of(id as u32).for_each(|ns| itl.push_ns(ns)),
+                Some(run) if run.n > 0 => {
+                    let from = run.first as usize + 1;
+                    let to = from + run.n as usize;
+                    // `run_gaps`' rule: a run past its replica's steps has no gaps.
+                    if let Some(s) = starts
+                        .get_mut(run.replica as usize)
+                        .filter(|s| to < s.len())
+                    {
+                        s[from] = s[from].wrapping_add(1);
+                        s[to] = s[to].wrapping_sub(1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for ((r, steps), starts) in self.steps.iter().enumerate().zip(&starts) {
+            let mut running = 0u32;
+            for (step, (&g, &d)) in steps.gaps.iter().zip(starts).enumerate() {
+                running = running.wrapping_add(d);
+                if running > 0 {
+                    let ns = expand(g, || self.step_long.get(&(r as u32, step as u32)));
+                    itl.push_many(ns, running);
+                }
             }
         }
         itl
