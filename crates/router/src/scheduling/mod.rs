@@ -145,11 +145,13 @@ impl Candidate {
             .unwrap_or(default)
     }
 
-    /// The metrics, when read no longer than `stale_after` before `now`.
+    /// The metrics, when read no longer than `stale_after` before `now` (or after it).
+    /// Compared as "read at or after `now - stale_after`": the same test, and in a loop
+    /// over candidates the subtraction is done once.
+    #[inline]
     pub fn fresh_metrics(&self, now: Duration, stale_after: Duration) -> Option<&EndpointMetrics> {
-        self.metrics
-            .as_ref()
-            .filter(|m| now.saturating_sub(m.updated) <= stale_after)
+        let cutoff = now.saturating_sub(stale_after);
+        self.metrics.as_ref().filter(|m| m.updated >= cutoff)
     }
 
     /// Whether it may serve `model` (and adapter `lora`). A request that names no model
@@ -889,6 +891,33 @@ mod properties {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use std::collections::{HashMap, HashSet};
+
+    proptest! {
+        /// "Read at or after `now - stale_after`" is "read no longer than `stale_after`
+        /// before `now`", at every edge: reads after `now`, `now` before `stale_after`,
+        /// equal times, nanoseconds across a second.
+        #[test]
+        fn fresh_is_read_no_longer_than_stale_after_before_now(
+            now in (0u64..5, 0u32..1_000_000_000),
+            updated in (0u64..5, 0u32..1_000_000_000),
+            stale in (0u64..3, 0u32..1_000_000_000),
+            edge in 0u8..3,
+        ) {
+            let now = Duration::new(now.0, now.1);
+            let stale_after = Duration::new(stale.0, stale.1);
+            let updated = match edge {
+                0 => Duration::new(updated.0, updated.1),
+                1 => now.saturating_sub(stale_after),
+                _ => now,
+            };
+            let mut c = cand(0, 1.0, 0.5);
+            if let Some(m) = c.metrics.as_mut() {
+                m.updated = updated;
+            }
+            let want = now.saturating_sub(updated) <= stale_after;
+            prop_assert_eq!(c.fresh_metrics(now, stale_after).is_some(), want);
+        }
+    }
 
     /// The default profile (queue ×2, KV ×2, approximate prefix ×3, max-score) written
     /// out the slow, obvious way.

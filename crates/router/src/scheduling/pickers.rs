@@ -30,15 +30,16 @@ impl Picker for MaxScore {
     /// equal to it, the draw's one in the order the sort would give them.
     fn pick_first(&self, scored: &mut Vec<Scored>, rng: &mut dyn RngCore) {
         // The sort's first: the highest key, the first position among equal keys.
-        let mut first = None;
-        for (i, s) in scored.iter().enumerate() {
-            if first.is_none_or(|(_, k)| total_key(s.score) > k) {
-                first = Some((i, total_key(s.score)));
-            }
-        }
-        let Some((first, best_key)) = first else {
+        let Some(head) = scored.first() else {
             return;
         };
+        let (mut first, mut best_key) = (0, total_key(head.score));
+        for (i, s) in scored.iter().enumerate().skip(1) {
+            let k = total_key(s.score);
+            if k > best_key {
+                (first, best_key) = (i, k);
+            }
+        }
         let best = scored[first].score;
         // The tie group `pick` counts (`== best` from the front of the sorted order): the
         // best key's candidates by position, then, for a best of +0.0, those of -0.0

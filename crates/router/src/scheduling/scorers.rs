@@ -17,24 +17,44 @@ use crate::prefix::PrefixMatch;
 /// endpoints is one pass over their records instead of two, and allocates nothing.
 fn min_max_inverse(value: impl Fn(usize) -> Option<f64>, out: &mut [f64]) {
     let mut known: SmallVec<[u64; 16]> = SmallVec::from_elem(0, out.len().div_ceil(64));
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = match value(i) {
-            Some(v) => {
-                known[i / 64] |= 1 << (i % 64);
-                v
-            }
-            None => f64::NAN,
-        };
+    for ((w, chunk), word) in out.chunks_mut(64).enumerate().zip(known.iter_mut()) {
+        let mut bits = 0u64;
+        for (j, o) in chunk.iter_mut().enumerate() {
+            *o = match value(w * 64 + j) {
+                Some(v) => {
+                    bits |= 1 << j;
+                    v
+                }
+                None => f64::NAN,
+            };
+        }
+        *word = bits;
     }
     let (min, max) = min_max(out);
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = if (known[i / 64] >> (i % 64)) & 1 == 0 {
-            0.0
-        } else if max <= min {
-            1.0
-        } else {
-            (max - *o) / (max - min)
-        };
+    if max <= min {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = if (known[i / 64] >> (i % 64)) & 1 == 0 {
+                0.0
+            } else {
+                1.0
+            };
+        }
+        return;
+    }
+    // Every entry divided (a loop the compiler vectorizes), then the unknown ones, a
+    // bit each, set to 0.
+    let range = max - min;
+    out.iter_mut().for_each(|o| *o = (max - *o) / range);
+    for (w, &bits) in known.iter().enumerate() {
+        let mut unknown = !bits;
+        while unknown != 0 {
+            let i = w * 64 + unknown.trailing_zeros() as usize;
+            match out.get_mut(i) {
+                Some(o) => *o = 0.0,
+                None => break,
+            }
+            unknown &= unknown - 1;
+        }
     }
 }
 
@@ -83,10 +103,11 @@ impl Scorer for QueueScorer {
         min_max_inverse(
             |i| {
                 let c = cands[i];
-                if c.load_unknown() {
-                    return Some(f64::from(c.in_flight));
+                match &c.metrics {
+                    // Load unknown: this router's own count.
+                    None => Some(f64::from(c.in_flight)),
+                    Some(_) => c.fresh_metrics(ctx.now, ctx.stale_after).map(|m| m.waiting),
                 }
-                c.fresh_metrics(ctx.now, ctx.stale_after).map(|m| m.waiting)
             },
             out,
         );
@@ -108,10 +129,13 @@ impl Scorer for KvCacheUtilizationScorer {
         _: &mut dyn RngCore,
     ) {
         for (o, c) in out.iter_mut().zip(cands) {
-            *o = match c.fresh_metrics(ctx.now, ctx.stale_after) {
-                None if c.load_unknown() => 0.5,
-                None => 0.0,
-                Some(m) => m.kv_use.map_or(0.5, |kv| 1.0 - kv),
+            *o = match &c.metrics {
+                // Load unknown.
+                None => 0.5,
+                Some(_) => match c.fresh_metrics(ctx.now, ctx.stale_after) {
+                    Some(m) => m.kv_use.map_or(0.5, |kv| 1.0 - kv),
+                    None => 0.0,
+                },
             };
         }
     }
