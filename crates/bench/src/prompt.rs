@@ -316,9 +316,8 @@ impl Segment {
     pub fn render_ids(&self, out: &mut Vec<u32>) {
         let mut rng = SplitMix64(self.seed);
         let span = u64::from(TOKEN_ID_RANGE.end - TOKEN_ID_RANGE.start);
-        for _ in 0..self.len {
-            out.push(TOKEN_ID_RANGE.start + rng.below(span) as u32);
-        }
+        // A counted range: the list grows once, not once per token.
+        out.extend((0..self.len).map(|_| TOKEN_ID_RANGE.start + rng.below(span) as u32));
     }
 }
 

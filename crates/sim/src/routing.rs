@@ -254,7 +254,7 @@ impl SimRouter {
         tokens
             .chunks_exact(chunk_tokens)
             .take(c.max_blocks)
-            .map(|block| chain.push(|buf| block.iter().for_each(|&t| token_text(t, buf))))
+            .map(|block| chain.push(|buf| block_text(block, buf)))
             .collect()
     }
 
@@ -324,11 +324,16 @@ impl SimRouter {
     }
 }
 
-/// A token id as the simulation's prompt text: 4 characters, 6 bits each, high first.
-fn token_text(t: u32, out: &mut Vec<u8>) {
+/// Token ids as the simulation's prompt text, appended to `out`: 4 characters a token,
+/// 6 bits each, high first.
+fn block_text(tokens: &[u32], out: &mut Vec<u8>) {
     const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let d = |shift: u32| DIGITS[((t >> shift) & 63) as usize];
-    out.extend_from_slice(&[d(18), d(12), d(6), d(0)]);
+    let start = out.len();
+    out.resize(start + 4 * tokens.len(), 0);
+    for (chars, &t) in out[start..].chunks_exact_mut(4).zip(tokens) {
+        let d = |shift: u32| DIGITS[((t >> shift) & 63) as usize];
+        chars.copy_from_slice(&[d(18), d(12), d(6), d(0)]);
+    }
 }
 
 #[cfg(test)]

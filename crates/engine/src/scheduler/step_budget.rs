@@ -70,18 +70,22 @@ impl StepCost {
     /// The most tokens a step can hold and still be predicted to take at most `target`;
     /// `None` before any observation.
     pub fn tokens_within(&self, target: Duration) -> Option<usize> {
-        let (fixed, per_token) = self.fit()?;
-        let left = target.as_secs_f64() - fixed;
-        if left <= 0.0 {
-            return Some(0);
-        }
-        if per_token <= 0.0 {
-            return Some(usize::MAX);
-        }
-        // A hair of slack so that a budget that fits exactly is not lost to rounding; float
-        // to integer casts saturate, so a tiny slope gives usize::MAX, not garbage.
-        Some((left / per_token + 1e-6).floor() as usize)
+        self.fit().map(|fit| tokens_within_fit(fit, target))
     }
+}
+
+/// [`StepCost::tokens_within`] for a fit already made (`(fixed, per_token)`).
+fn tokens_within_fit((fixed, per_token): (f64, f64), target: Duration) -> usize {
+    let left = target.as_secs_f64() - fixed;
+    if left <= 0.0 {
+        return 0;
+    }
+    if per_token <= 0.0 {
+        return usize::MAX;
+    }
+    // A hair of slack so that a budget that fits exactly is not lost to rounding; float
+    // to integer casts saturate, so a tiny slope gives usize::MAX, not garbage.
+    (left / per_token + 1e-6).floor() as usize
 }
 
 /// How much prefill a step that carries decodes may take beside them.
@@ -140,12 +144,11 @@ impl StepBudget {
         let Some(target) = self.target else {
             return room;
         };
-        let (Some(fits), Some((fixed, per_token))) =
-            (self.cost.tokens_within(target), self.cost.fit())
-        else {
+        let Some((fixed, per_token)) = self.cost.fit() else {
             // Nothing measured yet: the token budget alone, until the first steps are in.
             return room;
         };
+        let fits = tokens_within_fit((fixed, per_token), target);
         let secs = target.as_secs_f64();
         let share = if secs > 0.0 {
             ((fixed + per_token * decode_tokens as f64) / secs).clamp(0.0, 1.0)
