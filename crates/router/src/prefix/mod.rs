@@ -379,13 +379,16 @@ pub(crate) fn walk_into<'a>(
     if first_holders.is_none() {
         return;
     }
-    let mut alive = SlotSet::new();
-    let mut max_slot = None;
+    // The candidates' set, its words filled directly (a thousand inserts one by one
+    // cost more than the rest of the walk).
+    let Some(max_slot) = candidates.clone().map(|c| c.0 as usize).max() else {
+        return;
+    };
+    let mut words = vec![0u64; max_slot / 64 + 1];
     for c in candidates.clone() {
-        alive.insert(c);
-        max_slot = max_slot.max(Some(c.0 as usize));
+        words[c.0 as usize / 64] |= 1 << (c.0 % 64);
     }
-    let Some(max_slot) = max_slot else { return };
+    let mut alive = SlotSet::from_words(words);
     // slot → (matched, lower) accumulators, only for the slots that are still alive.
     let mut matched: SmallVec<[PrefixMatch; INLINE_SLOTS]> =
         smallvec::smallvec![PrefixMatch::default(); max_slot + 1];
