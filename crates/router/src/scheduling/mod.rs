@@ -432,17 +432,13 @@ impl EndpointPicker {
         rng: &mut dyn RngCore,
     ) -> Result<PickDecision, ScheduleError> {
         let profile = self.request_profile(req)?;
-        let mut scratch = PickScratch::default();
-        self.run_profile(
-            profile,
+        let inputs = Inputs {
             ctx,
             req,
             candidates,
             split,
-            rng,
-            false,
-            &mut scratch,
-        )
+        };
+        self.run_profile(profile, &inputs, rng, false, &mut PickScratch::default())
     }
 
     /// [`EndpointPicker::schedule`] for a caller that uses only the pick: the decision's
@@ -458,7 +454,13 @@ impl EndpointPicker {
         scratch: &mut PickScratch,
     ) -> Result<PickDecision, ScheduleError> {
         let profile = self.request_profile(req)?;
-        self.run_profile(profile, ctx, req, candidates, split, rng, true, scratch)
+        let inputs = Inputs {
+            ctx,
+            req,
+            candidates,
+            split,
+        };
+        self.run_profile(profile, &inputs, rng, true, scratch)
     }
 
     /// The profile a request runs: the one it names, else P/D's decode profile, else the
@@ -501,16 +503,13 @@ impl EndpointPicker {
         };
         let decode_profile = self.profile(&pd.decode_profile)?;
         let mut scratch = PickScratch::default();
-        let decode = self.run_profile(
-            decode_profile,
+        let inputs = Inputs {
             ctx,
             req,
             candidates,
             split,
-            rng,
-            false,
-            &mut scratch,
-        )?;
+        };
+        let decode = self.run_profile(decode_profile, &inputs, rng, false, &mut scratch)?;
         let first = decode.pick();
         let cached = candidates
             .iter()
@@ -525,16 +524,7 @@ impl EndpointPicker {
         }
         let prefill_profile = self.profile(&pd.prefill_profile)?;
         let prefill = self
-            .run_profile(
-                prefill_profile,
-                ctx,
-                req,
-                candidates,
-                split,
-                rng,
-                false,
-                &mut scratch,
-            )
+            .run_profile(prefill_profile, &inputs, rng, false, &mut scratch)
             .ok()
             .map(|mut p| {
                 p.ranked.retain(|s| s.id != first);
@@ -555,22 +545,16 @@ impl EndpointPicker {
 
     /// One profile's decision; `first_only`: rank the pick alone. Its working lists are
     /// `scratch`'s, given back emptied.
-    #[allow(clippy::too_many_arguments)]
     fn run_profile(
         &self,
         profile: &Profile,
-        ctx: &Context,
-        req: &SchedRequest,
-        candidates: &[Candidate],
-        split: Option<&TrafficSplit>,
+        inputs: &Inputs,
         rng: &mut dyn RngCore,
         first_only: bool,
         scratch: &mut PickScratch,
     ) -> Result<PickDecision, ScheduleError> {
         let mut cands = scratch.take_cands();
-        let ranked = self.rank(
-            profile, ctx, req, candidates, split, rng, first_only, scratch, &mut cands,
-        );
+        let ranked = self.rank(profile, inputs, rng, first_only, scratch, &mut cands);
         scratch.put_cands(cands);
         Ok(PickDecision {
             profile: profile.name.clone(),
@@ -580,19 +564,21 @@ impl EndpointPicker {
 
     /// [`Self::run_profile`]'s steps: eligibility, the split, the filters, the scorers'
     /// weighted sum and the picker's order.
-    #[allow(clippy::too_many_arguments)]
     fn rank<'c>(
         &self,
         profile: &Profile,
-        ctx: &Context,
-        req: &SchedRequest,
-        candidates: &'c [Candidate],
-        split: Option<&TrafficSplit>,
+        inputs: &Inputs<'_, 'c>,
         rng: &mut dyn RngCore,
         first_only: bool,
         scratch: &mut PickScratch,
         cands: &mut Vec<&'c Candidate>,
     ) -> Result<Vec<Scored>, ScheduleError> {
+        let &Inputs {
+            ctx,
+            req,
+            candidates,
+            split,
+        } = inputs;
         eligible(req, candidates, cands)?;
         if let Some(split) = split {
             *cands = split.apply(std::mem::take(cands), rng);
@@ -623,6 +609,14 @@ impl EndpointPicker {
             Ok(std::mem::take(scored))
         }
     }
+}
+
+/// What one decision reads besides its profile.
+struct Inputs<'a, 'c> {
+    ctx: &'a Context<'a>,
+    req: &'a SchedRequest,
+    candidates: &'c [Candidate],
+    split: Option<&'a TrafficSplit>,
 }
 
 /// Eligibility in one pass, into `cands`: ready, not draining, serves the model.
