@@ -434,8 +434,12 @@ pub(crate) fn walk_into<'a>(
                 }
             }
             if next != alive {
-                for id in alive.and_not(&next).iter() {
-                    matched[id.0 as usize].blocks = i as u32;
+                // Those dropping out matched `i` blocks; at the first block that is the
+                // 0 they start with (most of a large pool, when one endpoint holds it).
+                if i > 0 {
+                    for id in alive.and_not(&next).iter() {
+                        matched[id.0 as usize].blocks = i as u32;
+                    }
                 }
                 alive = next;
             }
