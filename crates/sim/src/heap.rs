@@ -59,13 +59,14 @@ pub fn restart_with_huge_pages() {
         };
         let mut args = std::env::args_os();
         let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-        // `exec` returns only on failure; the run then goes on without huge pages.
+        // `exec` returns only on failure; the run then goes on without huge pages. Said
+        // on stderr: logging is not set up yet, this early.
         let err = std::process::Command::new(&exe)
             .arg0(arg0)
             .args(args)
             .env("GLIBC_TUNABLES", TUNABLES)
             .exec();
-        tracing::debug!(error = %err, "restart with huge pages failed");
+        eprintln!("note: running without huge pages (restart failed: {err})");
     }
 }
 
