@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_cache;
 pub mod options;
+pub mod prefetch;
 pub mod reasoning;
 pub mod sampler;
 pub mod scheduler;

@@ -9,7 +9,6 @@
 //!   (`strata_controller::autoscale::decide`) and the report (`strata bench`'s);
 //! - [`plan`]: `strata plan`, the cheapest fleet meeting an SLO;
 //! - [`calibrate`]: `strata sim calibrate`, fitting "this machine" from a live engine;
-//! - `prefetch`: a cache hint for the hot loops' scattered state;
 //! - [`heap`]: huge pages for the fleet's arrays (a restart with glibc's tunables).
 
 // Library code never unwraps or expects on what a client, file or network controls (the
@@ -20,7 +19,6 @@ pub mod cli;
 pub mod error;
 pub mod heap;
 pub mod plan;
-mod prefetch;
 pub mod profile;
 pub mod replica;
 pub mod routing;

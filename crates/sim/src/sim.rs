@@ -28,11 +28,11 @@ use strata_router::scheduling::{PreciseBlocks, SchedRequest, ScheduleError};
 use strata_router::RouterConfig;
 
 use crate::error::SimError;
-use crate::prefetch::prefetch;
 use crate::profile::StepModel;
 use crate::replica::{wire_hashes, EngineShape, SimEngine, StepResult};
 use crate::routing::{Scrape, SimRouter};
 use crate::tenants::{tenant_lines, TenantDraw, TenantLine};
+use strata_engine::prefetch::prefetch;
 
 mod flow;
 mod itl;

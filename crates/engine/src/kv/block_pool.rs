@@ -396,11 +396,33 @@ impl BlockPool {
             return false;
         }
         blocks.reserve(n);
+        let start = blocks.len();
+        // In three passes, so that the cache misses of one pass overlap: the blocks off
+        // the queue (a chain of links) with each one's entry loading, then the prefix
+        // table's slot of each evicted name loading, then the evictions.
         for _ in 0..n {
             let Some(b) = self.free.pop_front() else {
-                // Unreachable: `free.len` counted at least `n`.
+                // Unreachable: `free.len` counted at least `n`. Put back what was taken,
+                // in its order.
+                for &b in blocks[start..].iter().rev() {
+                    self.free.push_front(b);
+                }
+                blocks.truncate(start);
                 return false;
             };
+            if let Some(h) = self.hashes.get(b as usize) {
+                crate::prefetch::prefetch(h);
+            }
+            blocks.push(b);
+        }
+        if self.prefix_caching {
+            for &b in &blocks[start..] {
+                if let Some(Some(h)) = self.hashes.get(b as usize) {
+                    self.cached.prefetch(h);
+                }
+            }
+        }
+        for &b in &blocks[start..] {
             if let Some(h) = self.hashes[b as usize] {
                 let named = self.cached.get(&h, &self.hashes) == Some(b);
                 if named {
@@ -423,9 +445,22 @@ impl BlockPool {
                 }
             }
             self.ref_counts[b as usize] = 1;
-            blocks.push(b);
         }
         true
+    }
+
+    /// Starts loading what [`Self::commit`] of `block` as `hash` reads (its entry and the
+    /// prefix table's slot for `hash`), so that a step's commits wait on their cache
+    /// misses together rather than one after another.
+    #[inline]
+    pub fn prefetch_commit(&self, block: u32, hash: &HashKey) {
+        if !self.prefix_caching {
+            return;
+        }
+        if let Some(h) = self.hashes.get(block as usize) {
+            crate::prefetch::prefetch(h);
+        }
+        self.cached.prefetch(hash);
     }
 
     /// Records that held block `block` is full with `tokens` whose chained hash is `hash`.

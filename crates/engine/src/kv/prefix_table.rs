@@ -76,6 +76,14 @@ impl<K: Eq + Hash, S: BuildHasher> PrefixTable<K, S> {
         self.slots.len() - 1
     }
 
+    /// Starts loading `key`'s home slot into cache; no effect on the contents.
+    #[inline]
+    pub(crate) fn prefetch(&self, key: &K) {
+        if let Some(slot) = self.slots.get(self.home(self.tag(key))) {
+            crate::prefetch::prefetch(slot);
+        }
+    }
+
     /// The slot holding `key`, or the empty slot where it would go.
     #[inline]
     fn probe(&self, key: &K, hashes: &[Option<K>]) -> (usize, bool) {

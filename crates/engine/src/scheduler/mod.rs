@@ -169,12 +169,25 @@ impl StepPlanner {
     pub fn commit_full_blocks(&mut self) {
         let Some(hash) = &self.hash else { return };
         let bs = self.config.block_size;
+        // First hash what filled and start loading where each name goes: a prompt's
+        // blocks are committed together, each a miss in the pool.
         for seq in self.running.iter_mut() {
             let full = (seq.num_computed / bs).min(seq.block_table.len());
             if seq.num_committed >= full {
                 continue;
             }
             Self::update_hashes(hash, self.lora_hash.as_ref(), bs, seq);
+            let full = full.min(seq.block_hashes.len());
+            for i in seq.num_committed..full {
+                self.pool
+                    .prefetch_commit(seq.block_table[i], &seq.block_hashes[i]);
+            }
+        }
+        for seq in self.running.iter_mut() {
+            let full = (seq.num_computed / bs).min(seq.block_table.len());
+            if seq.num_committed >= full {
+                continue;
+            }
             let lora = seq.lora.as_ref().map(|a| BlockLora {
                 id: i64::from(a.id),
                 name: a.name.clone(),
@@ -420,7 +433,14 @@ impl StepPlanner {
         &mut self,
         install: &mut dyn FnMut(&mut BlockPool, &mut Sequence),
     ) -> StepPlan {
-        let mut plan = StepPlan::default();
+        // Room for every sequence the step can carry, so the list is not regrown step by
+        // step as it fills.
+        let mut plan = StepPlan {
+            work: Vec::with_capacity(
+                (self.running.len() + self.waiting.len()).min(self.config.max_num_seqs),
+            ),
+            ..StepPlan::default()
+        };
         let cap = self.config.max_num_batched_tokens;
 
         // 1. Running decodes continue first, oldest first: no prefill delays them.

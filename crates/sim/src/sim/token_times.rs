@@ -23,7 +23,7 @@ use std::time::Duration;
 use strata_bench::report::{Report, CDF_POINTS};
 
 use super::itl::ItlSamples;
-use crate::prefetch::prefetch;
+use strata_engine::prefetch::prefetch;
 
 /// A gap too long for `u32` nanoseconds: its value is in a side map.
 const LONG: u32 = u32::MAX;

@@ -1,8 +1,8 @@
 //! A hint to start loading memory the next lines will touch.
 //!
-//! The simulation's hot loops touch scattered per-request and per-sequence state (one
-//! cache miss each, about a thousand other events since it was last read); issuing the
-//! misses of a whole batch at once lets them overlap instead of waiting on each in turn.
+//! Hot loops over scattered state (the block pool's per-block entries and prefix table,
+//! the simulator's per-request and per-sequence state, each a cache miss) issue the misses
+//! of a whole batch first, so they overlap instead of waiting on each in turn.
 
 /// Starts loading the cache line at `p` (any address: a prefetch reads nothing into the
 /// program and never faults).
