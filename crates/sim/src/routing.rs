@@ -302,6 +302,18 @@ impl SimRouter {
         }
     }
 
+    /// Sizes the approximate index's table once for `prompts` prompts of `tokens` tokens
+    /// that share nothing (each chunk a new hash), at most as many as `endpoints`
+    /// endpoints keep, rather than doubling it on the way (each doubling a fresh table and
+    /// every entry moved).
+    pub fn reserve_prompt_chunks(&mut self, prompts: usize, tokens: usize, endpoints: usize) {
+        let c = &self.approx_config;
+        let chunks = (tokens / c.block_size_tokens.max(1)).min(c.max_blocks);
+        let kept = c.capacity_per_endpoint.saturating_mul(endpoints);
+        self.approx
+            .reserve(prompts.saturating_mul(chunks).min(kept));
+    }
+
     /// The pool as flow control sees it at `now`, as the live router measures it.
     pub fn pool_view(&self, now: Duration) -> PoolView {
         PoolView {

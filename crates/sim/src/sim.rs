@@ -18,7 +18,7 @@ use serde::Serialize;
 use strata_bench::load::{gap, LoadShape};
 use strata_bench::prompt::ids_of;
 use strata_bench::record::{Failure, FailureKind};
-use strata_bench::workload::{Session, SessionSource};
+use strata_bench::workload::{Session, SessionSource, Workload};
 use strata_bench::{LoadConfig, Report, RequestRecord};
 use strata_controller::autoscale::{self, AutoscaleConfig, Load, Signals, State};
 use strata_engine::sequence::SeqEvent;
@@ -324,6 +324,19 @@ pub fn simulate(cfg: &SimConfig) -> Result<SimOutcome, SimError> {
     for _ in 0..initial {
         let r = sim.launch();
         sim.make_ready(r);
+    }
+    // Random prompts share nothing, so how many chunk hashes the router will record is
+    // known up front.
+    if let (Workload::Random(spec), Some(n)) = (&cfg.load.workload, cfg.load.stop.max_requests) {
+        let endpoints = match &cfg.autoscale {
+            Some(a) => a.config.max_replicas.max(initial),
+            None => initial,
+        };
+        sim.router.reserve_prompt_chunks(
+            usize::try_from(n).unwrap_or(usize::MAX),
+            spec.input_len as usize,
+            endpoints as usize,
+        );
     }
     sim.start_workload();
     sim.push(cfg.scrape_interval, Ev::Scrape);

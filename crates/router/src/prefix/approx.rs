@@ -79,6 +79,11 @@ impl ApproxIndex {
         &self.config
     }
 
+    /// Room for `hashes` distinct chunk hashes in all without growing the table.
+    pub fn reserve(&mut self, hashes: usize) {
+        self.holders.reserve(hashes);
+    }
+
     /// The chained chunk hashes of a prompt (full chunks only, at most `max_blocks`).
     pub fn hash_prompt(&self, model: &str, text: &str) -> Vec<u64> {
         hash_text(

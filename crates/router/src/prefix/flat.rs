@@ -126,8 +126,35 @@ impl<V> FlatMap<V> {
     }
 
     fn grow(&mut self) {
-        let cap = (self.slots.len() * 2).max(16);
-        let old = std::mem::replace(&mut self.slots, (0..cap).map(|_| None).collect());
+        self.rebuild((self.slots.len() * 2).max(16));
+    }
+
+    /// Room for `n` keys in all without growing: a caller that knows how many keys are
+    /// coming saves the rebuilds (and the fresh memory) of every doubling on the way.
+    /// A hint: when no table that large can be had, nothing changes.
+    pub fn reserve(&mut self, n: usize) {
+        let Some(cap) = n.checked_mul(2).and_then(usize::checked_next_power_of_two) else {
+            return;
+        };
+        let cap = cap.max(16);
+        if cap <= self.slots.len() {
+            return;
+        }
+        let mut slots = Vec::new();
+        if slots.try_reserve_exact(cap).is_ok() {
+            slots.resize_with(cap, || None);
+            self.refill(slots);
+        }
+    }
+
+    /// Moves every entry into a table of `cap` slots (a power of two, at least `2 × len`).
+    fn rebuild(&mut self, cap: usize) {
+        self.refill((0..cap).map(|_| None).collect());
+    }
+
+    /// Moves every entry into `slots` (empty, a power of two long, at least `2 × len`).
+    fn refill(&mut self, slots: Vec<Option<(u64, V)>>) {
+        let old = std::mem::replace(&mut self.slots, slots);
         self.len = 0;
         for (k, v) in old.into_iter().flatten() {
             self.place(k, v);
@@ -191,6 +218,7 @@ mod tests {
         Add(u64, u32),
         Remove(u64),
         Retain(u32),
+        Reserve(u16),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -199,6 +227,7 @@ mod tests {
             4 => (0u64..200, any::<u32>()).prop_map(|(k, v)| Op::Add(k, v)),
             2 => (0u64..200).prop_map(Op::Remove),
             1 => (1u32..5).prop_map(Op::Retain),
+            1 => (0u16..600).prop_map(Op::Reserve),
             1 => (any::<u64>(), any::<u32>()).prop_map(|(k, v)| Op::Add(k, v)),
         ]
     }
@@ -219,6 +248,7 @@ mod tests {
                         flat.retain(|k, _| k % u64::from(m) != 0);
                         want.retain(|k, _| k % u64::from(m) != 0);
                     }
+                    Op::Reserve(n) => flat.reserve(usize::from(n)),
                 }
                 prop_assert_eq!(flat.len(), want.len());
             }
@@ -230,6 +260,26 @@ mod tests {
                 prop_assert_eq!(flat.get(k), Some(v));
             }
         }
+    }
+
+    #[test]
+    fn a_reserved_table_takes_that_many_keys_without_growing() {
+        let mut m: FlatMap<u32> = FlatMap::default();
+        m.get_or_default(7);
+        m.reserve(1000);
+        let slots = m.slots.len();
+        assert!(slots >= 2000, "{slots} slots");
+        for k in 0..999u64 {
+            *m.get_or_default(k * 31 + 1) += 1;
+        }
+        assert_eq!(m.slots.len(), slots, "grew");
+        assert_eq!(m.len(), 1000);
+        assert_eq!(m.get(&7), Some(&0));
+        // Smaller than the table, or more than any machine holds: no change.
+        m.reserve(10);
+        m.reserve(usize::MAX / 2);
+        m.reserve(usize::MAX / 64);
+        assert_eq!(m.slots.len(), slots);
     }
 
     #[test]

@@ -97,6 +97,11 @@ impl HolderTable {
         self.map.len()
     }
 
+    /// Room for `n` hashes without growing.
+    pub(super) fn reserve(&mut self, n: usize) {
+        self.map.reserve(n);
+    }
+
     /// Starts loading `h`'s slot into cache.
     #[inline]
     pub(super) fn prefetch(&self, h: u64) {
