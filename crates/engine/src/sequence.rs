@@ -141,7 +141,9 @@ pub struct Sequence {
     pub lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
     pub request_id: String,
     pub priority: i32,
-    pub sampler: Sampler,
+    /// Boxed: half a kilobyte (its RNG and scratch) that only sampling reads, kept out of
+    /// the line-by-line walks and moves of the scheduler's queues.
+    pub sampler: Box<Sampler>,
     pub decoder: IncrementalDecoder,
     pub stop: StopMatcher,
     pub events: UnboundedSender<SeqEvent>,
@@ -180,7 +182,7 @@ impl Sequence {
             max_tokens: req.max_tokens,
             priority: req.priority,
             arrival_seq,
-            sampler,
+            sampler: Box::new(sampler),
             decoder: IncrementalDecoder::new(req.skip_special_tokens),
             stop: StopMatcher::new(req.stop, req.include_stop_str_in_output),
             events: req.events,

@@ -194,7 +194,12 @@ impl SimEngine {
             pin: None,
         };
         let sampler = Sampler::new(SamplingConfig::default(), id);
-        self.planner.add(Sequence::new(req, sampler, id));
+        let mut seq = Sequence::new(req, sampler, id);
+        // The hash of every block it will fill, without regrowing the list on the way.
+        let len = (seq.tokens.len() + max_tokens).min(self.context_len);
+        seq.block_hashes
+            .reserve_exact(len / self.planner.config.block_size.max(1));
+        self.planner.add(seq);
     }
 
     /// Whether the replica's cache changes are collected for the router (`finish_step`'s

@@ -656,8 +656,11 @@ fn weighted_totals<'b>(
     buf.clear();
     buf.resize(2 * n, 0.0);
     let (total, one) = buf.split_at_mut(n);
-    for (_, scorer, weight) in &profile.scorers {
-        one.iter_mut().for_each(|s| *s = 0.0);
+    for (i, (_, scorer, weight)) in profile.scorers.iter().enumerate() {
+        // The first scorer finds its half zeroed by the resize.
+        if i > 0 {
+            one.iter_mut().for_each(|s| *s = 0.0);
+        }
         scorer.score(ctx, req, cands, one, rng);
         for (t, s) in total.iter_mut().zip(one.iter()) {
             let s = if s.is_finite() {
