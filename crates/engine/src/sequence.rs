@@ -261,10 +261,14 @@ mod tests {
     }
 
     #[test]
-    fn a_sequence_is_eight_cache_lines_with_its_sampler_out_of_line() {
+    fn a_sequence_fits_eight_cache_lines_with_its_sampler_out_of_line() {
         // The scheduler moves sequences between its queues and shifts the running list
         // on every finish: the sampler's half kilobyte stays behind a box.
         assert!(size_of::<Sampler>() > 256);
-        assert_eq!(size_of::<Sequence>(), 512);
+        assert!(
+            size_of::<Sequence>() <= 512,
+            "{} bytes",
+            size_of::<Sequence>()
+        );
     }
 }
