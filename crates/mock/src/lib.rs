@@ -34,6 +34,10 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod thread_server;
+pub use thread_server::serve_on_thread;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
