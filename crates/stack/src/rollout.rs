@@ -308,7 +308,7 @@ async fn pull_canary(template: &CanaryTemplate, model: &str) -> Result<(), ApiEr
     match tokio::task::spawn_blocking(move || crate::pull::pull_model(&name)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(
-            ApiError::invalid("model", format!("Cannot get `{model}`: {e:#}"))
+            ApiError::invalid("model", format!("Cannot get `{model}`: {e}"))
                 .with_code("model_not_found"),
         ),
         Err(e) => Err(ApiError::internal(format!("model pull task: {e}"))),
