@@ -38,16 +38,10 @@ ANYHOW_AT = {
     "crates/engine/src/cli/model.rs": "`strata model`",
     "crates/gateway/src/cli.rs": "`strata gateway`",
     "crates/router/src/server.rs": "`strata router`'s run",
-    "crates/stack/src/pull.rs": "`strata up`'s model pulls",
     "crates/stack/src/up/build.rs": "`strata up`: build step",
-    "crates/stack/src/up/config.rs": "`strata up`: its config file",
     "crates/stack/src/up/gateway.rs": "`strata up`: the gateway it starts",
-    "crates/stack/src/up/kv_tier.rs": "`strata up`: the KV tier it starts",
     "crates/stack/src/up/mod.rs": "`strata up`'s run",
-    "crates/stack/src/up/pool.rs": "`strata up`: the engines it starts",
-    "crates/stack/src/up/routing.rs": "`strata up`: the router it starts",
     "crates/stack/src/up/serve.rs": "`strata up`: serve step",
-    "crates/stack/src/up/tls.rs": "`strata up --tls`: certificates made at start",
 }
 
 # Files that start an HTTP server without `strata_api::edge::serve`, and why.
