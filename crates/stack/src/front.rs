@@ -285,7 +285,7 @@ async fn admit(front: &Front, parts: &Parts, bytes: &[u8]) -> Result<(), Respons
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let asked = requested_model(content_type, bytes);
-    if let Some(pool) = pool_for(front, &asked, parts.uri.path())? {
+    if let Some(pool) = pool_for(front, &asked, parts.uri.path()).map_err(|refusal| *refusal)? {
         let ready = hold_for(&front.router, pool, front.hold_timeout).await;
         if !ready {
             let e = ApiError::unavailable(format!(
@@ -310,7 +310,7 @@ fn pool_for<'a>(
     front: &'a Front,
     asked: &Asked,
     path: &str,
-) -> Result<Option<&'a PoolRoute>, Response> {
+) -> Result<Option<&'a PoolRoute>, Box<Response>> {
     match asked {
         Asked::Model(m) => Ok(front.pools.find(m)),
         // A body without a usable `model`: with one pool it can only be meant for it (the
@@ -327,7 +327,7 @@ fn pool_for<'a>(
                     front.pools.names().join(", ")
                 ),
             );
-            Err(error_response(&e, None))
+            Err(Box::new(error_response(&e, None)))
         }
         Asked::Unreadable => Ok(None),
     }
