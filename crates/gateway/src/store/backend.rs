@@ -1,5 +1,5 @@
 //! The [`Store`] both SQL databases share: [`SqlStore`] runs the shared statements
-//! ([`super::queries`]) on a [`Backend`], which says only how a statement runs there
+//! (`queries.rs`) on a [`Backend`], which says only how a statement runs there
 //! (its connection, transaction and retries) and writes what differs in kind: the
 //! ledger rows and, in a store several gateways share, the budget holds.
 
@@ -24,7 +24,7 @@ pub trait Backend: Send + Sync {
     fn query<T: Send + 'static>(&self, query: Query<'_, T>) -> Result<Vec<T>, StoreError>;
 
     /// [`Store::record_usage`] for a batch of at least one row. Each backend inserts
-    /// the ledger rows its own way and adds their spend with [`queries::add_spend`].
+    /// the ledger rows its own way and adds their spend with `queries::add_spend`.
     fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError>;
 
     /// [`Store::shares_budgets`].

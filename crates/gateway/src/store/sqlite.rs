@@ -1,6 +1,6 @@
 //! The embedded store: one SQLite file in WAL mode, schema managed by numbered migrations
 //! recorded in `PRAGMA user_version`. The statements it runs are the shared ones
-//! ([`super::queries`]); this file holds how SQLite runs them, its schema and its
+//! (`queries.rs`); this file holds how SQLite runs them, its schema and its
 //! ledger insert.
 //!
 //! One connection behind a mutex: the gateway writes in batches from one thread and reads

@@ -1,5 +1,5 @@
 //! A statement both backends run, and a result row both read: the pieces the shared
-//! queries ([`super::queries`]) are written in, free of either client. Each backend binds
+//! queries (`queries.rs`) are written in, free of either client. Each backend binds
 //! a [`Value`] and reads a [`Row`] with its own client (`sqlite.rs`, `postgres/`).
 //!
 //! The text is written once, in Postgres's placeholder form (`$1`). SQLite runs it with

@@ -25,9 +25,9 @@
 //!   At any moment every admitted request counts once: as its hold until its ledger row
 //!   commits, then as its real cost.
 //!
-//! The statements both stores run are written once ([`super::queries`]); this module
-//! holds how Postgres runs them, its schema, its ledger insert ([`ledger`]) and the
-//! budget holds ([`holds`]).
+//! The statements both stores run are written once (`queries.rs`); this module
+//! holds how Postgres runs them, its schema, its ledger insert (`ledger.rs`) and the
+//! budget holds (`holds.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
