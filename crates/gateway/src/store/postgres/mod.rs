@@ -24,28 +24,30 @@
 //!   order everywhere, so two gateways see each other's holds and never deadlock on them.
 //!   At any moment every admitted request counts once: as its hold until its ledger row
 //!   commits, then as its real cost.
+//!
+//! The statements both stores run are written once (`queries.rs`); this module
+//! holds how Postgres runs them, its schema, its ledger insert (`ledger.rs`) and the
+//! budget holds (`holds.rs`).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use tokio::sync::Mutex as AsyncMutex;
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
-use super::{period_increments, Holder, PeriodSpend, UserRecord};
-use super::{
-    AuditEntry, BudgetHold, HoldOutcome, KeyRecord, Store, StoreError, StoredResponse,
-    TenantRecord, UsageEvent, UsageFilter, UsageRow,
-};
-use crate::budget::{Period, Window};
-use crate::config::RateLimits;
-use crate::role::Role;
+use super::backend::{Backend, SqlStore};
+use super::stmt::{Query, Row, Stmt, Value};
+use super::{BudgetHold, HoldOutcome, StoreError, UsageEvent};
 
 /// Schema steps, applied in order under an advisory lock (replicas starting together
 /// migrate once); entry `i` moves the database to version `i + 1`. Append, never edit.
+/// Not shared with SQLite: the column types differ, and only here does the ledger keep
+/// an event id and budget holds a table.
 pub const MIGRATIONS: &[&str] = &[
     // 1: keys, tenants, usage ledger, audit log, budget holds.
     "CREATE TABLE tenants (
@@ -162,7 +164,8 @@ pub struct PgOptions {
     pub timeout: Duration,
 }
 
-pub struct PgStore {
+/// Postgres's side of [`PgStore`]: the runtime its calls run on and its connections.
+pub struct Postgres {
     inner: Arc<Inner>,
     handle: tokio::runtime::Handle,
     timeout: Duration,
@@ -171,6 +174,9 @@ pub struct PgStore {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// The shared store.
+pub type PgStore = SqlStore<Postgres>;
 
 struct Inner {
     url: String,
@@ -198,7 +204,7 @@ impl PgStore {
                 });
             })
             .map_err(|e| StoreError::Unavailable(format!("cannot start a thread: {e}")))?;
-        let store = PgStore {
+        let db = Postgres {
             inner: Arc::new(Inner {
                 url: opts.url,
                 slots: (0..CONNECTIONS)
@@ -212,13 +218,13 @@ impl PgStore {
             stop: Some(stop),
             thread: Some(thread),
         };
-        store.call(|inner| Box::pin(async move { inner.migrate().await }))?;
-        Ok(store)
+        db.call(|inner| Box::pin(async move { inner.migrate().await }))?;
+        Ok(SqlStore { db })
     }
 
     /// The schema version after migration.
     pub fn schema_version(&self) -> Result<i64, StoreError> {
-        self.call(|inner| {
+        self.db.call(|inner| {
             Box::pin(async move {
                 let mut conn = inner.conn().await?;
                 let c = conn.client()?;
@@ -232,7 +238,9 @@ impl PgStore {
             })
         })
     }
+}
 
+impl Postgres {
     /// Runs `op` on the store's runtime and waits for it, at most `timeout`; fails at
     /// once while backing off after the server was unavailable.
     fn call<T: Send + 'static>(
@@ -279,7 +287,7 @@ impl PgStore {
     }
 }
 
-impl Drop for PgStore {
+impl Drop for Postgres {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -385,109 +393,6 @@ impl Inner {
     }
 }
 
-fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.and_then(|x| u64::try_from(x).ok())
-}
-
-fn opt_i64(v: Option<u64>) -> Option<i64> {
-    v.map(|x| i64::try_from(x).unwrap_or(i64::MAX))
-}
-
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-const KEY_COLUMNS: &str = "id, tenant, name, salt, hash, allowed_models, rpm, tpm, budget_micros, \
-                           spend_micros, created_at, revoked_at, user_name, role, budget_period";
-
-/// A stored period name; an unknown one (a newer build's) reads as a lifetime budget.
-fn period(v: Option<String>) -> Option<Period> {
-    v.as_deref().and_then(Period::parse)
-}
-
-fn period_text(p: Option<Period>) -> Option<&'static str> {
-    p.map(Period::as_str)
-}
-
-fn key_from_row(row: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
-    let id: String = row.try_get(0)?;
-    let models: String = row.try_get(5)?;
-    let allowed_models = serde_json::from_str(&models)
-        .map_err(|e| StoreError::Corrupt(format!("allowed_models of key {id}: {e}")))?;
-    Ok(KeyRecord {
-        id,
-        tenant: row.try_get(1)?,
-        name: row.try_get(2)?,
-        salt_hex: row.try_get(3)?,
-        hash_hex: row.try_get(4)?,
-        allowed_models,
-        limits: RateLimits {
-            rpm: opt_u64(row.try_get(6)?),
-            tpm: opt_u64(row.try_get(7)?),
-        },
-        budget_micros: row.try_get(8)?,
-        budget_period: period(row.try_get(14)?),
-        spend_micros: row.try_get(9)?,
-        created_at: row.try_get(10)?,
-        revoked_at: row.try_get(11)?,
-        user: row.try_get(12)?,
-        role: Role::parse(row.try_get::<_, &str>(13)?).unwrap_or_default(),
-    })
-}
-
-/// A holder's spend in the window of `period` holding `now` (0 when none is stored).
-async fn window_spend(
-    tx: &tokio_postgres::Transaction<'_>,
-    holder: Holder,
-    tenant: &str,
-    name: &str,
-    period: Period,
-    now: i64,
-) -> Result<i64, StoreError> {
-    let row = tx
-        .query_opt(
-            "SELECT micros FROM period_spend WHERE holder = $1 AND tenant = $2 AND name = $3 \
-             AND period = $4 AND start = $5",
-            &[
-                &holder.as_str(),
-                &tenant,
-                &name,
-                &period.as_str(),
-                &period.start(now),
-            ],
-        )
-        .await?;
-    Ok(row.map(|r| r.try_get(0)).transpose()?.unwrap_or(0))
-}
-
-/// The spend that counts against the hold's user budget (its window's, or the user's
-/// lifetime spend), with the user's row locked after the tenant's and the key's, as the
-/// ledger writes lock them; 0 without a user budget.
-async fn user_spend_locked(
-    tx: &tokio_postgres::Transaction<'_>,
-    h: &BudgetHold,
-) -> Result<i64, StoreError> {
-    if h.user.is_empty() || h.user_budget_micros.is_none() {
-        return Ok(0);
-    }
-    tx.execute(
-        "INSERT INTO users (tenant, name) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        &[&h.tenant, &h.user],
-    )
-    .await?;
-    let lifetime: i64 = tx
-        .query_one(
-            "SELECT spend_micros FROM users WHERE tenant = $1 AND name = $2 FOR UPDATE",
-            &[&h.tenant, &h.user],
-        )
-        .await?
-        .try_get(0)?;
-    match h.user_period {
-        Some(p) => window_spend(tx, Holder::User, &h.tenant, &h.user, p, h.now).await,
-        None => Ok(lifetime),
-    }
-}
-
 /// Runs one query body against a connection, emptying the slot when the server went
 /// away (see [`Conn::check`]).
 macro_rules! with_conn {
@@ -505,44 +410,35 @@ macro_rules! with_conn {
     }};
 }
 
-impl Store for PgStore {
-    fn insert_key(&self, k: &KeyRecord) -> Result<(), StoreError> {
-        let models = serde_json::to_string(&k.allowed_models)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let k = k.clone();
+// Below `with_conn!`: a macro is in scope only after its definition.
+mod holds;
+mod ledger;
+
+impl Backend for Postgres {
+    fn execute(&self, stmts: &[Stmt<'_>]) -> Result<u64, StoreError> {
+        let stmts: Vec<Stmt<'static>> = stmts.iter().cloned().map(Stmt::into_owned).collect();
+        self.call(move |inner| {
+            Box::pin(async move {
+                with_conn!(inner, |c| {
+                    let mut changed = 0;
+                    for s in &stmts {
+                        changed += c.execute(s.sql, &values(s)).await?;
+                    }
+                    Ok(changed)
+                })
+            })
+        })
+    }
+
+    fn execute_atomic(&self, stmts: &[Stmt<'_>]) -> Result<(), StoreError> {
+        let stmts: Vec<Stmt<'static>> = stmts.iter().cloned().map(Stmt::into_owned).collect();
         self.call(move |inner| {
             Box::pin(async move {
                 with_conn!(inner, |c| {
                     let tx = c.transaction().await?;
-                    tx.execute(
-                        &format!(
-                            "INSERT INTO api_keys ({KEY_COLUMNS}) \
-                             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)"
-                        ),
-                        &[
-                            &k.id,
-                            &k.tenant,
-                            &k.name,
-                            &k.salt_hex,
-                            &k.hash_hex,
-                            &models,
-                            &opt_i64(k.limits.rpm),
-                            &opt_i64(k.limits.tpm),
-                            &k.budget_micros,
-                            &k.spend_micros,
-                            &k.created_at,
-                            &k.revoked_at,
-                            &k.user,
-                            &k.role.as_str(),
-                            &period_text(k.budget_period),
-                        ],
-                    )
-                    .await?;
-                    tx.execute(
-                        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING",
-                        &[&k.tenant],
-                    )
-                    .await?;
+                    for s in &stmts {
+                        tx.execute(s.sql, &values(s)).await?;
+                    }
                     tx.commit().await?;
                     Ok(())
                 })
@@ -550,517 +446,20 @@ impl Store for PgStore {
         })
     }
 
-    fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
-        self.call(|inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            &format!("SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"),
-                            &[],
-                        )
-                        .await?;
-                    rows.iter().map(key_from_row).collect()
-                })
-            })
-        })
-    }
-
-    fn get_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let id = id.to_string();
+    fn query<T: Send + 'static>(&self, q: Query<'_, T>) -> Result<Vec<T>, StoreError> {
+        let (stmt, read) = (q.stmt.into_owned(), q.read);
         self.call(move |inner| {
             Box::pin(async move {
                 with_conn!(inner, |c| {
-                    let row = c
-                        .query_opt(
-                            &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"),
-                            &[&id],
-                        )
-                        .await?;
-                    row.as_ref().map(key_from_row).transpose()
-                })
-            })
-        })
-    }
-
-    fn revoke_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let n = c
-                        .execute(
-                            "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
-                            &[&id, &now],
-                        )
-                        .await?;
-                    Ok(n > 0)
-                })
-            })
-        })
-    }
-
-    fn update_key(
-        &self,
-        id: &str,
-        limits: RateLimits,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-        allowed_models: &[String],
-    ) -> Result<bool, StoreError> {
-        let models = serde_json::to_string(allowed_models)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let id = id.to_string();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let n = c
-                        .execute(
-                            "UPDATE api_keys SET rpm = $2, tpm = $3, budget_micros = $4, \
-                             allowed_models = $5, budget_period = $6 WHERE id = $1",
-                            &[
-                                &id,
-                                &opt_i64(limits.rpm),
-                                &opt_i64(limits.tpm),
-                                &budget_micros,
-                                &models,
-                                &period_text(budget_period),
-                            ],
-                        )
-                        .await?;
-                    Ok(n > 0)
-                })
-            })
-        })
-    }
-
-    fn upsert_tenant(
-        &self,
-        name: &str,
-        limits: RateLimits,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-    ) -> Result<(), StoreError> {
-        let name = name.to_string();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    c.execute(
-                        "INSERT INTO tenants (name, rpm, tpm, budget_micros, budget_period) \
-                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET \
-                         rpm = $2, tpm = $3, budget_micros = $4, budget_period = $5",
-                        &[
-                            &name,
-                            &opt_i64(limits.rpm),
-                            &opt_i64(limits.tpm),
-                            &budget_micros,
-                            &period_text(budget_period),
-                        ],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-        })
-    }
-
-    fn upsert_user(
-        &self,
-        tenant: &str,
-        name: &str,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-    ) -> Result<(), StoreError> {
-        let (tenant, name) = (tenant.to_string(), name.to_string());
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    c.execute(
-                        "INSERT INTO users (tenant, name, budget_micros, budget_period) \
-                         VALUES ($1, $2, $3, $4) ON CONFLICT (tenant, name) DO UPDATE SET \
-                         budget_micros = $3, budget_period = $4",
-                        &[&tenant, &name, &budget_micros, &period_text(budget_period)],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-        })
-    }
-
-    fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
-        self.call(|inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            "SELECT tenant, name, budget_micros, budget_period, spend_micros \
-                             FROM users ORDER BY tenant, name",
-                            &[],
-                        )
-                        .await?;
-                    rows.iter()
-                        .map(|r| {
-                            Ok(UserRecord {
-                                tenant: r.try_get(0)?,
-                                name: r.try_get(1)?,
-                                budget_micros: r.try_get(2)?,
-                                budget_period: period(r.try_get(3)?),
-                                spend_micros: r.try_get(4)?,
-                            })
-                        })
-                        .collect()
-                })
-            })
-        })
-    }
-
-    fn list_period_spend(&self) -> Result<Vec<PeriodSpend>, StoreError> {
-        self.call(|inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            "SELECT holder, tenant, name, period, start, micros FROM period_spend",
-                            &[],
-                        )
-                        .await?;
-                    let mut out = Vec::new();
-                    for r in &rows {
-                        let holder = Holder::parse(r.try_get::<_, &str>(0)?);
-                        let p = Period::parse(r.try_get::<_, &str>(3)?);
-                        if let (Some(holder), Some(period)) = (holder, p) {
-                            out.push(PeriodSpend {
-                                holder,
-                                tenant: r.try_get(1)?,
-                                name: r.try_get(2)?,
-                                period,
-                                window: Window {
-                                    start: r.try_get(4)?,
-                                    micros: r.try_get(5)?,
-                                },
-                            });
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-        })
-    }
-
-    fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError> {
-        self.call(|inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            "SELECT name, rpm, tpm, budget_micros, spend_micros, budget_period \
-                             FROM tenants ORDER BY name",
-                            &[],
-                        )
-                        .await?;
-                    rows.iter()
-                        .map(|r| {
-                            Ok(TenantRecord {
-                                name: r.try_get(0)?,
-                                limits: RateLimits {
-                                    rpm: opt_u64(r.try_get(1)?),
-                                    tpm: opt_u64(r.try_get(2)?),
-                                },
-                                budget_micros: r.try_get(3)?,
-                                budget_period: period(r.try_get(5)?),
-                                spend_micros: r.try_get(4)?,
-                            })
-                        })
-                        .collect()
+                    let rows = c.query(stmt.sql, &values(&stmt)).await?;
+                    rows.iter().map(|r| read(r)).collect()
                 })
             })
         })
     }
 
     fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let events = events.to_vec();
-        self.call(move |inner| {
-            Box::pin(async move {
-                let ids: Vec<Option<&str>> = events
-                    .iter()
-                    .map(|e| (!e.id.is_empty()).then_some(e.id.as_str()))
-                    .collect();
-                let ts: Vec<i64> = events.iter().map(|e| e.ts).collect();
-                let key_ids: Vec<&str> = events.iter().map(|e| e.key_id.as_str()).collect();
-                let tenants: Vec<&str> = events.iter().map(|e| e.tenant.as_str()).collect();
-                let models: Vec<&str> = events.iter().map(|e| e.model.as_str()).collect();
-                let upstreams: Vec<&str> = events.iter().map(|e| e.upstream.as_str()).collect();
-                let input: Vec<i64> = events.iter().map(|e| to_i64(e.input_tokens)).collect();
-                let output: Vec<i64> = events.iter().map(|e| to_i64(e.output_tokens)).collect();
-                let cost: Vec<i64> = events.iter().map(|e| e.cost_micros).collect();
-                let cached: Vec<bool> = events.iter().map(|e| e.cached).collect();
-                let status: Vec<i32> = events.iter().map(|e| i32::from(e.status)).collect();
-                let users: Vec<&str> = events.iter().map(|e| e.user.as_str()).collect();
-                let hold_ids: Vec<&str> = ids.iter().flatten().copied().collect();
-                with_conn!(inner, |c| {
-                    let tx = c.transaction().await?;
-                    // One statement for the whole batch; only rows not seen before come
-                    // back, and only they add to spend.
-                    let inserted = tx
-                        .query(
-                            "INSERT INTO usage (event_id, ts, key_id, tenant, model, upstream, \
-                             input_tokens, output_tokens, cost_micros, cached, status, user_name) \
-                             SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], \
-                             $5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[], \
-                             $10::bool[], $11::int4[], $12::text[]) \
-                             ON CONFLICT (event_id) DO NOTHING \
-                             RETURNING key_id, tenant, cost_micros, ts, user_name",
-                            &[
-                                &ids, &ts, &key_ids, &tenants, &models, &upstreams, &input,
-                                &output, &cost, &cached, &status, &users,
-                            ],
-                        )
-                        .await?;
-                    // Sorted maps: rows are locked tenants first, then keys, in name
-                    // order, as the budget holds lock them.
-                    let mut key_spend: BTreeMap<String, i64> = BTreeMap::new();
-                    let mut tenant_spend: BTreeMap<String, i64> = BTreeMap::new();
-                    let mut user_spend: BTreeMap<(String, String), i64> = BTreeMap::new();
-                    // The rows written (not seen before), for the period windows.
-                    let mut written = Vec::with_capacity(inserted.len());
-                    for r in &inserted {
-                        let c: i64 = r.try_get(2)?;
-                        if c != 0 {
-                            let (key_id, tenant, user): (String, String, String) =
-                                (r.try_get(0)?, r.try_get(1)?, r.try_get(4)?);
-                            *key_spend.entry(key_id.clone()).or_default() += c;
-                            *tenant_spend.entry(tenant.clone()).or_default() += c;
-                            if !user.is_empty() {
-                                *user_spend
-                                    .entry((tenant.clone(), user.clone()))
-                                    .or_default() += c;
-                            }
-                            written.push(UsageEvent {
-                                id: String::new(),
-                                ts: r.try_get(3)?,
-                                key_id,
-                                tenant,
-                                user,
-                                model: String::new(),
-                                upstream: String::new(),
-                                input_tokens: 0,
-                                output_tokens: 0,
-                                cost_micros: c,
-                                cached: false,
-                                status: 0,
-                            });
-                        }
-                    }
-                    for (name, c) in &tenant_spend {
-                        tx.execute(
-                            "INSERT INTO tenants (name, spend_micros) VALUES ($1, $2) \
-                             ON CONFLICT (name) DO UPDATE SET spend_micros = tenants.spend_micros + $2",
-                            &[name, c],
-                        )
-                        .await?;
-                    }
-                    for (id, c) in &key_spend {
-                        tx.execute(
-                            "UPDATE api_keys SET spend_micros = spend_micros + $2 WHERE id = $1",
-                            &[id, c],
-                        )
-                        .await?;
-                    }
-                    for ((tenant, name), c) in &user_spend {
-                        tx.execute(
-                            "INSERT INTO users (tenant, name, spend_micros) VALUES ($1, $2, $3) \
-                             ON CONFLICT (tenant, name) DO UPDATE SET \
-                             spend_micros = users.spend_micros + $3",
-                            &[tenant, name, c],
-                        )
-                        .await?;
-                    }
-                    for w in period_increments(&written) {
-                        tx.execute(
-                            "INSERT INTO period_spend (holder, tenant, name, period, start, micros) \
-                             VALUES ($1, $2, $3, $4, $5, $6) \
-                             ON CONFLICT (holder, tenant, name, period) DO UPDATE SET \
-                             micros = CASE WHEN excluded.start = period_spend.start \
-                                             THEN period_spend.micros + excluded.micros \
-                                           WHEN excluded.start > period_spend.start \
-                                             THEN excluded.micros \
-                                           ELSE period_spend.micros END, \
-                             start = GREATEST(period_spend.start, excluded.start)",
-                            &[
-                                &w.holder.as_str(),
-                                &w.tenant,
-                                &w.name,
-                                &w.period.as_str(),
-                                &w.window.start,
-                                &w.window.micros,
-                            ],
-                        )
-                        .await?;
-                    }
-                    if !hold_ids.is_empty() {
-                        tx.execute(
-                            "DELETE FROM budget_holds WHERE id = ANY($1)",
-                            &[&hold_ids],
-                        )
-                        .await?;
-                    }
-                    let now = events.iter().map(|e| e.ts).max().unwrap_or(0);
-                    tx.execute("DELETE FROM budget_holds WHERE expires_at <= $1", &[&now])
-                        .await?;
-                    tx.commit().await?;
-                    Ok(())
-                })
-            })
-        })
-    }
-
-    fn usage(&self, f: &UsageFilter) -> Result<Vec<UsageRow>, StoreError> {
-        let f = f.clone();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            "SELECT tenant, key_id, model, COUNT(*)::int8, \
-                             COALESCE(SUM(input_tokens), 0)::int8, \
-                             COALESCE(SUM(output_tokens), 0)::int8, \
-                             COALESCE(SUM(cost_micros), 0)::int8, user_name FROM usage \
-                             WHERE ($1::text IS NULL OR tenant = $1) \
-                               AND ($2::text IS NULL OR key_id = $2) \
-                               AND ($3::int8 IS NULL OR ts >= $3) \
-                               AND ($4::text IS NULL OR user_name = $4) \
-                             GROUP BY tenant, key_id, user_name, model \
-                             ORDER BY tenant, key_id, user_name, model",
-                            &[&f.tenant, &f.key_id, &f.since, &f.user],
-                        )
-                        .await?;
-                    rows.iter()
-                        .map(|r| {
-                            let cost: i64 = r.try_get(6)?;
-                            Ok(UsageRow {
-                                tenant: r.try_get(0)?,
-                                key_id: r.try_get(1)?,
-                                user: r.try_get(7)?,
-                                model: r.try_get(2)?,
-                                requests: opt_u64(r.try_get(3)?).unwrap_or(0),
-                                input_tokens: opt_u64(r.try_get(4)?).unwrap_or(0),
-                                output_tokens: opt_u64(r.try_get(5)?).unwrap_or(0),
-                                cost_micros: cost,
-                                cost_usd: cost as f64 / 1e6,
-                            })
-                        })
-                        .collect()
-                })
-            })
-        })
-    }
-
-    fn audit(&self, e: &AuditEntry) -> Result<(), StoreError> {
-        let e = e.clone();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    c.execute(
-                        "INSERT INTO audit (ts, actor, action, target, detail) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                        &[&e.ts, &e.actor, &e.action, &e.target, &e.detail],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-        })
-    }
-
-    fn put_response(&self, r: &StoredResponse) -> Result<(), StoreError> {
-        let r = r.clone();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    c.execute(
-                        "DELETE FROM responses WHERE tenant = $1 AND expires_at <= $2",
-                        &[&r.tenant, &r.created_at],
-                    )
-                    .await?;
-                    c.execute(
-                        "INSERT INTO responses (tenant, id, created_at, expires_at, body, \
-                         conversation) VALUES ($1, $2, $3, $4, $5, $6) \
-                         ON CONFLICT (tenant, id) DO UPDATE SET created_at = EXCLUDED.created_at, \
-                         expires_at = EXCLUDED.expires_at, body = EXCLUDED.body, \
-                         conversation = EXCLUDED.conversation",
-                        &[
-                            &r.tenant,
-                            &r.id,
-                            &r.created_at,
-                            &r.expires_at,
-                            &r.body,
-                            &r.conversation,
-                        ],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-        })
-    }
-
-    fn get_response(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<StoredResponse>, StoreError> {
-        let (tenant, id) = (tenant.to_string(), id.to_string());
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let row = c
-                        .query_opt(
-                            "SELECT tenant, id, created_at, expires_at, body, conversation \
-                             FROM responses WHERE tenant = $1 AND id = $2 AND expires_at > $3",
-                            &[&tenant, &id, &now],
-                        )
-                        .await?;
-                    Ok(row.map(|r| StoredResponse {
-                        tenant: r.get(0),
-                        id: r.get(1),
-                        created_at: r.get(2),
-                        expires_at: r.get(3),
-                        body: r.get(4),
-                        conversation: r.get(5),
-                    }))
-                })
-            })
-        })
-    }
-
-    fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-        let limit = i64::from(limit);
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let rows = c
-                        .query(
-                            "SELECT ts, actor, action, target, detail FROM audit \
-                             ORDER BY id DESC LIMIT $1",
-                            &[&limit],
-                        )
-                        .await?;
-                    rows.iter()
-                        .map(|r| {
-                            Ok(AuditEntry {
-                                ts: r.try_get(0)?,
-                                actor: r.try_get(1)?,
-                                action: r.try_get(2)?,
-                                target: r.try_get(3)?,
-                                detail: r.try_get(4)?,
-                            })
-                        })
-                        .collect()
-                })
-            })
-        })
+        self.write_ledger(events)
     }
 
     fn shares_budgets(&self) -> bool {
@@ -1068,102 +467,54 @@ impl Store for PgStore {
     }
 
     fn hold_budget(&self, hold: &BudgetHold) -> Result<HoldOutcome, StoreError> {
-        let h = hold.clone();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    let tx = c.transaction().await?;
-                    tx.execute(
-                        "INSERT INTO tenants (name) VALUES ($1) ON CONFLICT DO NOTHING",
-                        &[&h.tenant],
-                    )
-                    .await?;
-                    // The row locks serialize every gateway's holds on this tenant (and
-                    // key) until commit: the sums below cannot change under us.
-                    let tenant_spend: i64 = tx
-                        .query_one(
-                            "SELECT spend_micros FROM tenants WHERE name = $1 FOR UPDATE",
-                            &[&h.tenant],
-                        )
-                        .await?
-                        .try_get(0)?;
-                    let key_spend: i64 = tx
-                        .query_opt(
-                            "SELECT spend_micros FROM api_keys WHERE id = $1 FOR UPDATE",
-                            &[&h.key_id],
-                        )
-                        .await?
-                        .map(|r| r.try_get(0))
-                        .transpose()?
-                        .unwrap_or(0);
-                    let user_spend = user_spend_locked(&tx, &h).await?;
-                    let held = tx
-                        .query_one(
-                            "SELECT \
-                             COALESCE(SUM(amount_micros) FILTER (WHERE tenant = $1), 0)::int8, \
-                             COALESCE(SUM(amount_micros) FILTER (WHERE key_id = $2), 0)::int8, \
-                             COALESCE(SUM(amount_micros) \
-                               FILTER (WHERE tenant = $1 AND user_name = $4 AND $4 <> ''), 0)::int8 \
-                             FROM budget_holds \
-                             WHERE (tenant = $1 OR key_id = $2) AND expires_at > $3",
-                            &[&h.tenant, &h.key_id, &h.now, &h.user],
-                        )
-                        .await?;
-                    let (tenant_held, key_held, user_held): (i64, i64, i64) =
-                        (held.try_get(0)?, held.try_get(1)?, held.try_get(2)?);
-                    // A budget with a period counts the current window's spend only.
-                    let tenant_spend = match h.tenant_period {
-                        Some(p) => {
-                            window_spend(&tx, Holder::Tenant, &h.tenant, "", p, h.now).await?
-                        }
-                        None => tenant_spend,
-                    };
-                    let key_spend = match h.key_period {
-                        Some(p) => {
-                            window_spend(&tx, Holder::Key, &h.tenant, &h.key_id, p, h.now).await?
-                        }
-                        None => key_spend,
-                    };
-                    let checks = [
-                        (Holder::Key, key_spend + key_held, h.key_budget_micros),
-                        (Holder::User, user_spend + user_held, h.user_budget_micros),
-                        (Holder::Tenant, tenant_spend + tenant_held, h.tenant_budget_micros),
-                    ];
-                    for (holder, spent, budget) in checks {
-                        if let Some(b) = budget {
-                            if spent >= b {
-                                tx.rollback().await?;
-                                return Ok(HoldOutcome::Spent {
-                                    holder,
-                                    spent_micros: spent,
-                                    budget_micros: b,
-                                });
-                            }
-                        }
-                    }
-                    tx.execute(
-                        "INSERT INTO budget_holds (id, tenant, key_id, amount_micros, expires_at, \
-                         user_name) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
-                        &[&h.id, &h.tenant, &h.key_id, &h.amount_micros, &h.expires_at, &h.user],
-                    )
-                    .await?;
-                    tx.commit().await?;
-                    Ok(HoldOutcome::Held)
-                })
-            })
-        })
+        self.hold(hold)
     }
 
     fn release_hold(&self, id: &str) -> Result<(), StoreError> {
-        let id = id.to_string();
-        self.call(move |inner| {
-            Box::pin(async move {
-                with_conn!(inner, |c| {
-                    c.execute("DELETE FROM budget_holds WHERE id = $1", &[&id])
-                        .await?;
-                    Ok(())
-                })
-            })
-        })
+        self.release(id)
+    }
+}
+
+/// A statement's values as the client binds them.
+fn values<'a>(s: &'a Stmt<'_>) -> Vec<&'a (dyn ToSql + Sync)> {
+    s.values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
+}
+
+impl ToSql for Value<'_> {
+    /// Binds as the inner value, whose own type check applies (an integer to a BIGINT, a
+    /// text to a TEXT column).
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Value::Int(v) => v.to_sql_checked(ty, out),
+            Value::Text(v) => v.as_deref().to_sql_checked(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <Option<i64> as ToSql>::accepts(ty) || <Option<&str> as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
+
+impl Row for tokio_postgres::Row {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        Ok(self.try_get(i)?)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        Ok(self.try_get(i)?)
     }
 }
