@@ -959,6 +959,73 @@ mod tests {
         );
     }
 
+    /// The whole page of a fresh registry after one HTTP exchange, against a golden file:
+    /// every name, HELP and TYPE line, the metrics' order, the label sets and the buckets.
+    /// The process series are left at 0 (the registry is encoded without reading `/proc`).
+    /// To refresh the golden after a deliberate change, run with `STRATA_BLESS=1`.
+    #[test]
+    fn the_page_matches_the_golden_exposition() {
+        let m = EngineMetrics::with_limits(
+            "m",
+            MetricLimits {
+                block_size: 16,
+                num_blocks: 100,
+                max_model_len: 8192,
+                max_num_batched_tokens: 2048,
+                cache_dtype: KvDtype::Int8,
+            },
+        );
+        m.record_http("/v1/completions", "POST", 200, Duration::from_millis(30));
+        let mut page = String::new();
+        encode(&mut page, &m.registry).unwrap();
+        let golden = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/engine_metrics.txt"
+        );
+        if std::env::var_os("STRATA_BLESS").is_some() {
+            std::fs::write(golden, canonical(&page)).unwrap();
+        }
+        let want = std::fs::read_to_string(golden).unwrap();
+        assert_eq!(canonical(&page), want);
+    }
+
+    /// `page` with each metric's series sorted by their labels (a family keeps its series
+    /// in a hash map, so their order changes from run to run). The sort is stable and keyed
+    /// on the labels without `le`, so a histogram's lines stay in the order written.
+    fn canonical(page: &str) -> String {
+        fn series_key(line: &str) -> String {
+            let labels = line
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map_or("", |(labels, _)| labels);
+            labels
+                .split(',')
+                .filter(|pair| !pair.starts_with("le="))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        fn flush(series: &mut Vec<&str>, out: &mut String) {
+            series.sort_by_key(|line| series_key(line));
+            for line in series.drain(..) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        let mut out = String::new();
+        let mut series: Vec<&str> = Vec::new();
+        for line in page.lines() {
+            if line.starts_with('#') {
+                flush(&mut series, &mut out);
+                out.push_str(line);
+                out.push('\n');
+            } else {
+                series.push(line);
+            }
+        }
+        flush(&mut series, &mut out);
+        out
+    }
+
     #[test]
     fn iteration_buckets_double_up_to_the_budget() {
         assert_eq!(iteration_buckets(64), vec![1.0, 8.0, 16.0, 32.0, 64.0]);
