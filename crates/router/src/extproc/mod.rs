@@ -434,7 +434,7 @@ impl StreamState {
     async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let max = self.router.config().max_body_bytes;
         if self.body.len() + b.body.len() > max {
-            return self.fail(intake::too_large(max));
+            return self.fail(ApiError::body_too_large(max));
         }
         self.body.extend_from_slice(&b.body);
         if b.end_of_stream {
