@@ -36,6 +36,8 @@ fn model_path() -> PathBuf {
 /// A Strata engine on a loopback port, on a runtime thread of its own.
 fn engine() -> String {
     let opts = EngineOptions {
+        model_path: model_path(),
+        model_name: MODEL.into(),
         tools: ToolOptions {
             auto_tool_choice: true,
             parser: Some(ToolParser::Hermes),
@@ -44,7 +46,7 @@ fn engine() -> String {
         },
         ..Default::default()
     };
-    let loaded = strata_engine::server::load(&model_path(), MODEL, &opts).expect("load the model");
+    let loaded = strata_engine::server::load(&opts).expect("load the model");
     let app = strata_engine::server::router(loaded.state.clone());
     let state = loaded.state;
     let addr = strata_mock::serve_on_thread(app, state).expect("engine address");

@@ -164,11 +164,11 @@ fn engine_embeddings() -> String {
          {EMBEDDING_MODEL}`",
         dir.display()
     );
-    let loaded = embed_server::load(
-        &dir,
-        EMBEDDING_MODEL,
-        &strata_engine::server::EngineOptions::default(),
-    )
+    let loaded = embed_server::load(&strata_engine::server::EngineOptions {
+        model_path: dir,
+        model_name: EMBEDDING_MODEL.into(),
+        ..Default::default()
+    })
     .expect("load the encoder");
     let app = embed_server::router(loaded.state.clone());
     // Its own runtime: the encoder outlives any one test's runtime.

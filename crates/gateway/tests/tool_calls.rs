@@ -28,6 +28,8 @@ fn engine() -> String {
         path.display()
     );
     let opts = EngineOptions {
+        model_path: path,
+        model_name: MODEL.into(),
         tools: ToolOptions {
             auto_tool_choice: true,
             parser: Some(ToolParser::Hermes),
@@ -36,7 +38,7 @@ fn engine() -> String {
         },
         ..Default::default()
     };
-    let loaded = strata_engine::server::load(&path, MODEL, &opts).expect("load the model");
+    let loaded = strata_engine::server::load(&opts).expect("load the model");
     let app = strata_engine::server::router(loaded.state.clone());
     let addr = strata_mock::serve_on_thread(app, loaded).expect("engine address");
     format!("http://{addr}")

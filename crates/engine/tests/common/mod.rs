@@ -36,7 +36,12 @@ pub fn serve_model(
     opts: &strata_engine::server::EngineOptions,
 ) -> std::net::SocketAddr {
     use strata_engine::server;
-    let loaded = server::load(model, "smollm2-135m-instruct", opts).expect("load the model");
+    let loaded = server::load(&server::EngineOptions {
+        model_path: model.to_path_buf(),
+        model_name: "smollm2-135m-instruct".into(),
+        ..opts.clone()
+    })
+    .expect("load the model");
     serve_app(server::router(loaded.state.clone()), loaded.state)
 }
 
