@@ -6,7 +6,7 @@
 //!     [--batch B [--ctx 512] [--steps 32]] [--exact-decode] [--exact-prefill] [--kv-cache-dtype f16|f32]
 //!
 //! With `--batch`, it also serves `B` sequences of `--ctx` prompt tokens the way the
-//! scheduler would (prefill steps of up to 2048 tokens, then one decode step for all `B`
+//! step planner would (prefill steps of up to 2048 tokens, then one decode step for all `B`
 //! per token) and reports that prefill's tokens/s and the decode step's milliseconds.
 //! `tg_best_token_ms` and `batch_decode_best_step_ms` are the fastest single token and
 //! decode step: on a machine shared with other work, the figures least disturbed by it.

@@ -2,7 +2,7 @@
 //! running sequences (one token each, `--ctx` tokens of context) plus a chunk of N prompt
 //! tokens of another sequence (at `--chunk-at` tokens of context), for each N given. The
 //! step time is every one of those decodes' inter-token gap, so this is the curve the
-//! scheduler's step budget picks a point on.
+//! step planner's step budget picks a point on.
 //!
 //! cargo run --release -p strata-engine --example mixed_step_bench -- \
 //!     [--model PATH] [--decodes 3] [--ctx 1016] [--chunk-at 512] [--reps 5] [N ...]

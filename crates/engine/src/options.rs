@@ -17,13 +17,40 @@ use crate::kv::cache::KvDtype;
 use crate::kv::peers::KvPeers;
 use crate::lora::LoraOptions;
 use crate::model::WeightFormat;
-use crate::planner::{Policy, StepBudget};
 use crate::spec_decode::SpeculativeConfig;
 
 /// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
 /// a default Strata engine and a default vLLM engine in `sha256_cbor` mode name the same
 /// blocks.
 pub use crate::kv::hashing::DEFAULT_HASH_SEED;
+
+/// Order in which waiting requests are admitted and running ones preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Fcfs,
+    Priority,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(Self::Fcfs),
+            "priority" => Ok(Self::Priority),
+            other => Err(format!(
+                "unknown scheduling policy `{other}` (fcfs or priority)"
+            )),
+        }
+    }
+}
+
+/// The default step-time target (`--step-time-budget-ms`). Measured beside vLLM CPU
+/// (`docs/BENCHMARKS.md`, issue 15): with 8-bit prompt rows, 50 ms keeps the output
+/// throughput of 100 ms at 16 and 64 streams and halves the shared-prefix ITL p99 (to
+/// vLLM's).
+pub const DEFAULT_STEP_TIME_TARGET: Duration = Duration::from_millis(50);
+/// [`DEFAULT_STEP_TIME_TARGET`] in milliseconds, as the flag takes it.
+pub const DEFAULT_STEP_TIME_TARGET_MS: u64 = DEFAULT_STEP_TIME_TARGET.as_millis() as u64;
 
 /// Everything `strata engine` needs to serve, with defaults that serve on one machine.
 #[derive(Debug, Clone)]
@@ -151,7 +178,7 @@ impl Default for EngineOptions {
             speculative: None,
             generation_config: "auto".to_string(),
             lora: None,
-            step_time_budget: Some(StepBudget::DEFAULT_TARGET),
+            step_time_budget: Some(DEFAULT_STEP_TIME_TARGET),
             kv_role: KvRole::Both,
             kv_transfer_port: 0,
             kv_transfer_host: None,

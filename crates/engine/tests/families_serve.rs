@@ -121,7 +121,7 @@ fn every_family_serves_its_greedy_continuations_batched_and_from_the_prefix_cach
                 state.tokenizer.decode(&ids, true).expect("decode")
             })
             .collect();
-        // All at once: the scheduler batches them.
+        // All at once: the step planner batches them.
         let batched: Vec<String> = std::thread::scope(|s| {
             let handles: Vec<_> = fx
                 .cases

@@ -69,9 +69,8 @@ async fn intake(gw: &Gateway, req: Request) -> Result<(Parts, axum::body::Bytes)
     }
     match via_chat::read_body(gw, body).await {
         Ok(bytes) => Ok((parts, bytes)),
-        Err(limit) => Err(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("Request body exceeds {limit} bytes."),
+        Err(limit) => Err(from_api_error(
+            &ApiError::body_too_large(limit),
             HeaderMap::new(),
         )),
     }

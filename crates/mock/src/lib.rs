@@ -37,7 +37,7 @@
 
 mod complete;
 mod thread_server;
-pub use thread_server::serve_on_thread;
+pub use thread_server::{serve_on_thread, serve_on_thread_with};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

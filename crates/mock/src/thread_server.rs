@@ -17,6 +17,15 @@ pub fn serve_on_thread<K: Send + 'static>(
     app: axum::Router,
     keep: K,
 ) -> std::io::Result<SocketAddr> {
+    serve_on_thread_with(|| Ok((app, keep, ()))).map(|(addr, ())| addr)
+}
+
+/// [`serve_on_thread`] for an app whose state starts tasks or listeners of its own (an
+/// engine's KV services): `setup` runs inside the server's runtime before it serves, and
+/// returns the app, what to keep alive, and what the caller gets back beside the address.
+pub fn serve_on_thread_with<K: Send + 'static, T>(
+    setup: impl FnOnce() -> std::io::Result<(axum::Router, K, T)>,
+) -> std::io::Result<(SocketAddr, T)> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
@@ -24,6 +33,10 @@ pub fn serve_on_thread<K: Send + 'static>(
         .worker_threads(WORKERS)
         .enable_all()
         .build()?;
+    let (app, keep, out) = {
+        let _inside = rt.enter();
+        setup()?
+    };
     std::thread::Builder::new()
         .name(format!("serve {addr}"))
         .spawn(move || {
@@ -40,7 +53,7 @@ pub fn serve_on_thread<K: Send + 'static>(
                 }
             });
         })?;
-    Ok(addr)
+    Ok((addr, out))
 }
 
 #[cfg(test)]
@@ -59,5 +72,45 @@ mod tests {
         s.read_to_string(&mut raw).expect("read");
         assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
         assert!(raw.ends_with("pong"), "{raw}");
+    }
+
+    #[test]
+    fn setup_runs_inside_the_runtime_and_its_tasks_keep_running() {
+        // A listener of the app's own, served by a task the setup spawns: it needs the
+        // server's runtime, and must outlive the setup.
+        let (addr, side) = serve_on_thread_with(|| {
+            let side = std::net::TcpListener::bind("127.0.0.1:0")?;
+            side.set_nonblocking(true)?;
+            let side_addr = side.local_addr()?;
+            let side = tokio::net::TcpListener::from_std(side)?;
+            tokio::spawn(async move {
+                while let Ok((mut conn, _)) = side.accept().await {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = conn.write_all(b"side").await;
+                }
+            });
+            let app = axum::Router::new().route("/ping", axum::routing::get(|| async { "pong" }));
+            Ok((app, (), side_addr))
+        })
+        .expect("serve");
+        let mut s = std::net::TcpStream::connect(addr).expect("connect the app");
+        s.write_all(b"GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).expect("read");
+        assert!(raw.ends_with("pong"), "{raw}");
+        let mut got = String::new();
+        std::net::TcpStream::connect(side)
+            .expect("connect the side listener")
+            .read_to_string(&mut got)
+            .expect("read");
+        assert_eq!(got, "side");
+    }
+
+    #[test]
+    fn a_failing_setup_is_returned() {
+        let err = serve_on_thread_with::<(), ()>(|| Err(std::io::Error::other("no model")))
+            .expect_err("the setup failed");
+        assert_eq!(err.to_string(), "no model");
     }
 }

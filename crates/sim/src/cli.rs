@@ -94,7 +94,7 @@ pub struct FleetArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// The engines' step-time target in milliseconds (the engine flag; 0: off).
-    #[arg(long, default_value_t = strata_engine::planner::StepBudget::DEFAULT_TARGET_MS)]
+    #[arg(long, default_value_t = strata_engine::options::DEFAULT_STEP_TIME_TARGET_MS)]
     pub step_time_budget_ms: u64,
     /// How often the router reads replica metrics (default: the routing config's
     /// `scrape_interval_ms`).

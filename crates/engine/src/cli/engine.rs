@@ -17,8 +17,9 @@ use crate::kv::tls::{KvTls, KvTlsFiles};
 use crate::lora::{LoraModule, LoraOptions};
 use crate::model::WeightFormat;
 use crate::model_cache::{ModelCache, DEFAULT_MODEL};
-use crate::options::{EngineOptions, KvRole, DEFAULT_HASH_SEED};
-use crate::planner::{Policy, StepBudget};
+use crate::options::{
+    EngineOptions, KvRole, Policy, DEFAULT_HASH_SEED, DEFAULT_STEP_TIME_TARGET_MS,
+};
 use crate::spec_decode::SpeculativeConfig;
 
 /// `strata engine`'s flags (vLLM's names where vLLM has the option).
@@ -69,7 +70,7 @@ pub struct EngineArgs {
     /// Stall-free scheduling: a step that carries decodes is kept near this many
     /// milliseconds by sizing the prefill chunks beside them from the measured step cost
     /// (0: off, only --max-num-batched-tokens bounds a step).
-    #[arg(long, default_value_t = StepBudget::DEFAULT_TARGET_MS)]
+    #[arg(long, default_value_t = DEFAULT_STEP_TIME_TARGET_MS)]
     pub step_time_budget_ms: u64,
     /// Waiting requests beyond this are answered 429.
     #[arg(long, default_value_t = 1024)]

@@ -46,6 +46,7 @@ use std::collections::VecDeque;
 
 use crate::kv::block_pool::{BlockLora, BlockPool, EvictedBlock, HashKey, PoolEvent};
 use crate::options::EngineOptions;
+pub use crate::options::Policy;
 use crate::sequence::Sequence;
 
 pub use step_budget::{StepBudget, StepCost};
@@ -59,26 +60,6 @@ pub type BlockHashFn = Box<dyn Fn(Option<&HashKey>, &[u32], Option<&str>) -> Has
 /// adapter's name (an extra key of every block, as vLLM's), and the salt (first block).
 pub type LoraBlockHashFn =
     Box<dyn Fn(Option<&HashKey>, &[u32], &str, Option<&str>) -> HashKey + Send>;
-
-/// Order in which waiting requests are admitted and running ones preempted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    Fcfs,
-    Priority,
-}
-
-impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fcfs" => Ok(Self::Fcfs),
-            "priority" => Ok(Self::Priority),
-            other => Err(format!(
-                "unknown scheduling policy `{other}` (fcfs or priority)"
-            )),
-        }
-    }
-}
 
 /// A running sequence's name: given at admission, it names the same sequence until that
 /// sequence leaves the running set (finished, preempted or abandoned); a later admission

@@ -105,13 +105,6 @@ pub struct StepBudget {
 }
 
 impl StepBudget {
-    /// The default step-time target (the engine's `--step-time-budget-ms`). Measured
-    /// beside vLLM CPU (`docs/BENCHMARKS.md`, issue 15): with 8-bit prompt rows, 50 ms keeps
-    /// the output throughput of 100 ms at 16 and 64 streams and halves the shared-prefix
-    /// ITL p99 (to vLLM's).
-    pub const DEFAULT_TARGET: Duration = Duration::from_millis(50);
-    /// [`StepBudget::DEFAULT_TARGET`] in milliseconds, as the flag takes it.
-    pub const DEFAULT_TARGET_MS: u64 = Self::DEFAULT_TARGET.as_millis() as u64;
     /// The default progress guarantee of a prefill beside decodes. Measured: with 32, a
     /// burst of 16 prompts of 256 tokens on a loaded 2-core machine (where 16 decodes alone
     /// exceed a 100 ms step) prefilled 32 tokens per ~250 ms step and output throughput

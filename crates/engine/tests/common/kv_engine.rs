@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use strata_engine::server::{self, AppState, EngineOptions};
 
@@ -30,38 +29,20 @@ pub fn start(opts: EngineOptions, endpoint: bool) -> Engine {
     })
     .expect("load the model");
     let state = loaded.state.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
     let st = state.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let http = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind http");
-            let transfer = if endpoint {
-                Some(
-                    tokio::net::TcpListener::bind("127.0.0.1:0")
-                        .await
-                        .expect("bind transfer"),
-                )
-            } else {
-                None
-            };
-            let services =
-                server::start_kv_services(&st, transfer, "127.0.0.1").expect("KV services");
-            tx.send((http.local_addr().expect("addr"), services.transfer_addr()))
-                .expect("send addrs");
-            let _keep = (services, loaded);
-            axum::serve(http, server::router(st)).await.expect("serve");
-        });
-    });
-    let (http, transfer) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("engine addresses");
+    let (http, transfer) = strata_mock::serve_on_thread_with(move || {
+        let transfer = if endpoint {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.set_nonblocking(true)?;
+            Some(tokio::net::TcpListener::from_std(l)?)
+        } else {
+            None
+        };
+        let services = server::start_kv_services(&st, transfer, "127.0.0.1")?;
+        let transfer = services.transfer_addr();
+        Ok((server::router(st), (services, loaded), transfer))
+    })
+    .expect("serve the engine");
     Engine {
         http,
         transfer,
