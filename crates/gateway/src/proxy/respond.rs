@@ -10,6 +10,7 @@ use serde_json::Value;
 use strata_api::ApiError;
 
 use super::account::Settle;
+use super::classify_guard;
 use super::headers::{hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
 use super::lookup::store_answer;
 use super::refusal::error_response;
@@ -117,6 +118,19 @@ pub(crate) async fn respond(
         } => {
             served(gw, &mut req, &s, settle);
             let usage = answer_usage(req.route, &bytes);
+            if let Err(e) = classify_guard::check_output(gw, &req, &bytes).await {
+                count_request(gw, &public_model, e.status);
+                gw.metrics.reject("guardrail");
+                let mut response = error_response(&e);
+                response.headers_mut().extend(req.extra);
+                // The model did the work: charged at the upstream's status.
+                return Reply::Whole {
+                    response,
+                    usage,
+                    status,
+                    cached: false,
+                };
+            }
             if !req.resolved.guardrails.is_empty() {
                 if let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
                     match req.resolved.guardrails.apply_response(&mut v) {
