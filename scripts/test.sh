@@ -14,6 +14,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== import circles between files"
 python3 scripts/import-cycles.py
+echo "== architecture invariants (docs/ARCHITECTURE.md)"
+python3 scripts/architecture.py
 echo "== cargo clippy (every feature, then the binary's default one-machine build)"
 CARGO_TARGET_DIR="$checks_dir" cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 CARGO_TARGET_DIR="$checks_dir" cargo clippy -p strata-cli --locked -- -D warnings

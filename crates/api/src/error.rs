@@ -180,6 +180,13 @@ impl ApiError {
         Self::new(ErrorKind::RequestTooLarge, message)
     }
 
+    /// 413 for a request body over `limit` bytes: the one wording every server uses.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::too_large(format!(
+            "The request body exceeds the limit of {limit} bytes."
+        ))
+    }
+
     /// 429 with OpenAI's `rate_limit_exceeded` code. The HTTP layer adds `Retry-After`.
     pub fn rate_limited(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::RateLimit, message).with_code("rate_limit_exceeded")
@@ -347,6 +354,16 @@ mod tests {
             assert_eq!(err.type_str(), ty, "{err:?}");
             assert_eq!(err.body()["error"]["type"], ty);
         }
+    }
+
+    #[test]
+    fn an_oversized_body_names_the_limit() {
+        let err = ApiError::body_too_large(4096);
+        assert_eq!(err.status, 413);
+        assert_eq!(
+            err.message,
+            "The request body exceeds the limit of 4096 bytes."
+        );
     }
 
     #[test]

@@ -180,6 +180,27 @@ pub struct RunArgs {
 impl RunArgs {
     /// Checks the flags together and builds the run's configuration.
     pub fn load_config(&self, model: String, seed: u64) -> Result<LoadConfig, BenchError> {
+        self.check_combinations()?;
+        let workload = self.build_workload()?;
+        let load = self.load_shape(&workload)?;
+        let stop = self.stop_condition(matches!(workload, Workload::Trace(_)));
+        let label = self
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("{}@{}", workload.name(), self.url));
+        Ok(LoadConfig {
+            client: self.client_config(model),
+            workload,
+            load,
+            stop,
+            seed,
+            slo: self.slo.unwrap_or_default(),
+            label,
+        })
+    }
+
+    /// Refuses flags that contradict each other or the workload, before anything is read.
+    fn check_combinations(&self) -> Result<(), BenchError> {
         let bad = |m: &str| Err(BenchError::InvalidArgs(m.to_string()));
         if self.workload == WorkloadKind::Trace && self.trace.is_none() {
             return bad("--workload trace needs --trace FILE (Mooncake-style JSONL)");
@@ -204,7 +225,12 @@ impl RunArgs {
         if self.workload == WorkloadKind::SharedPrefix && self.system_len == 0 {
             return bad("shared-prefix needs --system-len of at least 1");
         }
-        let workload = match self.workload {
+        Ok(())
+    }
+
+    /// The workload from its flags; a trace is read and parsed here.
+    fn build_workload(&self) -> Result<Workload, BenchError> {
+        Ok(match self.workload {
             WorkloadKind::Random => Workload::Random(RandomSpec {
                 input_len: self.input_len,
                 output_len: self.output_len,
@@ -240,9 +266,14 @@ impl RunArgs {
                     speed: self.speed,
                 })
             }
-        };
+        })
+    }
+
+    /// Open loop (`--rate`), closed loop (`--concurrency`, one user by default), or a
+    /// trace's recorded timestamps.
+    fn load_shape(&self, workload: &Workload) -> Result<LoadShape, BenchError> {
         let max_concurrency = self.max_concurrency.map(|n| n as usize);
-        let load = match (self.rate, self.concurrency, &workload) {
+        Ok(match (self.rate, self.concurrency, workload) {
             (Some(rate), _, _) => LoadShape::Rate {
                 rate,
                 arrival: self.arrival,
@@ -254,13 +285,19 @@ impl RunArgs {
             (None, None, Workload::Trace(_)) => LoadShape::Recorded { max_concurrency },
             (None, None, _) => {
                 if max_concurrency.is_some() {
-                    return bad("--max-concurrency needs --rate (or a trace)");
+                    return Err(BenchError::InvalidArgs(
+                        "--max-concurrency needs --rate (or a trace)".to_string(),
+                    ));
                 }
                 LoadShape::Concurrency { users: 1 }
             }
-        };
-        let is_trace = matches!(workload, Workload::Trace(_));
-        let stop = StopCondition {
+        })
+    }
+
+    /// When to stop issuing: `--requests`, `--duration`, the end of a trace, or
+    /// [`DEFAULT_REQUESTS`].
+    fn stop_condition(&self, is_trace: bool) -> StopCondition {
+        StopCondition {
             max_requests: match (self.requests, self.duration) {
                 (Some(n), _) => Some(n),
                 (None, Some(_)) => None,
@@ -268,33 +305,25 @@ impl RunArgs {
                 (None, None) => Some(DEFAULT_REQUESTS),
             },
             duration: self.duration,
-        };
-        let label = self
-            .label
-            .clone()
-            .unwrap_or_else(|| format!("{}@{}", workload.name(), self.url));
-        Ok(LoadConfig {
-            client: ClientConfig {
-                url: self.url.clone(),
-                model,
-                endpoint: self.endpoint,
-                prompt_mode: if self.prompt_token_ids {
-                    PromptMode::TokenIds
-                } else {
-                    PromptMode::Text
-                },
-                ignore_eos: !self.no_ignore_eos,
-                keepalive: !self.no_keepalive,
-                timeout: self.timeout,
-                api_key: self.api_key.clone(),
+        }
+    }
+
+    /// The HTTP side of the run.
+    fn client_config(&self, model: String) -> ClientConfig {
+        ClientConfig {
+            url: self.url.clone(),
+            model,
+            endpoint: self.endpoint,
+            prompt_mode: if self.prompt_token_ids {
+                PromptMode::TokenIds
+            } else {
+                PromptMode::Text
             },
-            workload,
-            load,
-            stop,
-            seed,
-            slo: self.slo.unwrap_or_default(),
-            label,
-        })
+            ignore_eos: !self.no_ignore_eos,
+            keepalive: !self.no_keepalive,
+            timeout: self.timeout,
+            api_key: self.api_key.clone(),
+        }
     }
 }
 

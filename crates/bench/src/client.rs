@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use strata_api::sse::SseDecoder;
+use strata_api::sse::{SseDecoder, SseEvent};
 
 use crate::error::BenchError;
 use crate::prompt::{ids_of, text_of, Segment};
@@ -226,6 +226,8 @@ impl Client {
         request
     }
 
+    /// Sends `body` and reads the reply into `record`: an event stream chunk by chunk, or
+    /// one JSON body from a server that ignored `stream: true`.
     async fn stream_into(
         &self,
         body: &Value,
@@ -242,14 +244,7 @@ impl Client {
             .find_map(|h| response.headers().get(*h))
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let status = response.status();
-        if !status.is_success() {
-            let text = read_prefix(response, 2048).await;
-            return Err(Failure {
-                kind: FailureKind::HttpStatus(status.as_u16()),
-                message: error_message(&text).unwrap_or(text),
-            });
-        }
+        let response = successful(response).await?;
         let content_type = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -261,92 +256,16 @@ impl Client {
                 .whole_response(response, sent, run_start, keep_text, record)
                 .await;
         }
-        let mut decoder = SseDecoder::new();
-        let mut stream = response.bytes_stream();
-        let mut finished = false;
-        let mut done = false;
-        let mut events = 0usize;
-        while let Some(bytes) = stream.next().await {
-            let bytes = bytes.map_err(|e| {
-                let mut f = transport_failure(e);
-                f.kind = FailureKind::StreamCut;
-                f
-            })?;
-            let now = Instant::now();
-            let decoded = decoder.feed(&bytes).map_err(|e| Failure {
-                kind: FailureKind::InvalidResponse,
-                message: e.to_string(),
-            })?;
-            for event in decoded {
-                events += 1;
-                if event.is_done() {
-                    done = true;
-                    continue;
-                }
-                let chunk: Chunk = event.json().map_err(|e| Failure {
-                    kind: FailureKind::InvalidResponse,
-                    message: format!("unparseable chunk: {e}"),
-                })?;
-                if let Some(error) = chunk.error {
-                    return Err(Failure {
-                        kind: FailureKind::StreamError,
-                        message: error_message(&error.to_string())
-                            .unwrap_or_else(|| error.to_string()),
-                    });
-                }
-                if let Some(usage) = chunk.usage {
-                    record.prompt_tokens = usage.prompt_tokens.or(record.prompt_tokens);
-                    record.completion_tokens = usage.completion_tokens.or(record.completion_tokens);
-                    if let Some(cached) = usage.prompt_tokens_details.and_then(|d| d.cached_tokens)
-                    {
-                        record.cached_tokens = Some(cached);
-                    }
-                }
-                let mut has_content = false;
-                for choice in &chunk.choices {
-                    let piece = choice.content();
-                    if !piece.is_empty() {
-                        has_content = true;
-                        if keep_text {
-                            record.text.push_str(piece);
-                        }
-                    }
-                    if choice.finish_reason.is_some() {
-                        finished = true;
-                    }
-                }
-                if has_content {
-                    if record.ttft.is_none() {
-                        record.ttft = Some(now.saturating_duration_since(sent));
-                    }
-                    record
-                        .token_times
-                        .push(now.saturating_duration_since(run_start));
-                }
-            }
-            if done {
-                break;
-            }
-        }
-        if events == 0 && !content_type.starts_with("text/event-stream") {
-            return Err(Failure {
-                kind: FailureKind::InvalidResponse,
-                message: format!("expected an event stream, got content-type `{content_type}`"),
-            });
-        }
-        if !done && !finished {
-            return Err(Failure {
-                kind: FailureKind::StreamCut,
-                message: "the stream ended before [DONE]".into(),
-            });
-        }
-        if record.ttft.is_none() && record.completion_tokens.unwrap_or(0) > 0 {
-            return Err(Failure {
-                kind: FailureKind::InvalidResponse,
-                message: "tokens were reported but no chunk carried content".into(),
-            });
-        }
-        Ok(())
+        let mut stream = StreamRead {
+            sent,
+            run_start,
+            keep_text,
+            events: 0,
+            finished: false,
+            done: false,
+        };
+        stream.read(response, record).await?;
+        stream.check_end(&content_type, record)
     }
 
     /// A server that ignored `stream: true` and answered with one JSON body: the whole
@@ -431,6 +350,144 @@ impl Client {
             .and_then(|m| m["id"].as_str())
             .map(str::to_string)
             .ok_or_else(|| fail("the server lists no models".into()))
+    }
+}
+
+/// The response if its status is a success; otherwise the failure, with the server's
+/// error message when its body carries one.
+async fn successful(response: reqwest::Response) -> Result<reqwest::Response, Failure> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = read_prefix(response, 2048).await;
+    Err(Failure {
+        kind: FailureKind::HttpStatus(status.as_u16()),
+        message: error_message(&text).unwrap_or(text),
+    })
+}
+
+/// An event stream being read: what is needed to time its chunks, and what it has shown
+/// so far.
+struct StreamRead {
+    sent: Instant,
+    run_start: Instant,
+    keep_text: bool,
+    /// Events decoded, `[DONE]` included.
+    events: usize,
+    /// A choice carried a `finish_reason`.
+    finished: bool,
+    /// `[DONE]` arrived.
+    done: bool,
+}
+
+impl StreamRead {
+    /// Reads events until `[DONE]` or the end of the body. Every event of one network
+    /// chunk is timed at that chunk's arrival.
+    async fn read(
+        &mut self,
+        response: reqwest::Response,
+        record: &mut RequestRecord,
+    ) -> Result<(), Failure> {
+        let mut decoder = SseDecoder::new();
+        let mut stream = response.bytes_stream();
+        while let Some(bytes) = stream.next().await {
+            let bytes = bytes.map_err(|e| {
+                let mut f = transport_failure(e);
+                f.kind = FailureKind::StreamCut;
+                f
+            })?;
+            let now = Instant::now();
+            let decoded = decoder.feed(&bytes).map_err(|e| Failure {
+                kind: FailureKind::InvalidResponse,
+                message: e.to_string(),
+            })?;
+            for event in decoded {
+                self.events += 1;
+                if event.is_done() {
+                    self.done = true;
+                    continue;
+                }
+                self.chunk(&event, now, record)?;
+            }
+            if self.done {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One chunk: an error object fails the request; usage is kept; content arriving at
+    /// `now` is one token time (the first also the TTFT), and kept when asked for.
+    fn chunk(
+        &mut self,
+        event: &SseEvent,
+        now: Instant,
+        record: &mut RequestRecord,
+    ) -> Result<(), Failure> {
+        let chunk: Chunk = event.json().map_err(|e| Failure {
+            kind: FailureKind::InvalidResponse,
+            message: format!("unparseable chunk: {e}"),
+        })?;
+        if let Some(error) = chunk.error {
+            return Err(Failure {
+                kind: FailureKind::StreamError,
+                message: error_message(&error.to_string()).unwrap_or_else(|| error.to_string()),
+            });
+        }
+        if let Some(usage) = chunk.usage {
+            record.prompt_tokens = usage.prompt_tokens.or(record.prompt_tokens);
+            record.completion_tokens = usage.completion_tokens.or(record.completion_tokens);
+            if let Some(cached) = usage.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+                record.cached_tokens = Some(cached);
+            }
+        }
+        let mut has_content = false;
+        for choice in &chunk.choices {
+            let piece = choice.content();
+            if !piece.is_empty() {
+                has_content = true;
+                if self.keep_text {
+                    record.text.push_str(piece);
+                }
+            }
+            if choice.finish_reason.is_some() {
+                self.finished = true;
+            }
+        }
+        if has_content {
+            if record.ttft.is_none() {
+                record.ttft = Some(now.saturating_duration_since(self.sent));
+            }
+            record
+                .token_times
+                .push(now.saturating_duration_since(self.run_start));
+        }
+        Ok(())
+    }
+
+    /// Whether what was read is a complete response: an event stream at all, ended by
+    /// `[DONE]` or a finish reason, with content if tokens were reported.
+    fn check_end(&self, content_type: &str, record: &RequestRecord) -> Result<(), Failure> {
+        if self.events == 0 && !content_type.starts_with("text/event-stream") {
+            return Err(Failure {
+                kind: FailureKind::InvalidResponse,
+                message: format!("expected an event stream, got content-type `{content_type}`"),
+            });
+        }
+        if !self.done && !self.finished {
+            return Err(Failure {
+                kind: FailureKind::StreamCut,
+                message: "the stream ended before [DONE]".into(),
+            });
+        }
+        if record.ttft.is_none() && record.completion_tokens.unwrap_or(0) > 0 {
+            return Err(Failure {
+                kind: FailureKind::InvalidResponse,
+                message: "tokens were reported but no chunk carried content".into(),
+            });
+        }
+        Ok(())
     }
 }
 

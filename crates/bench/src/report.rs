@@ -217,122 +217,31 @@ impl Report {
         slo: &Slo,
     ) -> Report {
         let secs = duration.as_secs_f64();
-        let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
         let done: Vec<&RequestRecord> = records.iter().filter(|r| r.ok()).collect();
-        let completed = done.len() as u64;
-        let sent = records.len() as u64;
-
-        let mut errors = BTreeMap::new();
-        let mut error_examples = BTreeMap::new();
-        for f in records.iter().filter_map(|r| r.failure.as_ref()) {
-            let key = f.kind.key();
-            *errors.entry(key.clone()).or_insert(0u64) += 1;
-            error_examples
-                .entry(key)
-                .or_insert_with(|| f.message.clone());
-        }
-
-        let mut served_by = BTreeMap::new();
-        for name in records.iter().filter_map(|r| r.served_by.as_ref()) {
-            *served_by.entry(name.clone()).or_insert(0u64) += 1;
-        }
-
-        let input_total: u64 = done.iter().map(|r| u64::from(r.input_tokens())).sum();
-        let output_total: u64 = done.iter().map(|r| u64::from(r.output_tokens())).sum();
-        // Servers omit `cached_tokens` when it is zero, so once any request reported it,
-        // the others count as zero hits rather than being left out of the rate.
-        let any_cached = done.iter().any(|r| r.cached_tokens.is_some());
-        let (cached_total, prefix_cache_hit_rate) = if any_cached {
-            let hit: u64 = done
-                .iter()
-                .filter_map(|r| r.cached_tokens)
-                .map(u64::from)
-                .sum();
-            (
-                Some(hit),
-                (input_total > 0).then(|| hit as f64 / input_total as f64),
-            )
-        } else {
-            (None, None)
-        };
-        let mean = |total: u64| {
-            if completed > 0 {
-                total as f64 / completed as f64
-            } else {
-                0.0
-            }
-        };
-
-        let mut ttft: Vec<f64> = done.iter().filter_map(|r| r.ttft.map(ms)).collect();
-        let mut tpot: Vec<f64> = done.iter().filter_map(|r| r.tpot().map(ms)).collect();
-        let mut itl: Vec<f64> = done.iter().flat_map(|r| r.itls().map(ms)).collect();
-        let mut e2e: Vec<f64> = done.iter().map(|r| ms(r.e2e)).collect();
-        let latency = Latency {
-            ttft: Summary::of(&mut ttft),
-            tpot: Summary::of(&mut tpot),
-            itl: Summary::of(&mut itl),
-            e2e: Summary::of(&mut e2e),
-        };
-        // Summary::of sorted the samples.
-        let cdf = Cdf {
-            ttft: quantiles(&ttft, CDF_POINTS),
-            tpot: quantiles(&tpot, CDF_POINTS),
-            itl: quantiles(&itl, CDF_POINTS),
-            e2e: quantiles(&e2e, CDF_POINTS),
-        };
-
-        let slo_result = (!slo.is_empty()).then(|| {
-            let good = done.iter().filter(|r| slo.met_by(r)).count() as u64;
-            SloResult {
-                slo: *slo,
-                good,
-                fraction: if sent > 0 {
-                    good as f64 / sent as f64
-                } else {
-                    0.0
-                },
-            }
-        });
-
+        let requests = Counts::of(records, &done);
+        let (errors, error_examples) = errors(records);
+        let tokens = Tokens::of(&done);
+        let (latency_ms, cdf_ms) = latency(&done);
+        let slo = SloResult::of(slo, &done, requests.sent);
         let (timeline_bucket_s, timeline) = timeline(records, duration);
-        let mut lines: Vec<RequestLine> = records.iter().map(RequestLine::from).collect();
-        lines.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
-
         Report {
             version: REPORT_VERSION,
             label: label.to_string(),
             started_at_unix_s: 0.0,
             config,
             duration_s: secs,
-            requests: Counts {
-                sent,
-                completed,
-                failed: sent - completed,
-            },
+            requests,
             errors,
             error_examples,
-            served_by,
-            throughput: Throughput {
-                requests_per_s: per_s(completed as f64),
-                output_tokens_per_s: per_s(output_total as f64),
-                input_tokens_per_s: per_s(input_total as f64),
-                total_tokens_per_s: per_s((input_total + output_total) as f64),
-                goodput_requests_per_s: slo_result.map(|s| per_s(s.good as f64)),
-            },
-            tokens: Tokens {
-                input_total,
-                output_total,
-                input_mean: mean(input_total),
-                output_mean: mean(output_total),
-                cached_total,
-                prefix_cache_hit_rate,
-            },
-            latency_ms: latency,
-            slo: slo_result,
-            cdf_ms: cdf,
+            served_by: served_by(records),
+            throughput: Throughput::of(&requests, &tokens, slo.as_ref(), secs),
+            tokens,
+            latency_ms,
+            slo,
+            cdf_ms,
             timeline_bucket_s,
             timeline,
-            request_lines: lines,
+            request_lines: request_lines(records),
         }
     }
 
@@ -444,6 +353,144 @@ impl Report {
         }
         out
     }
+}
+
+impl Counts {
+    /// Requests sent (every record) and completed (`done`).
+    fn of(records: &[RequestRecord], done: &[&RequestRecord]) -> Counts {
+        let sent = records.len() as u64;
+        let completed = done.len() as u64;
+        Counts {
+            sent,
+            completed,
+            failed: sent - completed,
+        }
+    }
+}
+
+/// Failures counted by kind, with the first message seen for each kind.
+fn errors(records: &[RequestRecord]) -> (BTreeMap<String, u64>, BTreeMap<String, String>) {
+    let mut errors = BTreeMap::new();
+    let mut error_examples = BTreeMap::new();
+    for f in records.iter().filter_map(|r| r.failure.as_ref()) {
+        let key = f.kind.key();
+        *errors.entry(key.clone()).or_insert(0u64) += 1;
+        error_examples
+            .entry(key)
+            .or_insert_with(|| f.message.clone());
+    }
+    (errors, error_examples)
+}
+
+/// Requests per replica that named itself in the response.
+fn served_by(records: &[RequestRecord]) -> BTreeMap<String, u64> {
+    let mut served_by = BTreeMap::new();
+    for name in records.iter().filter_map(|r| r.served_by.as_ref()) {
+        *served_by.entry(name.clone()).or_insert(0u64) += 1;
+    }
+    served_by
+}
+
+impl Tokens {
+    /// Token totals and means over the completed requests, and the prefix-cache hit rate.
+    fn of(done: &[&RequestRecord]) -> Tokens {
+        let completed = done.len() as u64;
+        let input_total: u64 = done.iter().map(|r| u64::from(r.input_tokens())).sum();
+        let output_total: u64 = done.iter().map(|r| u64::from(r.output_tokens())).sum();
+        // Servers omit `cached_tokens` when it is zero, so once any request reported it,
+        // the others count as zero hits rather than being left out of the rate.
+        let any_cached = done.iter().any(|r| r.cached_tokens.is_some());
+        let (cached_total, prefix_cache_hit_rate) = if any_cached {
+            let hit: u64 = done
+                .iter()
+                .filter_map(|r| r.cached_tokens)
+                .map(u64::from)
+                .sum();
+            (
+                Some(hit),
+                (input_total > 0).then(|| hit as f64 / input_total as f64),
+            )
+        } else {
+            (None, None)
+        };
+        let mean = |total: u64| {
+            if completed > 0 {
+                total as f64 / completed as f64
+            } else {
+                0.0
+            }
+        };
+        Tokens {
+            input_total,
+            output_total,
+            input_mean: mean(input_total),
+            output_mean: mean(output_total),
+            cached_total,
+            prefix_cache_hit_rate,
+        }
+    }
+}
+
+/// Latency summaries and distributions over the completed requests, ms.
+fn latency(done: &[&RequestRecord]) -> (Latency, Cdf) {
+    let mut ttft: Vec<f64> = done.iter().filter_map(|r| r.ttft.map(ms)).collect();
+    let mut tpot: Vec<f64> = done.iter().filter_map(|r| r.tpot().map(ms)).collect();
+    let mut itl: Vec<f64> = done.iter().flat_map(|r| r.itls().map(ms)).collect();
+    let mut e2e: Vec<f64> = done.iter().map(|r| ms(r.e2e)).collect();
+    let latency = Latency {
+        ttft: Summary::of(&mut ttft),
+        tpot: Summary::of(&mut tpot),
+        itl: Summary::of(&mut itl),
+        e2e: Summary::of(&mut e2e),
+    };
+    // Summary::of sorted the samples.
+    let cdf = Cdf {
+        ttft: quantiles(&ttft, CDF_POINTS),
+        tpot: quantiles(&tpot, CDF_POINTS),
+        itl: quantiles(&itl, CDF_POINTS),
+        e2e: quantiles(&e2e, CDF_POINTS),
+    };
+    (latency, cdf)
+}
+
+impl SloResult {
+    /// How many completed requests met `slo`, out of `sent`; `None` when no objective is
+    /// set.
+    fn of(slo: &Slo, done: &[&RequestRecord], sent: u64) -> Option<SloResult> {
+        (!slo.is_empty()).then(|| {
+            let good = done.iter().filter(|r| slo.met_by(r)).count() as u64;
+            SloResult {
+                slo: *slo,
+                good,
+                fraction: if sent > 0 {
+                    good as f64 / sent as f64
+                } else {
+                    0.0
+                },
+            }
+        })
+    }
+}
+
+impl Throughput {
+    /// Completed requests, tokens and good requests per second of the run's `secs`.
+    fn of(requests: &Counts, tokens: &Tokens, slo: Option<&SloResult>, secs: f64) -> Throughput {
+        let per_s = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+        Throughput {
+            requests_per_s: per_s(requests.completed as f64),
+            output_tokens_per_s: per_s(tokens.output_total as f64),
+            input_tokens_per_s: per_s(tokens.input_total as f64),
+            total_tokens_per_s: per_s((tokens.input_total + tokens.output_total) as f64),
+            goodput_requests_per_s: slo.map(|s| per_s(s.good as f64)),
+        }
+    }
+}
+
+/// One line per request, in send order.
+fn request_lines(records: &[RequestRecord]) -> Vec<RequestLine> {
+    let mut lines: Vec<RequestLine> = records.iter().map(RequestLine::from).collect();
+    lines.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    lines
 }
 
 /// The smallest of a few round widths that splits `secs` into at most 120 buckets.

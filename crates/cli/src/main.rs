@@ -46,7 +46,7 @@ enum Command {
     Controller(Box<strata_controller::ControllerArgs>),
     /// Canary rollouts in a running `strata up`: start, status, promote, rollback.
     Rollout(Box<strata_controller::rollout_client::RolloutClientArgs>),
-    /// Simulate a deployment in virtual time: the real router, engine scheduler and
+    /// Simulate a deployment in virtual time: the real router, engine step planner and
     /// autoscaler over a step-time model (`strata sim calibrate` fits this machine).
     Sim(Box<strata_sim::SimArgs>),
     /// The cheapest fleet (replicas x tensor parallelism) meeting latency objectives, by

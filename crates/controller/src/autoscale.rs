@@ -518,6 +518,12 @@ fn slope(samples: &[&Sample]) -> Option<f64> {
 ///
 /// `now` is any monotonic time (the same origin on every call); the returned state is
 /// passed back on the next call.
+///
+/// The rules below apply in this order. The first two settle the count on their own:
+/// activation, then never scaling in blind. Otherwise the count is built up: proportional
+/// demand on both windows, the pressure floors, panic mode and the window it makes lead,
+/// the cold-start lead, then spares, bounds and scale to zero, and last the pace of
+/// scale-in. Where two signals ask for as many replicas, the one applied first names it.
 pub fn decide(
     cfg: &AutoscaleConfig,
     prev: &State,
@@ -529,10 +535,174 @@ pub fn decide(
     }
     let mut st = prev.clone();
     let current = prev.desired;
-    let stable_window = AutoscaleConfig::secs(cfg.stable_window_secs);
-    let panic_window = AutoscaleConfig::secs(cfg.panic_window_secs);
+    let ready = signals.ready;
+    record(&mut st, cfg, signals, now);
+    let metrics_age = st.last_sample_at.map(|t| now.saturating_sub(t));
+    let avg = Averages::of(&st.samples, cfg, now);
+    let mut evidence = avg.evidence(signals, metrics_age);
 
-    // Record what arrived, forget what left the stable window.
+    if let Some(verdict) = activation(cfg, current, signals) {
+        let d = conclude(&mut st, current, verdict, evidence, now);
+        return (d, st);
+    }
+    if metrics_age.is_none_or(|a| a > AutoscaleConfig::secs(cfg.metrics_max_age_secs)) {
+        let partial = signals.partial.and_then(Load::sanitized);
+        if let Some(p) = partial {
+            evidence.panic_concurrency = p.concurrency();
+        }
+        let verdict = never_scale_in_blind(cfg, current, partial);
+        let d = conclude(&mut st, current, verdict, evidence, now);
+        return (d, st);
+    }
+
+    let stable = proportional_demand(cfg, avg.stable_concurrency, avg.stable_tokens);
+    let short = proportional_demand(cfg, avg.panic_concurrency, avg.panic_tokens);
+    let floor = [
+        queue_floor(cfg, avg.waiting, ready),
+        kv_floor(cfg, avg.kv_usage, ready),
+        ttft_floor(cfg, avg.ttft_p90_secs, ready),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(Demand::NONE, Demand::or_more);
+    st.panic_since = panic_mode(
+        cfg,
+        st.panic_since,
+        short.replicas.max(floor.replicas),
+        ready,
+        now,
+    );
+    let panicking = st.panic_since.is_some();
+    let mut demand = leading_window(panicking, current, stable, short).or_more(floor);
+    if let Some((projected, ahead)) = cold_start_lead(cfg, &st.samples, avg.panic_concurrency, now)
+    {
+        evidence.projected_concurrency = Some(projected);
+        demand = demand.or_more(ahead);
+    }
+    let idle_for = st
+        .last_active_at
+        .map(|t| now.saturating_sub(t))
+        .unwrap_or_default();
+    let target = spares_bounds_and_zero(cfg, demand.replicas, signals, idle_for, panicking);
+    let (desired, reason) =
+        scale_in_slowly(cfg, prev.last_change_at, current, target, panicking, now);
+    let verdict = Verdict {
+        desired,
+        reason,
+        signal: demand.signal,
+        demand: demand.replicas,
+    };
+    let d = conclude(&mut st, current, verdict, evidence, now);
+    (d, st)
+}
+
+/// A replica count and the signal that asked for it.
+#[derive(Debug, Clone, Copy)]
+struct Demand {
+    replicas: u32,
+    signal: Signal,
+}
+
+impl Demand {
+    /// Nothing asked for: any signal asking for a replica replaces it.
+    const NONE: Demand = Demand {
+        replicas: 0,
+        signal: Signal::None,
+    };
+
+    /// `other` when it asks for strictly more; on a tie the signal already named keeps it,
+    /// so the order the rules apply in is their precedence.
+    #[inline]
+    fn or_more(self, other: Demand) -> Demand {
+        if other.replicas > self.replicas {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// What a decision settled: the count, why, the signal behind it and the demand it read.
+#[derive(Debug, Clone, Copy)]
+struct Verdict {
+    desired: u32,
+    reason: Reason,
+    signal: Signal,
+    demand: u32,
+}
+
+/// The load averaged over the stable and panic windows, as the rules read it.
+#[derive(Debug, Clone, Copy)]
+struct Averages {
+    stable_concurrency: f64,
+    panic_concurrency: f64,
+    /// Requests queued, summed over replicas, on the panic window.
+    waiting: f64,
+    kv_usage: Option<f64>,
+    ttft_p90_secs: Option<f64>,
+    /// In-flight tokens on the panic window.
+    panic_tokens: Option<f64>,
+    stable_tokens: Option<f64>,
+}
+
+impl Averages {
+    /// Averages the recorded samples. Concurrency and in-flight tokens are read on both
+    /// windows; the pressure signals (queue, KV cache, TTFT) only on the panic window, since
+    /// they are there to react fast. With nothing in the panic window its concurrency is
+    /// the stable one's.
+    fn of(samples: &VecDeque<Sample>, cfg: &AutoscaleConfig, now: Duration) -> Averages {
+        let panic_window = AutoscaleConfig::secs(cfg.panic_window_secs);
+        let in_panic_window: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| now.saturating_sub(s.at) <= panic_window)
+            .collect();
+        let stable_concurrency = mean(samples.iter().map(|s| s.load.concurrency())).unwrap_or(0.0);
+        Averages {
+            stable_concurrency,
+            panic_concurrency: mean(in_panic_window.iter().map(|s| s.load.concurrency()))
+                .unwrap_or(stable_concurrency),
+            waiting: mean(in_panic_window.iter().map(|s| s.load.waiting)).unwrap_or(0.0),
+            kv_usage: mean(in_panic_window.iter().filter_map(|s| s.load.kv_usage)),
+            ttft_p90_secs: mean(in_panic_window.iter().filter_map(|s| s.load.ttft_p90_secs)),
+            panic_tokens: mean(
+                in_panic_window
+                    .iter()
+                    .filter_map(|s| s.load.inflight_tokens),
+            ),
+            stable_tokens: mean(samples.iter().filter_map(|s| s.load.inflight_tokens)),
+        }
+    }
+
+    /// The evidence these averages give, before any rule has set the demand.
+    fn evidence(&self, signals: &Signals, metrics_age: Option<Duration>) -> Evidence {
+        Evidence {
+            ready: signals.ready,
+            stable_concurrency: self.stable_concurrency,
+            panic_concurrency: self.panic_concurrency,
+            waiting_per_replica: self.waiting / f64::from(signals.ready.max(1)),
+            kv_usage: self.kv_usage,
+            ttft_p90_secs: self.ttft_p90_secs,
+            inflight_tokens: self.panic_tokens,
+            projected_concurrency: None,
+            demand: 0,
+            metrics_age_secs: metrics_age.map(|a| a.as_secs_f64()),
+            held_requests: signals.held_requests,
+        }
+    }
+}
+
+impl AutoscaleConfig {
+    /// `replicas` within `minReplicas..=maxReplicas`.
+    #[inline]
+    fn bounded(&self, replicas: u32) -> u32 {
+        replicas.clamp(self.min_replicas, self.max_replicas)
+    }
+}
+
+/// Records what arrived this tick and forgets the samples that left the stable window.
+/// Load or held requests count as activity (the scale-to-zero clock); so does the first
+/// decision, so that idle time counts from it.
+fn record(st: &mut State, cfg: &AutoscaleConfig, signals: &Signals, now: Duration) {
     if let Some(load) = signals.load.and_then(Load::sanitized) {
         st.samples.push_back(Sample { at: now, load });
         st.last_sample_at = Some(now);
@@ -540,13 +710,10 @@ pub fn decide(
             st.last_active_at = Some(now);
         }
     }
-    if signals.held_requests > 0 {
+    if signals.held_requests > 0 || st.last_active_at.is_none() {
         st.last_active_at = Some(now);
     }
-    if st.last_active_at.is_none() {
-        // Idle time counts from the first decision.
-        st.last_active_at = Some(now);
-    }
+    let stable_window = AutoscaleConfig::secs(cfg.stable_window_secs);
     while st
         .samples
         .front()
@@ -554,242 +721,245 @@ pub fn decide(
     {
         st.samples.pop_front();
     }
+}
 
-    let ready = signals.ready;
+/// Stores the settled count in the state (a change also restarts the scale-in cooldown)
+/// and explains it.
+fn conclude(
+    st: &mut State,
+    current: u32,
+    verdict: Verdict,
+    mut evidence: Evidence,
+    now: Duration,
+) -> ScaleDecision {
+    if verdict.desired != current {
+        st.last_change_at = Some(now);
+    }
+    st.desired = verdict.desired;
+    evidence.demand = verdict.demand;
+    ScaleDecision {
+        desired: verdict.desired,
+        previous: current,
+        reason: verdict.reason,
+        signal: verdict.signal,
+        panic: st.panic_since.is_some(),
+        evidence,
+    }
+}
+
+/// **Activation.** Requests are held at the router with no replica ready and none asked
+/// for: one replica (and the warm spares) at once, whatever the metrics say, since every
+/// moment here is a held request's wait.
+fn activation(cfg: &AutoscaleConfig, current: u32, signals: &Signals) -> Option<Verdict> {
+    (signals.held_requests > 0 && signals.ready == 0 && current == 0).then(|| Verdict {
+        desired: cfg.bounded(cfg.warm_spares.saturating_add(1)).max(1),
+        reason: Reason::Activation,
+        signal: Signal::HeldRequests,
+        demand: 1,
+    })
+}
+
+/// **Never scale in blind.** With metrics missing or stale the count is held: a gap must
+/// not read as idleness. Only the bounds, or the replicas that did answer (`partial`, a
+/// lower bound on the load), may raise it.
+fn never_scale_in_blind(cfg: &AutoscaleConfig, current: u32, partial: Option<Load>) -> Verdict {
+    let mut verdict = Verdict {
+        desired: cfg.bounded(current),
+        reason: Reason::HoldMetricsStale,
+        signal: Signal::None,
+        demand: current,
+    };
+    if let Some(p) = partial {
+        let lower = ceil_replicas(p.concurrency() / cfg.target_concurrency);
+        verdict.demand = lower;
+        let want = cfg.bounded(lower.saturating_add(cfg.warm_spares));
+        if want > verdict.desired {
+            verdict.desired = want;
+            verdict.signal = Signal::Concurrency;
+        }
+    }
+    if verdict.desired > current {
+        verdict.reason = Reason::ScaleOut;
+    }
+    verdict
+}
+
+/// **Proportional demand** on one window: the concurrency over `targetConcurrency`, or the
+/// in-flight tokens over `targetInflightTokens` when that is set and asks for more (long
+/// prompts fill the KV cache before they fill the batch).
+#[inline]
+fn proportional_demand(cfg: &AutoscaleConfig, concurrency: f64, tokens: Option<f64>) -> Demand {
+    let by_concurrency = Demand {
+        replicas: ceil_replicas(concurrency / cfg.target_concurrency),
+        signal: Signal::Concurrency,
+    };
+    match cfg.target_inflight_tokens {
+        Some(target) => by_concurrency.or_more(Demand {
+            replicas: ceil_replicas(tokens.unwrap_or(0.0) / target),
+            signal: Signal::InflightTokens,
+        }),
+        None => by_concurrency,
+    }
+}
+
+/// **Queue-depth floor.** More than `targetQueueDepth` waiting per ready replica: the
+/// queue beyond the target spreads over new replicas at the target concurrency (at least
+/// one more), since a queue is load the running batches cannot take.
+#[inline]
+fn queue_floor(cfg: &AutoscaleConfig, waiting: f64, ready: u32) -> Option<Demand> {
     let ready_f = f64::from(ready.max(1));
-    let metrics_age = st.last_sample_at.map(|t| now.saturating_sub(t));
-    let stale = metrics_age.is_none_or(|a| a > AutoscaleConfig::secs(cfg.metrics_max_age_secs));
-
-    let in_panic_window: Vec<&Sample> = st
-        .samples
-        .iter()
-        .filter(|s| now.saturating_sub(s.at) <= panic_window)
-        .collect();
-    let stable_concurrency = mean(st.samples.iter().map(|s| s.load.concurrency())).unwrap_or(0.0);
-    let panic_concurrency =
-        mean(in_panic_window.iter().map(|s| s.load.concurrency())).unwrap_or(stable_concurrency);
-    let waiting = mean(in_panic_window.iter().map(|s| s.load.waiting)).unwrap_or(0.0);
-    let kv_usage = mean(in_panic_window.iter().filter_map(|s| s.load.kv_usage));
-    let ttft = mean(in_panic_window.iter().filter_map(|s| s.load.ttft_p90_secs));
-    let inflight_tokens = mean(
-        in_panic_window
-            .iter()
-            .filter_map(|s| s.load.inflight_tokens),
-    );
-    let stable_tokens = mean(st.samples.iter().filter_map(|s| s.load.inflight_tokens));
-
-    let mut evidence = Evidence {
-        ready,
-        stable_concurrency,
-        panic_concurrency,
-        waiting_per_replica: waiting / ready_f,
-        kv_usage,
-        ttft_p90_secs: ttft,
-        inflight_tokens,
-        projected_concurrency: None,
-        demand: 0,
-        metrics_age_secs: metrics_age.map(|a| a.as_secs_f64()),
-        held_requests: signals.held_requests,
-    };
-
-    let finish = |st: &mut State, desired: u32, reason: Reason, signal: Signal, ev: Evidence| {
-        if desired != current {
-            st.last_change_at = Some(now);
-        }
-        st.desired = desired;
-        ScaleDecision {
-            desired,
-            previous: current,
-            reason,
-            signal,
-            panic: st.panic_since.is_some(),
-            evidence: ev,
-        }
-    };
-    let clamp = |d: u32| d.clamp(cfg.min_replicas, cfg.max_replicas);
-
-    // Activation: requests are waiting at the router with nothing to serve them.
-    if signals.held_requests > 0 && ready == 0 && current == 0 {
-        let desired = clamp(cfg.warm_spares.saturating_add(1)).max(1);
-        evidence.demand = 1;
-        let d = finish(
-            &mut st,
-            desired,
-            Reason::Activation,
-            Signal::HeldRequests,
-            evidence,
-        );
-        return (d, st);
-    }
-
-    // Never scale in blind: without fresh metrics hold the count. Only the bounds, or the
-    // replicas that did answer (a lower bound on the load), may raise it.
-    if stale {
-        let mut desired = clamp(current);
-        let mut signal = Signal::None;
-        evidence.demand = current;
-        if let Some(p) = signals.partial.and_then(Load::sanitized) {
-            let lower = ceil_replicas(p.concurrency() / cfg.target_concurrency);
-            evidence.panic_concurrency = p.concurrency();
-            evidence.demand = lower;
-            let want = clamp(lower.saturating_add(cfg.warm_spares));
-            if want > desired {
-                desired = want;
-                signal = Signal::Concurrency;
-            }
-        }
-        let reason = if desired > current {
-            Reason::ScaleOut
-        } else {
-            Reason::HoldMetricsStale
-        };
-        let d = finish(&mut st, desired, reason, signal, evidence);
-        return (d, st);
-    }
-
-    // Demand from the proportional signals, on both windows.
-    let target = cfg.target_concurrency;
-    let mut stable_demand = ceil_replicas(stable_concurrency / target);
-    let mut panic_demand = ceil_replicas(panic_concurrency / target);
-    let mut stable_signal = Signal::Concurrency;
-    let mut panic_signal = Signal::Concurrency;
-    if let Some(tok_target) = cfg.target_inflight_tokens {
-        let s = ceil_replicas(stable_tokens.unwrap_or(0.0) / tok_target);
-        let p = ceil_replicas(inflight_tokens.unwrap_or(0.0) / tok_target);
-        if s > stable_demand {
-            stable_demand = s;
-            stable_signal = Signal::InflightTokens;
-        }
-        if p > panic_demand {
-            panic_demand = p;
-            panic_signal = Signal::InflightTokens;
-        }
-    }
-
-    // Pressure floors from the short window: each only ever raises the count.
-    let mut floor = 0u32;
-    let mut floor_signal = Signal::None;
-    let mut raise = |n: u32, s: Signal| {
-        if n > floor {
-            floor = n;
-            floor_signal = s;
-        }
-    };
-    let waiting_per_replica = waiting / ready_f;
-    if waiting_per_replica > cfg.target_queue_depth {
-        // The queue beyond the target spreads over new replicas at the target concurrency.
+    (waiting / ready_f > cfg.target_queue_depth).then(|| {
         let excess = waiting - cfg.target_queue_depth * ready_f;
-        raise(
-            ready.saturating_add(ceil_replicas(excess / target).max(1)),
-            Signal::QueueDepth,
-        );
-    }
-    if let Some(kv) = kv_usage {
-        if kv > cfg.target_kv_usage {
-            raise(
-                ceil_replicas(ready_f * kv / cfg.target_kv_usage).max(ready.saturating_add(1)),
-                Signal::KvUsage,
-            );
+        Demand {
+            replicas: ready.saturating_add(ceil_replicas(excess / cfg.target_concurrency).max(1)),
+            signal: Signal::QueueDepth,
         }
-    }
-    if let (Some(t), Some(target_t)) = (ttft, cfg.target_ttft_p90_secs) {
-        if t > target_t {
-            let ratio = (t / target_t).min(cfg.panic_threshold);
-            raise(
-                ceil_replicas(ready_f * ratio).max(ready.saturating_add(1)),
-                Signal::TtftP90,
-            );
-        }
-    }
+    })
+}
 
-    // Panic mode: enter when the short window asks for panicThreshold x the ready replicas;
-    // stay until the condition has not held for a whole stable window.
-    let panic_now = f64::from(panic_demand.max(floor)) >= cfg.panic_threshold * ready_f
-        && panic_demand.max(floor) > ready;
-    if panic_now {
-        st.panic_since = Some(now);
-    } else if st
-        .panic_since
-        .is_some_and(|t| now.saturating_sub(t) >= stable_window)
+/// **KV-cache floor.** Mean KV-cache use above `targetKvUsage`: the ready replicas grown
+/// in proportion (at least one more), since a full cache preempts and recomputes.
+#[inline]
+fn kv_floor(cfg: &AutoscaleConfig, kv_usage: Option<f64>, ready: u32) -> Option<Demand> {
+    let kv = kv_usage.filter(|&kv| kv > cfg.target_kv_usage)?;
+    Some(Demand {
+        replicas: ceil_replicas(f64::from(ready.max(1)) * kv / cfg.target_kv_usage)
+            .max(ready.saturating_add(1)),
+        signal: Signal::KvUsage,
+    })
+}
+
+/// **TTFT floor.** TTFT p90 above `targetTtftP90Secs`: the ready replicas grown by the
+/// overshoot (at least one more), the ratio capped at `panicThreshold` since latency is
+/// not linear in replicas.
+#[inline]
+fn ttft_floor(cfg: &AutoscaleConfig, ttft_p90_secs: Option<f64>, ready: u32) -> Option<Demand> {
+    let target = cfg.target_ttft_p90_secs?;
+    let t = ttft_p90_secs.filter(|&t| t > target)?;
+    let ratio = (t / target).min(cfg.panic_threshold);
+    Some(Demand {
+        replicas: ceil_replicas(f64::from(ready.max(1)) * ratio).max(ready.saturating_add(1)),
+        signal: Signal::TtftP90,
+    })
+}
+
+/// **Panic mode**, as the Knative autoscaler's: entered (or renewed) when the short
+/// window's demand, floors included, is at least `panicThreshold` times the ready
+/// replicas; left once that has not held for a whole stable window, so that a burst is
+/// not answered by scaling in as soon as it pauses. Returns when it last held.
+#[inline]
+fn panic_mode(
+    cfg: &AutoscaleConfig,
+    since: Option<Duration>,
+    short_demand: u32,
+    ready: u32,
+    now: Duration,
+) -> Option<Duration> {
+    let stable_window = AutoscaleConfig::secs(cfg.stable_window_secs);
+    if f64::from(short_demand) >= cfg.panic_threshold * f64::from(ready.max(1))
+        && short_demand > ready
     {
-        st.panic_since = None;
-    }
-    let panicking = st.panic_since.is_some();
-
-    // In panic the short window leads. Otherwise the stable window leads, but the count
-    // never drops below what the short window still needs (scale in only when both agree).
-    let (mut demand, mut signal) = if panicking {
-        (panic_demand, panic_signal)
-    } else if stable_demand < current && panic_demand > stable_demand {
-        (panic_demand.min(current), panic_signal)
+        Some(now)
+    } else if since.is_some_and(|t| now.saturating_sub(t) >= stable_window) {
+        None
     } else {
-        (stable_demand, stable_signal)
-    };
-    if floor > demand {
-        demand = floor;
-        signal = floor_signal;
+        since
     }
+}
 
-    // Cold-start lead: project the recent trend over the time a new replica takes to load.
-    if cfg.cold_start_secs > 0.0 {
-        let horizon = AutoscaleConfig::secs(cfg.cold_start_secs.max(cfg.panic_window_secs));
-        let recent: Vec<&Sample> = st
-            .samples
-            .iter()
-            .filter(|s| now.saturating_sub(s.at) <= horizon)
-            .collect();
-        if let Some(k) = slope(&recent) {
-            if k > 0.0 {
-                let projected = panic_concurrency + k * cfg.cold_start_secs;
-                evidence.projected_concurrency = Some(projected);
-                let ahead = ceil_replicas(projected / target);
-                if ahead > demand {
-                    demand = ahead;
-                    signal = Signal::Trend;
-                }
-            }
+/// **The leading window.** In panic the short window leads. Otherwise the stable window
+/// leads, but the count never drops below what the short window still needs: scale in
+/// only when both windows agree.
+#[inline]
+fn leading_window(panicking: bool, current: u32, stable: Demand, short: Demand) -> Demand {
+    if panicking {
+        short
+    } else if stable.replicas < current && short.replicas > stable.replicas {
+        Demand {
+            replicas: short.replicas.min(current),
+            signal: short.signal,
         }
+    } else {
+        stable
     }
-    evidence.demand = demand;
+}
 
-    // Scale to zero after a quiet spell; otherwise keep at least one while min is zero.
-    let idle_for = st
-        .last_active_at
-        .map(|t| now.saturating_sub(t))
-        .unwrap_or_default();
+/// **Cold-start lead.** A replica that takes `coldStartSecs` to load is asked for that
+/// much earlier: a rising trend of recent concurrency is projected over the cold start.
+/// Returns the projected concurrency and the replicas it asks for.
+fn cold_start_lead(
+    cfg: &AutoscaleConfig,
+    samples: &VecDeque<Sample>,
+    panic_concurrency: f64,
+    now: Duration,
+) -> Option<(f64, Demand)> {
+    let cold_start = Some(cfg.cold_start_secs).filter(|&s| s > 0.0)?;
+    let horizon = AutoscaleConfig::secs(cold_start.max(cfg.panic_window_secs));
+    let recent: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| now.saturating_sub(s.at) <= horizon)
+        .collect();
+    let k = slope(&recent).filter(|&k| k > 0.0)?;
+    let projected = panic_concurrency + k * cold_start;
+    let ahead = Demand {
+        replicas: ceil_replicas(projected / cfg.target_concurrency),
+        signal: Signal::Trend,
+    };
+    Some((projected, ahead))
+}
+
+/// **Spares, bounds and scale to zero.** With `minReplicas: 0`, no demand, nothing held
+/// and no load for `scaleToZeroAfterSecs` (and not in panic) the count is zero; otherwise
+/// at least one, plus the warm spares, within the bounds.
+#[inline]
+fn spares_bounds_and_zero(
+    cfg: &AutoscaleConfig,
+    demand: u32,
+    signals: &Signals,
+    idle_for: Duration,
+    panicking: bool,
+) -> u32 {
     let quiet = demand == 0
         && signals.held_requests == 0
         && idle_for >= AutoscaleConfig::secs(cfg.scale_to_zero_after_secs);
-    let mut desired = if cfg.min_replicas == 0 && quiet && !panicking {
+    let desired = if cfg.min_replicas == 0 && quiet && !panicking {
         0
     } else {
-        clamp(demand.max(1).saturating_add(cfg.warm_spares))
+        cfg.bounded(demand.max(1).saturating_add(cfg.warm_spares))
     };
-    desired = desired.min(cfg.max_replicas).max(cfg.min_replicas);
+    desired.min(cfg.max_replicas).max(cfg.min_replicas)
+}
 
-    let reason = if desired > current {
-        Reason::ScaleOut
-    } else if desired == current {
-        Reason::Steady
+/// **Scale out fast, in slowly.** More is granted at once. Less is held while panicking
+/// or within `scaleInCooldownSecs` of the last change, and otherwise removes at most
+/// `maxScaleInStep` replicas, since a replica removed too early costs a cold start.
+#[inline]
+fn scale_in_slowly(
+    cfg: &AutoscaleConfig,
+    last_change_at: Option<Duration>,
+    current: u32,
+    target: u32,
+    panicking: bool,
+    now: Duration,
+) -> (u32, Reason) {
+    let cooldown = AutoscaleConfig::secs(cfg.scale_in_cooldown_secs);
+    if target > current {
+        (target, Reason::ScaleOut)
+    } else if target == current {
+        (target, Reason::Steady)
     } else if panicking {
-        desired = current;
-        Reason::HoldPanic
-    } else if prev
-        .last_change_at
-        .is_some_and(|t| now.saturating_sub(t) < AutoscaleConfig::secs(cfg.scale_in_cooldown_secs))
-    {
-        desired = current;
-        Reason::HoldCooldown
+        (current, Reason::HoldPanic)
+    } else if last_change_at.is_some_and(|t| now.saturating_sub(t) < cooldown) {
+        (current, Reason::HoldCooldown)
     } else {
-        desired = desired.max(current.saturating_sub(cfg.max_scale_in_step));
-        if desired == 0 {
+        let desired = target.max(current.saturating_sub(cfg.max_scale_in_step));
+        let reason = if desired == 0 {
             Reason::ScaleToZero
         } else {
             Reason::ScaleIn
-        }
-    };
-    let d = finish(&mut st, desired, reason, signal, evidence);
-    (d, st)
+        };
+        (desired, reason)
+    }
 }
 
 /// The `threshold` policy (see [`PolicyKind::Threshold`]).

@@ -338,44 +338,64 @@ fn decision(
 }
 
 /// Compares canary and baseline at the current step and decides what happens next.
+///
+/// A finished rollout stays put. Otherwise a rollback wins over everything (a crashed
+/// canary, then a regression, a failed evaluation or a step that stays inconclusive), then
+/// a reason to wait; with none, the rollout moves to its next step.
 pub fn analyze(
     cfg: &RolloutConfig,
     state: &RolloutState,
     obs: &Observation,
     now: Duration,
 ) -> (RolloutDecision, RolloutState) {
-    let mut st = state.clone();
     let elapsed = (now.as_secs_f64() - state.step_started_secs).max(0.0);
-    match state.phase {
-        Phase::Promoted => {
-            let d = decision(Action::Wait, 100, "already promoted", vec![], obs, elapsed);
-            return (d, st);
-        }
-        Phase::RolledBack => {
-            let d = decision(Action::Wait, 0, "already rolled back", vec![], obs, elapsed);
-            return (d, st);
-        }
-        Phase::Progressing => {}
+    if let Some(d) = finished(state.phase, obs, elapsed) {
+        return (d, state.clone());
     }
-    let rollback = |st: &mut RolloutState, reason: String, checks: Vec<Check>| {
-        st.phase = Phase::RolledBack;
-        st.weight = 0;
-        decision(Action::Rollback, 0, reason, checks, obs, elapsed)
-    };
-
     if !obs.canary_healthy {
-        let d = rollback(
-            &mut st,
-            "canary unhealthy (crashed or not ready)".into(),
-            vec![],
-        );
-        return (d, st);
+        let reason = "canary unhealthy (crashed or not ready)".to_string();
+        return roll_back(state, reason, vec![], obs, elapsed);
     }
-
     let enough =
         obs.canary.requests >= cfg.min_requests && obs.baseline.requests >= cfg.min_requests;
-    // The error rate is judged as soon as the canary alone has enough requests: errors
-    // matter even when the baseline is quiet.
+    let checks = compare(cfg, obs, enough);
+    if let Some(reason) = rollback_reason(cfg, obs, &checks, enough, elapsed) {
+        return roll_back(state, reason, checks, obs, elapsed);
+    }
+    if let Some(reason) = wait_reason(cfg, obs, enough, elapsed) {
+        let d = decision(Action::Wait, state.weight, reason, checks, obs, elapsed);
+        return (d, state.clone());
+    }
+    next_step(cfg, state, checks, obs, elapsed, now)
+}
+
+/// A promoted or rolled-back rollout only waits: there is nothing left to analyze.
+fn finished(phase: Phase, obs: &Observation, elapsed: f64) -> Option<RolloutDecision> {
+    match phase {
+        Phase::Promoted => Some(decision(
+            Action::Wait,
+            100,
+            "already promoted",
+            vec![],
+            obs,
+            elapsed,
+        )),
+        Phase::RolledBack => Some(decision(
+            Action::Wait,
+            0,
+            "already rolled back",
+            vec![],
+            obs,
+            elapsed,
+        )),
+        Phase::Progressing => None,
+    }
+}
+
+/// The canary against the baseline on what both served at this step. The error rate is
+/// judged as soon as the canary alone has enough requests, since errors matter even when
+/// the baseline is quiet; the latencies only once both sides have `enough`.
+fn compare(cfg: &RolloutConfig, obs: &Observation, enough: bool) -> Vec<Check> {
     let mut checks = Vec::new();
     if obs.canary.requests >= cfg.min_requests {
         let limit = obs.baseline.error_rate() + cfg.max_error_rate_increase;
@@ -412,67 +432,93 @@ pub fn analyze(
             cfg.max_itl_ratio,
         ));
     }
+    checks
+}
+
+/// Why the canary must go, if it must: a failed check, then a failed evaluation, then a
+/// step that has not gathered enough requests by `inconclusiveAfterSecs` (a canary nobody
+/// can judge is not promoted by default).
+fn rollback_reason(
+    cfg: &RolloutConfig,
+    obs: &Observation,
+    checks: &[Check],
+    enough: bool,
+    elapsed: f64,
+) -> Option<String> {
     if let Some(failed) = checks.iter().find(|c| !c.passed) {
-        let reason = format!("canary regressed on {}", failed.metric);
-        let d = rollback(&mut st, reason, checks);
-        return (d, st);
+        return Some(format!("canary regressed on {}", failed.metric));
     }
     if let Some(Evaluation::Failed { detail }) = &obs.evaluation {
-        let d = rollback(&mut st, format!("evaluation failed: {detail}"), checks);
-        return (d, st);
+        return Some(format!("evaluation failed: {detail}"));
     }
+    (!enough && elapsed >= cfg.inconclusive_after_secs).then(|| {
+        format!(
+            "inconclusive: fewer than {} requests per side after {:.0} s",
+            cfg.min_requests, elapsed
+        )
+    })
+}
 
+/// Why a canary with nothing against it still waits: too few requests to judge, a step
+/// younger than `stepMinSecs`, or an evaluation command not yet done.
+fn wait_reason(
+    cfg: &RolloutConfig,
+    obs: &Observation,
+    enough: bool,
+    elapsed: f64,
+) -> Option<String> {
     if !enough {
-        if elapsed >= cfg.inconclusive_after_secs {
-            let reason = format!(
-                "inconclusive: fewer than {} requests per side after {:.0} s",
-                cfg.min_requests, elapsed
-            );
-            let d = rollback(&mut st, reason, checks);
-            return (d, st);
-        }
-        let d = decision(
-            Action::Wait,
-            st.weight,
-            format!("gathering samples (need {} per side)", cfg.min_requests),
-            checks,
-            obs,
-            elapsed,
-        );
-        return (d, st);
+        Some(format!(
+            "gathering samples (need {} per side)",
+            cfg.min_requests
+        ))
+    } else if elapsed < cfg.step_min_secs {
+        Some(format!(
+            "checks pass; step runs {:.0} s of {:.0} s",
+            elapsed, cfg.step_min_secs
+        ))
+    } else if cfg.evaluation.is_some() && obs.evaluation.is_none() {
+        Some("checks pass; awaiting the evaluation command".into())
+    } else {
+        None
     }
-    if elapsed < cfg.step_min_secs {
-        let d = decision(
-            Action::Wait,
-            st.weight,
-            format!(
-                "checks pass; step runs {:.0} s of {:.0} s",
-                elapsed, cfg.step_min_secs
-            ),
-            checks,
-            obs,
-            elapsed,
-        );
-        return (d, st);
-    }
-    if cfg.evaluation.is_some() && obs.evaluation.is_none() {
-        let d = decision(
-            Action::Wait,
-            st.weight,
-            "checks pass; awaiting the evaluation command",
-            checks,
-            obs,
-            elapsed,
-        );
-        return (d, st);
-    }
+}
 
-    // Next step.
-    let next = st.step + 1;
+/// Sends all traffic back to the baseline.
+fn roll_back(
+    state: &RolloutState,
+    reason: String,
+    checks: Vec<Check>,
+    obs: &Observation,
+    elapsed: f64,
+) -> (RolloutDecision, RolloutState) {
+    let st = RolloutState {
+        phase: Phase::RolledBack,
+        weight: 0,
+        ..state.clone()
+    };
+    let d = decision(Action::Rollback, 0, reason, checks, obs, elapsed);
+    (d, st)
+}
+
+/// The step passed: on to the next weight, or promotion once that reaches 100. The new
+/// step's clock starts now.
+fn next_step(
+    cfg: &RolloutConfig,
+    state: &RolloutState,
+    checks: Vec<Check>,
+    obs: &Observation,
+    elapsed: f64,
+    now: Duration,
+) -> (RolloutDecision, RolloutState) {
+    let next = state.step + 1;
     let weight = cfg.steps.get(next).copied().unwrap_or(100);
-    st.step = next;
-    st.weight = weight;
-    st.step_started_secs = now.as_secs_f64();
+    let mut st = RolloutState {
+        phase: state.phase,
+        step: next,
+        weight,
+        step_started_secs: now.as_secs_f64(),
+    };
     if weight >= 100 {
         st.phase = Phase::Promoted;
         st.weight = 100;

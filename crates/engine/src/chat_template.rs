@@ -508,8 +508,24 @@ fn affix_matches(s: &str, arg: &Value, method: &str, prefix: bool) -> Result<boo
     Err(invalid(format!("{method}() expects a string or a tuple")))
 }
 
+/// Python's `str` methods, one function per group; any other is `UnknownMethod`.
 fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
-    let all = |f: fn(char) -> bool| !s.is_empty() && s.chars().all(f);
+    match method {
+        "strip" | "lstrip" | "rstrip" | "startswith" | "endswith" | "removeprefix"
+        | "removesuffix" => affix_method(s, method, args),
+        "split" | "rsplit" | "join" => split_method(s, method, args),
+        "replace" | "find" | "count" => search_method(s, method, args),
+        "upper" | "lower" | "title" | "capitalize" => Ok(case_method(s, method)),
+        "isdigit" | "isalpha" | "isalnum" | "isspace" | "islower" | "isupper" => {
+            Ok(Value::from(class_test(s, method)))
+        }
+        _ => Err(Error::from(ErrorKind::UnknownMethod)),
+    }
+}
+
+/// `strip`, `lstrip`, `rstrip`, `startswith`, `endswith`, `removeprefix`, `removesuffix`:
+/// what is at the ends of `s`.
+fn affix_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
     Ok(match method {
         "strip" | "lstrip" | "rstrip" => {
             max_args(args, 1, method)?;
@@ -528,20 +544,52 @@ fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> 
             max_args(args, 1, method)?;
             Value::from(affix_matches(s, arg, method, method == "startswith")?)
         }
-        "split" | "rsplit" => {
-            max_args(args, 2, method)?;
-            let sep = str_arg(args, 0, method)?;
-            if sep.as_deref() == Some("") {
-                return Err(invalid("empty separator"));
-            }
-            let maxsplit = int_arg(args, 1, method)?;
-            let parts = py_split(s, sep.as_deref(), maxsplit, method == "rsplit");
-            Value::from(parts)
+        // `removeprefix` or `removesuffix`.
+        _ => {
+            max_args(args, 1, method)?;
+            let affix = str_arg(args, 0, method)?.unwrap_or_default();
+            let out = if method == "removeprefix" {
+                s.strip_prefix(affix.as_str()).unwrap_or(s)
+            } else {
+                s.strip_suffix(affix.as_str()).unwrap_or(s)
+            };
+            Value::from(out)
         }
-        "upper" => Value::from(s.to_uppercase()),
-        "lower" => Value::from(s.to_lowercase()),
-        "title" => Value::from(py_title(s)),
-        "capitalize" => Value::from(py_capitalize(s)),
+    })
+}
+
+/// `split`, `rsplit` and `join`: `s` cut into a list, or a list glued with `s`.
+fn split_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
+    if method == "join" {
+        max_args(args, 1, method)?;
+        let items = args
+            .first()
+            .ok_or_else(|| Error::new(ErrorKind::MissingArgument, "join() iterable"))?;
+        let mut out = String::new();
+        for (i, item) in items.try_iter()?.enumerate() {
+            if i > 0 {
+                out.push_str(s);
+            }
+            let piece = item
+                .as_str()
+                .ok_or_else(|| invalid("join() expects strings"))?;
+            out.push_str(piece);
+        }
+        return Ok(Value::from(out));
+    }
+    max_args(args, 2, method)?;
+    let sep = str_arg(args, 0, method)?;
+    if sep.as_deref() == Some("") {
+        return Err(invalid("empty separator"));
+    }
+    let maxsplit = int_arg(args, 1, method)?;
+    let parts = py_split(s, sep.as_deref(), maxsplit, method == "rsplit");
+    Ok(Value::from(parts))
+}
+
+/// `replace`, `find` and `count`: a substring's occurrences in `s`.
+fn search_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
+    Ok(match method {
         "replace" => {
             max_args(args, 3, method)?;
             let old = str_arg(args, 0, method)?
@@ -563,7 +611,8 @@ fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> 
                 None => Value::from(-1i64),
             }
         }
-        "count" => {
+        // `count`.
+        _ => {
             max_args(args, 1, method)?;
             let sub = str_arg(args, 0, method)?
                 .ok_or_else(|| Error::new(ErrorKind::MissingArgument, "count() sub"))?;
@@ -573,45 +622,33 @@ fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> 
                 Value::from(s.matches(sub.as_str()).count() as i64)
             }
         }
-        "join" => {
-            max_args(args, 1, method)?;
-            let items = args
-                .first()
-                .ok_or_else(|| Error::new(ErrorKind::MissingArgument, "join() iterable"))?;
-            let mut out = String::new();
-            for (i, item) in items.try_iter()?.enumerate() {
-                if i > 0 {
-                    out.push_str(s);
-                }
-                let piece = item
-                    .as_str()
-                    .ok_or_else(|| invalid("join() expects strings"))?;
-                out.push_str(piece);
-            }
-            Value::from(out)
-        }
-        "removeprefix" | "removesuffix" => {
-            max_args(args, 1, method)?;
-            let affix = str_arg(args, 0, method)?.unwrap_or_default();
-            let out = if method == "removeprefix" {
-                s.strip_prefix(affix.as_str()).unwrap_or(s)
-            } else {
-                s.strip_suffix(affix.as_str()).unwrap_or(s)
-            };
-            Value::from(out)
-        }
-        "isdigit" => Value::from(all(|c| c.is_numeric())),
-        "isalpha" => Value::from(all(char::is_alphabetic)),
-        "isalnum" => Value::from(all(char::is_alphanumeric)),
-        "isspace" => Value::from(all(char::is_whitespace)),
-        "islower" => {
-            Value::from(s.chars().any(char::is_lowercase) && !s.chars().any(char::is_uppercase))
-        }
-        "isupper" => {
-            Value::from(s.chars().any(char::is_uppercase) && !s.chars().any(char::is_lowercase))
-        }
-        _ => return Err(Error::from(ErrorKind::UnknownMethod)),
     })
+}
+
+/// `upper`, `lower`, `title` and `capitalize` (they take no argument; any given is ignored).
+fn case_method(s: &str, method: &str) -> Value {
+    Value::from(match method {
+        "upper" => s.to_uppercase(),
+        "lower" => s.to_lowercase(),
+        "title" => py_title(s),
+        // `capitalize`.
+        _ => py_capitalize(s),
+    })
+}
+
+/// `isdigit`, `isalpha`, `isalnum`, `isspace`, `islower` and `isupper`, as Python answers
+/// them (false for an empty string).
+fn class_test(s: &str, method: &str) -> bool {
+    let all = |f: fn(char) -> bool| !s.is_empty() && s.chars().all(f);
+    match method {
+        "isdigit" => all(|c| c.is_numeric()),
+        "isalpha" => all(char::is_alphabetic),
+        "isalnum" => all(char::is_alphanumeric),
+        "isspace" => all(char::is_whitespace),
+        "islower" => s.chars().any(char::is_lowercase) && !s.chars().any(char::is_uppercase),
+        // `isupper`.
+        _ => s.chars().any(char::is_uppercase) && !s.chars().any(char::is_lowercase),
+    }
 }
 
 fn map_method(value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {

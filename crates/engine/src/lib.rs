@@ -2,7 +2,7 @@
 //! architectures; [`model::arch`]) through the OpenAI-compatible API.
 //!
 //! The request path inside one process: [`server`] validates and tokenizes, [`engine`]
-//! runs the step loop on its own thread ([`scheduler`] plans each step, [`model`] runs one
+//! runs the step loop on its own thread ([`planner`] plans each step, [`model`] runs one
 //! batched forward over the paged [`kv`] cache, [`sampler`] and [`stop`] finish each token),
 //! and each sequence's events flow back to its handler. See `docs/ARCHITECTURE.md`.
 
@@ -25,10 +25,10 @@ pub mod metrics;
 pub mod model;
 pub mod model_cache;
 pub mod options;
+pub mod planner;
 pub mod prefetch;
 pub mod reasoning;
 pub mod sampler;
-pub mod scheduler;
 pub mod sequence;
 pub mod serve;
 pub mod server;

@@ -2,7 +2,9 @@
 //! server protocol" that the Gateway API Inference Extension and llm-d read, and what vLLM's
 //! own Grafana dashboards query). The names and buckets are `strata_api::model_server::vllm`,
 //! defined once for every crate; this file registers them and records what the engine
-//! thread and the HTTP server observe.
+//! thread and the HTTP server observe. Each metric is declared once, in the
+//! `metrics_struct!` list: its field, how it is built, its name and help; the struct, its
+//! construction and its registration all come from that list.
 //!
 //! Three groups, each as vLLM exports it:
 //! - `vllm:*`, labelled `model_name` and `engine`: queue, KV, prefix cache, tokens,
@@ -26,6 +28,7 @@ use strata_api::model_server::{strata, token_buckets, vllm};
 
 use crate::kv::cache::KvDtype;
 
+/// The labels of every series (prometheus-client's generic label set).
 type Labels = Vec<(String, String)>;
 
 pub const TTFT_BUCKETS: &[f64] = vllm::TTFT_BUCKETS;
@@ -57,6 +60,27 @@ pub struct MetricLimits {
     pub max_num_batched_tokens: usize,
     /// The KV cache's entry type (`cache_config_info{cache_dtype}`).
     pub cache_dtype: KvDtype,
+}
+
+impl MetricLimits {
+    /// The buckets of the per-request token-count histograms.
+    fn token_buckets(&self) -> Vec<f64> {
+        token_buckets(self.max_model_len as u64)
+    }
+
+    /// `cache_config_info`'s one series: the cache's layout as labels, at 1.
+    fn cache_config_info(&self) -> Family<Labels, Gauge> {
+        let info: Family<Labels, Gauge> = Family::default();
+        info.get_or_create(&vec![
+            ("block_size".into(), self.block_size.to_string()),
+            ("cache_dtype".into(), self.cache_dtype.vllm_name().into()),
+            ("num_gpu_blocks".into(), self.num_blocks.to_string()),
+            ("enable_prefix_caching".into(), "True".into()),
+            ("prefix_caching_hash_algo".into(), "sha256_cbor".into()),
+        ])
+        .set(1);
+        info
+    }
 }
 
 /// Where a request's prompt KV came from (`strata:kv_transfer_requests_total{path}`).
@@ -102,69 +126,207 @@ pub struct FinishedRequest {
     pub inference_time: Option<Duration>,
 }
 
-/// Every metric the engine exports.
-pub struct EngineMetrics {
-    registry: Registry,
-    pub num_requests_waiting: Gauge,
-    pub num_requests_running: Gauge,
-    /// `reason`: `capacity` (waiting for a slot or blocks) or `deferred` (held by a
-    /// transient constraint; this engine defers nothing, so it stays 0).
-    pub num_requests_waiting_by_reason: Family<Labels, Gauge>,
-    pub kv_cache_usage_perc: Gauge<f64, AtomicU64>,
-    pub prefix_cache_queries: Counter,
-    pub prefix_cache_hits: Counter,
-    pub num_preemptions: Counter,
-    pub prompt_tokens: Counter,
-    pub prompt_tokens_cached: Counter,
-    /// `source`: `local_compute`, `local_cache_hit`, `external_kv_transfer`.
-    pub prompt_tokens_by_source: Family<Labels, Counter>,
-    pub generation_tokens: Counter,
-    pub request_success: Family<Labels, Counter>,
-    pub iteration_tokens: Histogram,
-    pub request_prompt_tokens: Histogram,
-    pub request_generation_tokens: Histogram,
-    pub request_max_num_generation_tokens: Histogram,
-    pub request_params_n: Histogram,
-    pub request_params_max_tokens: Histogram,
-    pub request_prefill_kv_computed_tokens: Histogram,
-    pub time_to_first_token: Histogram,
-    pub inter_token_latency: Histogram,
-    pub time_per_output_token: Histogram,
-    pub e2e_request_latency: Histogram,
-    pub request_queue_time: Histogram,
-    pub request_inference_time: Histogram,
-    pub request_prefill_time: Histogram,
-    pub request_decode_time: Histogram,
-    pub http_requests: Family<Labels, Counter>,
-    pub http_request_duration: Family<Labels, Histogram>,
-    process: ProcessMetrics,
-    // --- speculative decoding (PROTOCOLS §12), defined in spec_decode.rs ---
-    pub spec_decode: crate::spec_decode::SpecDecodeMetrics,
-    /// `vllm:lora_requests_info{max_lora, waiting_lora_adapters, running_lora_adapters}`
-    /// = the wall time of the last update; one series, the current one (no series at all
-    /// while LoRA is off, as vLLM).
-    pub lora_requests_info: Family<Labels, Gauge<f64, AtomicU64>>,
-    lora_last: Mutex<Option<Labels>>,
-    // --- KV transfer and the shared tier (issue 21), `strata:*` names ---
-    /// `direction`: `sent` (exported to a peer) or `received` (installed from a peer or
-    /// the tier); both counted by the engine loop.
-    pub kv_transfer_blocks: Family<Labels, Counter>,
-    /// One pull (the server observes it, [`EngineMetrics::observe_transfer`]).
-    pub kv_transfer_seconds: Histogram,
-    /// `medium`: `GPU` (cached blocks in the pool) or `CPU` (announced on the tier).
-    pub kv_tier_blocks: Family<Labels, Gauge>,
-    /// `path`: see [`TransferPath`].
-    pub kv_transfer_requests: Family<Labels, Counter>,
-    /// Evicted blocks dropped because the offload queue was full.
-    pub kv_offload_dropped: Counter,
-    /// The `GPU` and `CPU` series of `kv_tier_blocks`, set every engine step without a
-    /// label lookup.
-    tier_gpu: Gauge,
-    tier_cpu: Gauge,
+/// Which registry a metric is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Labelled `model_name` and `engine`, as vLLM's `vllm:*` series are.
+    Model,
+    /// Unlabelled: the `http_*`, `process_*` and LoRA series, as vLLM's.
+    Unlabelled,
+}
+
+/// Declares the metrics struct from one list: each entry is a field (doc, visibility, name,
+/// type), how it is built, and, for one on the page, its scope, name and help (an entry
+/// with a scope and no name is a group that registers itself). The struct, `build` and
+/// `register` all come from the list, and the page follows its order within each scope.
+/// `build` binds each field in turn, so an entry may read the ones above it, and names its
+/// argument after the identifier in parentheses.
+macro_rules! metrics_struct {
+    (
+        $(#[$struct_doc:meta])*
+        $struct_vis:vis struct $name:ident($limits:ident) {
+            $(
+                $(#[$doc:meta])*
+                $vis:vis $field:ident: $ty:ty = $init:expr
+                $(=> $scope:ident $(: $metric:expr, $help:expr)?)?;
+            )*
+        }
+    ) => {
+        $(#[$struct_doc])*
+        $struct_vis struct $name {
+            registry: Registry,
+            $($(#[$doc])* $vis $field: $ty,)*
+        }
+
+        impl $name {
+            /// Every metric, built in the declared order, and an empty registry.
+            fn build($limits: MetricLimits) -> Self {
+                $(let $field: $ty = $init;)*
+                Self {
+                    registry: Registry::default(),
+                    $($field,)*
+                }
+            }
+
+            /// Registers the metrics of `scope` on `r`, in the declared order.
+            fn register(&self, scope: Scope, r: &mut Registry) {
+                $($(
+                    if scope == Scope::$scope {
+                        metrics_struct!(@register self, r, $field $(, $metric, $help)?);
+                    }
+                )?)*
+            }
+        }
+    };
+    (@register $self:ident, $r:ident, $field:ident, $metric:expr, $help:expr) => {
+        $r.register($metric, $help, $self.$field.clone())
+    };
+    (@register $self:ident, $r:ident, $field:ident) => {
+        $self.$field.register($r)
+    };
+}
+
+metrics_struct! {
+    /// Every metric the engine exports.
+    pub struct EngineMetrics(limits) {
+        // --- `vllm:*`: queue, KV, prefix cache, tokens, latencies ---
+        pub num_requests_waiting: Gauge = Gauge::default()
+            => Model: vllm::NUM_REQUESTS_WAITING, "Requests queued, not yet scheduled";
+        pub num_requests_running: Gauge = Gauge::default()
+            => Model: vllm::NUM_REQUESTS_RUNNING, "Requests in the running batch";
+        /// `reason`: `capacity` (waiting for a slot or blocks) or `deferred` (held by a
+        /// transient constraint; this engine defers nothing, so it stays 0).
+        pub num_requests_waiting_by_reason: Family<Labels, Gauge> =
+            seeded("reason", &["capacity", "deferred"])
+            => Model: vllm::NUM_REQUESTS_WAITING_BY_REASON,
+            "Waiting requests by reason (capacity, deferred); they sum to num_requests_waiting";
+        pub kv_cache_usage_perc: Gauge<f64, AtomicU64> = Gauge::default()
+            => Model: vllm::KV_CACHE_USAGE_PERC, "Fraction of KV-cache blocks in use (0..1)";
+        /// `cache_config_info{block_size, cache_dtype, ...}`: set once, at 1.
+        cache_config_info: Family<Labels, Gauge> = limits.cache_config_info()
+            => Model: vllm::CACHE_CONFIG_INFO, "KV-cache configuration";
+        pub prefix_cache_queries: Counter = Counter::default()
+            => Model: vllm::PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache";
+        pub prefix_cache_hits: Counter = Counter::default()
+            => Model: vllm::PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache";
+        pub num_preemptions: Counter = Counter::default()
+            => Model: vllm::NUM_PREEMPTIONS, "Sequences preempted to free KV blocks";
+        pub prompt_tokens: Counter = Counter::default()
+            => Model: vllm::PROMPT_TOKENS, "Prompt tokens processed";
+        pub prompt_tokens_cached: Counter = Counter::default()
+            => Model: vllm::PROMPT_TOKENS_CACHED,
+            "Prompt tokens whose KV came from the prefix cache";
+        /// `source`: `local_compute`, `local_cache_hit`, `external_kv_transfer`.
+        pub prompt_tokens_by_source: Family<Labels, Counter> =
+            seeded("source", &["local_compute", "local_cache_hit", "external_kv_transfer"])
+            => Model: vllm::PROMPT_TOKENS_BY_SOURCE,
+            "Prompt tokens by source (local_compute, local_cache_hit, external_kv_transfer)";
+        pub generation_tokens: Counter = Counter::default()
+            => Model: vllm::GENERATION_TOKENS, "Tokens generated";
+        pub request_success: Family<Labels, Counter> =
+            seeded("finished_reason", &["stop", "length", "abort", "error"])
+            => Model: vllm::REQUEST_SUCCESS, "Finished requests by finish reason";
+        pub iteration_tokens: Histogram =
+            histogram(&iteration_buckets(limits.max_num_batched_tokens))
+            => Model: vllm::ITERATION_TOKENS, "Tokens (prompt and output) per engine step";
+        pub request_prompt_tokens: Histogram = histogram(&limits.token_buckets())
+            => Model: vllm::REQUEST_PROMPT_TOKENS, "Prompt tokens per request";
+        pub request_generation_tokens: Histogram = histogram(&limits.token_buckets())
+            => Model: vllm::REQUEST_GENERATION_TOKENS, "Generated tokens per request";
+        pub request_max_num_generation_tokens: Histogram = histogram(&limits.token_buckets())
+            => Model: vllm::REQUEST_MAX_NUM_GENERATION_TOKENS,
+            "Largest generated-token count over a request's sequences";
+        pub request_params_n: Histogram = histogram(vllm::PARAMS_N_BUCKETS)
+            => Model: vllm::REQUEST_PARAMS_N, "The n of each request";
+        pub request_params_max_tokens: Histogram = histogram(&limits.token_buckets())
+            => Model: vllm::REQUEST_PARAMS_MAX_TOKENS, "The max_tokens of each request";
+        pub request_prefill_kv_computed_tokens: Histogram = histogram(&limits.token_buckets())
+            => Model: vllm::REQUEST_PREFILL_KV_COMPUTED_TOKENS,
+            "Prompt tokens computed (not found in the prefix cache) per request";
+        pub time_to_first_token: Histogram = histogram(TTFT_BUCKETS)
+            => Model: vllm::TIME_TO_FIRST_TOKEN, "Time to first token";
+        pub inter_token_latency: Histogram = histogram(ITL_BUCKETS)
+            => Model: vllm::INTER_TOKEN_LATENCY, "Time between consecutive output tokens";
+        pub time_per_output_token: Histogram = histogram(ITL_BUCKETS)
+            => Model: vllm::TIME_PER_OUTPUT_TOKEN,
+            "Mean time per output token after the first, per request";
+        pub e2e_request_latency: Histogram = histogram(REQUEST_BUCKETS)
+            => Model: vllm::E2E_REQUEST_LATENCY, "Arrival to finish";
+        pub request_queue_time: Histogram = histogram(REQUEST_BUCKETS)
+            => Model: vllm::REQUEST_QUEUE_TIME, "Arrival to first scheduled";
+        pub request_inference_time: Histogram = histogram(REQUEST_BUCKETS)
+            => Model: vllm::REQUEST_INFERENCE_TIME, "First scheduled to finish";
+        pub request_prefill_time: Histogram = histogram(REQUEST_BUCKETS)
+            => Model: vllm::REQUEST_PREFILL_TIME, "First scheduled to first token";
+        pub request_decode_time: Histogram = histogram(REQUEST_BUCKETS)
+            => Model: vllm::REQUEST_DECODE_TIME, "First token to last token";
+        // --- speculative decoding (PROTOCOLS §12), defined in spec_decode.rs ---
+        pub spec_decode: crate::spec_decode::SpecDecodeMetrics = Default::default() => Model;
+        // --- KV transfer and the shared tier (issue 21), `strata:*` names; every label
+        // value present from the start ---
+        /// `direction`: `sent` (exported to a peer) or `received` (installed from a peer or
+        /// the tier); both counted by the engine loop.
+        pub kv_transfer_blocks: Family<Labels, Counter> = seeded("direction", &["sent", "received"])
+            => Model: strata::KV_TRANSFER_BLOCKS,
+            "KV blocks sent to or received from another engine or the KV tier";
+        /// One pull (the server observes it, [`EngineMetrics::observe_transfer`]).
+        pub kv_transfer_seconds: Histogram = histogram(strata::KV_TRANSFER_BUCKETS)
+            => Model: strata::KV_TRANSFER_SECONDS,
+            "Seconds one pull of KV blocks from a prefill engine or the KV tier took";
+        /// `medium`: `GPU` (cached blocks in the pool) or `CPU` (announced on the tier).
+        pub kv_tier_blocks: Family<Labels, Gauge> = Family::default()
+            => Model: strata::KV_TIER_BLOCKS,
+            "Cached KV blocks by medium (GPU: this engine's cache, CPU: on the KV tier)";
+        /// The `GPU` and `CPU` series of `kv_tier_blocks`, set every engine step without a
+        /// label lookup.
+        tier_gpu: Gauge = series(&kv_tier_blocks, "medium", "GPU");
+        tier_cpu: Gauge = series(&kv_tier_blocks, "medium", "CPU");
+        /// `path`: see [`TransferPath`].
+        pub kv_transfer_requests: Family<Labels, Counter> =
+            seeded("path", &TransferPath::ALL.map(TransferPath::as_str))
+            => Model: strata::KV_TRANSFER_REQUESTS, "Requests by where their prompt KV came from";
+        /// Evicted blocks dropped because the offload queue was full.
+        pub kv_offload_dropped: Counter = Counter::default()
+            => Model: strata::KV_OFFLOAD_DROPPED,
+            "Evicted KV blocks not offered to the tier because its queue was full";
+        // --- unlabelled: HTTP, LoRA and process ---
+        pub http_requests: Family<Labels, Counter> = Family::default()
+            => Unlabelled: "http_requests",
+            "Total number of requests by method, status and handler";
+        pub http_request_duration: Family<Labels, Histogram> =
+            Family::new_with_constructor(|| histogram(HTTP_DURATION_BUCKETS))
+            => Unlabelled: "http_request_duration_seconds",
+            "Latency by handler and method, to the start of the response";
+        /// `vllm:lora_requests_info{max_lora, waiting_lora_adapters, running_lora_adapters}`
+        /// = the wall time of the last update; one series, the current one (no series at all
+        /// while LoRA is off, as vLLM). vLLM's carries no model_name or engine label.
+        pub lora_requests_info: Family<Labels, Gauge<f64, AtomicU64>> = Family::default()
+            => Unlabelled: vllm::LORA_REQUESTS_INFO, "Running stats on lora requests.";
+        lora_last: Mutex<Option<Labels>> = Mutex::new(None);
+        process: ProcessMetrics = ProcessMetrics::default() => Unlabelled;
+    }
 }
 
 fn histogram(buckets: &[f64]) -> Histogram {
     Histogram::new(buckets.iter().copied())
+}
+
+/// A family with one series per value of `label`, each at 0 from the start, as vLLM's page
+/// has them: panels then read 0, not "no data".
+fn seeded<M: Default>(label: &str, values: &[&str]) -> Family<Labels, M> {
+    let family = Family::default();
+    for value in values {
+        // Creating the series is all that is wanted: its guard goes at once.
+        drop(family.get_or_create(&vec![(label.to_string(), value.to_string())]));
+    }
+    family
+}
+
+/// The `label`=`value` series of `family` (created at 0), to set without a label lookup.
+fn series(family: &Family<Labels, Gauge>, label: &str, value: &str) -> Gauge {
+    family
+        .get_or_create(&vec![(label.to_string(), value.to_string())])
+        .clone()
 }
 
 impl EngineMetrics {
@@ -183,288 +345,19 @@ impl EngineMetrics {
     }
 
     pub fn with_limits(model_name: &str, limits: MetricLimits) -> Self {
-        let tokens = token_buckets(limits.max_model_len as u64);
-        let m = Self {
-            num_requests_waiting: Gauge::default(),
-            num_requests_running: Gauge::default(),
-            num_requests_waiting_by_reason: Family::default(),
-            kv_cache_usage_perc: Gauge::default(),
-            prefix_cache_queries: Counter::default(),
-            prefix_cache_hits: Counter::default(),
-            num_preemptions: Counter::default(),
-            prompt_tokens: Counter::default(),
-            prompt_tokens_cached: Counter::default(),
-            prompt_tokens_by_source: Family::default(),
-            generation_tokens: Counter::default(),
-            request_success: Family::default(),
-            iteration_tokens: Histogram::new(iteration_buckets(limits.max_num_batched_tokens)),
-            request_prompt_tokens: histogram(&tokens),
-            request_generation_tokens: histogram(&tokens),
-            request_max_num_generation_tokens: histogram(&tokens),
-            request_params_n: histogram(vllm::PARAMS_N_BUCKETS),
-            request_params_max_tokens: histogram(&tokens),
-            request_prefill_kv_computed_tokens: histogram(&tokens),
-            time_to_first_token: histogram(TTFT_BUCKETS),
-            inter_token_latency: histogram(ITL_BUCKETS),
-            time_per_output_token: histogram(ITL_BUCKETS),
-            e2e_request_latency: histogram(REQUEST_BUCKETS),
-            request_queue_time: histogram(REQUEST_BUCKETS),
-            request_inference_time: histogram(REQUEST_BUCKETS),
-            request_prefill_time: histogram(REQUEST_BUCKETS),
-            request_decode_time: histogram(REQUEST_BUCKETS),
-            http_requests: Family::default(),
-            http_request_duration: Family::new_with_constructor(|| {
-                histogram(HTTP_DURATION_BUCKETS)
-            }),
-            process: ProcessMetrics::default(),
-            spec_decode: Default::default(),
-            lora_requests_info: Family::default(),
-            lora_last: Mutex::new(None),
-            kv_transfer_blocks: Family::default(),
-            kv_transfer_seconds: histogram(strata::KV_TRANSFER_BUCKETS),
-            kv_tier_blocks: Family::default(),
-            kv_transfer_requests: Family::default(),
-            kv_offload_dropped: Counter::default(),
-            tier_gpu: Gauge::default(),
-            tier_cpu: Gauge::default(),
-            registry: Registry::default(),
-        };
-        // Every series but the `http_*` and `process_*` ones carries the model and engine,
-        // as vLLM's do.
+        let mut m = Self::build(limits);
         let mut registry = Registry::default();
-        let r = registry.sub_registry_with_labels(
+        let model = registry.sub_registry_with_labels(
             [
                 ("model_name".into(), model_name.to_string().into()),
                 ("engine".into(), "0".into()),
             ]
             .into_iter(),
         );
-        r.register(
-            vllm::NUM_REQUESTS_WAITING,
-            "Requests queued, not yet scheduled",
-            m.num_requests_waiting.clone(),
-        );
-        r.register(
-            vllm::NUM_REQUESTS_RUNNING,
-            "Requests in the running batch",
-            m.num_requests_running.clone(),
-        );
-        r.register(
-            vllm::NUM_REQUESTS_WAITING_BY_REASON,
-            "Waiting requests by reason (capacity, deferred); they sum to num_requests_waiting",
-            m.num_requests_waiting_by_reason.clone(),
-        );
-        for reason in ["capacity", "deferred"] {
-            m.num_requests_waiting_by_reason
-                .get_or_create(&vec![("reason".into(), reason.into())])
-                .set(0);
-        }
-        r.register(
-            vllm::KV_CACHE_USAGE_PERC,
-            "Fraction of KV-cache blocks in use (0..1)",
-            m.kv_cache_usage_perc.clone(),
-        );
-        let info: Family<Labels, Gauge> = Family::default();
-        info.get_or_create(&vec![
-            ("block_size".into(), limits.block_size.to_string()),
-            ("cache_dtype".into(), limits.cache_dtype.vllm_name().into()),
-            ("num_gpu_blocks".into(), limits.num_blocks.to_string()),
-            ("enable_prefix_caching".into(), "True".into()),
-            ("prefix_caching_hash_algo".into(), "sha256_cbor".into()),
-        ])
-        .set(1);
-        r.register(vllm::CACHE_CONFIG_INFO, "KV-cache configuration", info);
-        r.register(
-            vllm::PREFIX_CACHE_QUERIES,
-            "Prompt tokens looked up in the prefix cache",
-            m.prefix_cache_queries.clone(),
-        );
-        r.register(
-            vllm::PREFIX_CACHE_HITS,
-            "Prompt tokens found in the prefix cache",
-            m.prefix_cache_hits.clone(),
-        );
-        r.register(
-            vllm::NUM_PREEMPTIONS,
-            "Sequences preempted to free KV blocks",
-            m.num_preemptions.clone(),
-        );
-        r.register(
-            vllm::PROMPT_TOKENS,
-            "Prompt tokens processed",
-            m.prompt_tokens.clone(),
-        );
-        r.register(
-            vllm::PROMPT_TOKENS_CACHED,
-            "Prompt tokens whose KV came from the prefix cache",
-            m.prompt_tokens_cached.clone(),
-        );
-        r.register(
-            vllm::PROMPT_TOKENS_BY_SOURCE,
-            "Prompt tokens by source (local_compute, local_cache_hit, external_kv_transfer)",
-            m.prompt_tokens_by_source.clone(),
-        );
-        for source in ["local_compute", "local_cache_hit", "external_kv_transfer"] {
-            // Present from the start (at 0), as vLLM's are.
-            m.prompt_tokens_by_source
-                .get_or_create(&vec![("source".into(), source.into())])
-                .inc_by(0);
-        }
-        r.register(
-            vllm::GENERATION_TOKENS,
-            "Tokens generated",
-            m.generation_tokens.clone(),
-        );
-        // Every reason from the start (at 0), as vLLM's page has them: error-rate panels
-        // then read 0, not "no data".
-        for reason in ["stop", "length", "abort", "error"] {
-            m.record_finish_n(reason, 0);
-        }
-        r.register(
-            vllm::REQUEST_SUCCESS,
-            "Finished requests by finish reason",
-            m.request_success.clone(),
-        );
-        r.register(
-            vllm::ITERATION_TOKENS,
-            "Tokens (prompt and output) per engine step",
-            m.iteration_tokens.clone(),
-        );
-        r.register(
-            vllm::REQUEST_PROMPT_TOKENS,
-            "Prompt tokens per request",
-            m.request_prompt_tokens.clone(),
-        );
-        r.register(
-            vllm::REQUEST_GENERATION_TOKENS,
-            "Generated tokens per request",
-            m.request_generation_tokens.clone(),
-        );
-        r.register(
-            vllm::REQUEST_MAX_NUM_GENERATION_TOKENS,
-            "Largest generated-token count over a request's sequences",
-            m.request_max_num_generation_tokens.clone(),
-        );
-        r.register(
-            vllm::REQUEST_PARAMS_N,
-            "The n of each request",
-            m.request_params_n.clone(),
-        );
-        r.register(
-            vllm::REQUEST_PARAMS_MAX_TOKENS,
-            "The max_tokens of each request",
-            m.request_params_max_tokens.clone(),
-        );
-        r.register(
-            vllm::REQUEST_PREFILL_KV_COMPUTED_TOKENS,
-            "Prompt tokens computed (not found in the prefix cache) per request",
-            m.request_prefill_kv_computed_tokens.clone(),
-        );
-        r.register(
-            vllm::TIME_TO_FIRST_TOKEN,
-            "Time to first token",
-            m.time_to_first_token.clone(),
-        );
-        r.register(
-            vllm::INTER_TOKEN_LATENCY,
-            "Time between consecutive output tokens",
-            m.inter_token_latency.clone(),
-        );
-        r.register(
-            vllm::TIME_PER_OUTPUT_TOKEN,
-            "Mean time per output token after the first, per request",
-            m.time_per_output_token.clone(),
-        );
-        r.register(
-            vllm::E2E_REQUEST_LATENCY,
-            "Arrival to finish",
-            m.e2e_request_latency.clone(),
-        );
-        r.register(
-            vllm::REQUEST_QUEUE_TIME,
-            "Arrival to first scheduled",
-            m.request_queue_time.clone(),
-        );
-        r.register(
-            vllm::REQUEST_INFERENCE_TIME,
-            "First scheduled to finish",
-            m.request_inference_time.clone(),
-        );
-        r.register(
-            vllm::REQUEST_PREFILL_TIME,
-            "First scheduled to first token",
-            m.request_prefill_time.clone(),
-        );
-        r.register(
-            vllm::REQUEST_DECODE_TIME,
-            "First token to last token",
-            m.request_decode_time.clone(),
-        );
-        // --- speculative decoding ---
-        m.spec_decode.register(r);
-        // --- KV transfer and the shared tier: every label value present from the start ---
-        r.register(
-            strata::KV_TRANSFER_BLOCKS,
-            "KV blocks sent to or received from another engine or the KV tier",
-            m.kv_transfer_blocks.clone(),
-        );
-        for direction in ["sent", "received"] {
-            m.record_transfer_blocks(direction, 0);
-        }
-        r.register(
-            strata::KV_TRANSFER_SECONDS,
-            "Seconds one pull of KV blocks from a prefill engine or the KV tier took",
-            m.kv_transfer_seconds.clone(),
-        );
-        r.register(
-            strata::KV_TIER_BLOCKS,
-            "Cached KV blocks by medium (GPU: this engine's cache, CPU: on the KV tier)",
-            m.kv_tier_blocks.clone(),
-        );
-        let tier_gauge = |medium: &str| {
-            m.kv_tier_blocks
-                .get_or_create(&vec![("medium".into(), medium.into())])
-                .clone()
-        };
-        let (tier_gpu, tier_cpu) = (tier_gauge("GPU"), tier_gauge("CPU"));
-        r.register(
-            strata::KV_TRANSFER_REQUESTS,
-            "Requests by where their prompt KV came from",
-            m.kv_transfer_requests.clone(),
-        );
-        for path in TransferPath::ALL {
-            m.kv_transfer_requests
-                .get_or_create(&vec![("path".into(), path.as_str().into())])
-                .inc_by(0);
-        }
-        r.register(
-            strata::KV_OFFLOAD_DROPPED,
-            "Evicted KV blocks not offered to the tier because its queue was full",
-            m.kv_offload_dropped.clone(),
-        );
-        registry.register(
-            "http_requests",
-            "Total number of requests by method, status and handler",
-            m.http_requests.clone(),
-        );
-        registry.register(
-            "http_request_duration_seconds",
-            "Latency by handler and method, to the start of the response",
-            m.http_request_duration.clone(),
-        );
-        // vLLM's carries no model_name or engine label.
-        registry.register(
-            vllm::LORA_REQUESTS_INFO,
-            "Running stats on lora requests.",
-            m.lora_requests_info.clone(),
-        );
-        m.process.register(&mut registry);
-        Self {
-            registry,
-            tier_gpu,
-            tier_cpu,
-            ..m
-        }
+        m.register(Scope::Model, model);
+        m.register(Scope::Unlabelled, &mut registry);
+        m.registry = registry;
+        m
     }
 
     /// The LoRA slots and the adapters of the running and waiting requests (comma-joined,
@@ -490,13 +383,9 @@ impl EngineMetrics {
 
     /// Counts a finished request under its `finished_reason`.
     pub fn record_finish(&self, reason: &str) {
-        self.record_finish_n(reason, 1);
-    }
-
-    fn record_finish_n(&self, reason: &str, n: u64) {
         self.request_success
             .get_or_create(&vec![("finished_reason".into(), reason.into())])
-            .inc_by(n);
+            .inc();
     }
 
     /// The queue gauges, with the waiting requests all waiting for capacity.
@@ -637,6 +526,7 @@ struct ProcessMetrics {
 }
 
 impl ProcessMetrics {
+    /// Registers the five series (unlabelled, as every client library's).
     fn register(&self, r: &mut Registry) {
         r.register(
             "process_cpu_seconds",
@@ -957,6 +847,73 @@ mod tests {
             v("vllm:prompt_tokens_cached_total", ("model_name", "m")),
             Some(60.0)
         );
+    }
+
+    /// The whole page of a fresh registry after one HTTP exchange, against a golden file:
+    /// every name, HELP and TYPE line, the metrics' order, the label sets and the buckets.
+    /// The process series are left at 0 (the registry is encoded without reading `/proc`).
+    /// To refresh the golden after a deliberate change, run with `STRATA_BLESS=1`.
+    #[test]
+    fn the_page_matches_the_golden_exposition() {
+        let m = EngineMetrics::with_limits(
+            "m",
+            MetricLimits {
+                block_size: 16,
+                num_blocks: 100,
+                max_model_len: 8192,
+                max_num_batched_tokens: 2048,
+                cache_dtype: KvDtype::Int8,
+            },
+        );
+        m.record_http("/v1/completions", "POST", 200, Duration::from_millis(30));
+        let mut page = String::new();
+        encode(&mut page, &m.registry).unwrap();
+        let golden = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/engine_metrics.txt"
+        );
+        if std::env::var_os("STRATA_BLESS").is_some() {
+            std::fs::write(golden, canonical(&page)).unwrap();
+        }
+        let want = std::fs::read_to_string(golden).unwrap();
+        assert_eq!(canonical(&page), want);
+    }
+
+    /// `page` with each metric's series sorted by their labels (a family keeps its series
+    /// in a hash map, so their order changes from run to run). The sort is stable and keyed
+    /// on the labels without `le`, so a histogram's lines stay in the order written.
+    fn canonical(page: &str) -> String {
+        fn series_key(line: &str) -> String {
+            let labels = line
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map_or("", |(labels, _)| labels);
+            labels
+                .split(',')
+                .filter(|pair| !pair.starts_with("le="))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        fn flush(series: &mut Vec<&str>, out: &mut String) {
+            series.sort_by_key(|line| series_key(line));
+            for line in series.drain(..) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        let mut out = String::new();
+        let mut series: Vec<&str> = Vec::new();
+        for line in page.lines() {
+            if line.starts_with('#') {
+                flush(&mut series, &mut out);
+                out.push_str(line);
+                out.push('\n');
+            } else {
+                series.push(line);
+            }
+        }
+        flush(&mut series, &mut out);
+        out
     }
 
     #[test]

@@ -1,8 +1,12 @@
-//! What `strata engine` is started with: the model, the address, and the engine's tuning.
+//! What `strata engine` is started with: the model, the address, and the engine's tuning,
+//! in one struct ([`EngineOptions`]).
 //!
-//! Both HTTP fronts read these (the generation [`server`](crate::server) and the encoder's
-//! [`embed::server`](crate::embed::server)); the engine's `cli` module fills them from
-//! flags, and tests and embedders fill them in code.
+//! The flags (`cli::EngineArgs`) are checked and resolved into it once; from there
+//! everything reads it: both HTTP fronts (the generation [`server`](crate::server) and the
+//! encoder's [`embed::server`](crate::embed::server)), the engine loop
+//! ([`engine::start`](crate::engine::start)) and the step planner
+//! ([`StepPlanner::new`](crate::planner::StepPlanner::new)). Tests, embedders and the
+//! simulator fill it in code, from [`EngineOptions::default`] (the flags' defaults).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +17,7 @@ use crate::kv::cache::KvDtype;
 use crate::kv::peers::KvPeers;
 use crate::lora::LoraOptions;
 use crate::model::WeightFormat;
-use crate::scheduler::Policy;
+use crate::planner::{Policy, StepBudget};
 use crate::spec_decode::SpeculativeConfig;
 
 /// The default block-hash seed: vLLM's own default (when `PYTHONHASHSEED` is unset), so
@@ -21,19 +25,15 @@ use crate::spec_decode::SpeculativeConfig;
 /// blocks.
 pub use crate::kv::hashing::DEFAULT_HASH_SEED;
 
-/// Everything `strata engine` needs to serve.
+/// Everything `strata engine` needs to serve, with defaults that serve on one machine.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub struct EngineOptions {
+    /// The model file (or an encoder's directory), `--model` resolved in the cache.
     pub model_path: PathBuf,
     /// The name clients send as `model`.
     pub model_name: String,
+    /// Where the API listens (`--host`, `--port`).
     pub addr: SocketAddr,
-    pub options: EngineOptions,
-}
-
-/// Engine tuning, with defaults that serve on one machine.
-#[derive(Debug, Clone)]
-pub struct EngineOptions {
     pub weights: WeightFormat,
     /// Keep decode rows' activations in f32 (exact to the stored 4-bit weights, slower);
     /// see [`Llama::q8_decode`]. Prompt rows then stay in f32 too.
@@ -78,9 +78,9 @@ pub struct EngineOptions {
     pub lora: Option<LoraOptions>,
     /// Stall-free scheduling (`--step-time-budget-ms`): a step that carries decodes is
     /// kept near this time by sizing the prefill chunks beside them from the measured step
-    /// cost (at least 256 prefill tokens a step, so prompts always progress). Zero turns it
-    /// off: only `max_num_batched_tokens` bounds a step.
-    pub step_time_budget_ms: u64,
+    /// cost (at least 256 prefill tokens a step, so prompts always progress). `None` (the
+    /// flag's 0) turns it off: only `max_num_batched_tokens` bounds a step.
+    pub step_time_budget: Option<Duration>,
     /// Disaggregated serving role (`--kv-role`, PROTOCOLS §11).
     pub kv_role: KvRole,
     /// Port of the KV block-transfer endpoint (`--kv-transfer-port`); 0 is off.
@@ -88,7 +88,8 @@ pub struct EngineOptions {
     /// Host advertised as `remote_host` (`--kv-transfer-host`); `None`: the bind host, or
     /// 127.0.0.1 for a wildcard bind.
     pub kv_transfer_host: Option<String>,
-    /// How long a prefill engine keeps a finished request's blocks pinned for its decoder.
+    /// How long a prefill engine keeps a finished request's pinned prompt blocks for its
+    /// decoder to pull (`--kv-pin-timeout-secs`) before they are released.
     pub kv_pin_timeout: Duration,
     /// How long a decode engine waits for a remote prefill's blocks before recomputing.
     pub kv_transfer_timeout: Duration,
@@ -123,6 +124,9 @@ pub struct ToolOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
+            model_path: PathBuf::new(),
+            model_name: String::new(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             weights: WeightFormat::Gguf,
             exact_decode: false,
             exact_prefill: false,
@@ -147,11 +151,11 @@ impl Default for EngineOptions {
             speculative: None,
             generation_config: "auto".to_string(),
             lora: None,
-            step_time_budget_ms: crate::scheduler::StepBudget::DEFAULT_TARGET_MS,
+            step_time_budget: Some(StepBudget::DEFAULT_TARGET),
             kv_role: KvRole::Both,
             kv_transfer_port: 0,
             kv_transfer_host: None,
-            kv_pin_timeout: Duration::from_secs(60),
+            kv_pin_timeout: crate::engine::DEFAULT_PIN_TIMEOUT,
             kv_transfer_timeout: Duration::from_millis(5000),
             kv_tier: None,
             kv_peers: KvPeers::Unset,
@@ -159,6 +163,15 @@ impl Default for EngineOptions {
             kv_tls: None,
             tools: ToolOptions::default(),
         }
+    }
+}
+
+impl EngineOptions {
+    /// The KV cache's entry type for `model`: `--kv-cache-dtype`, or with `auto` the
+    /// model's default.
+    pub fn kv_dtype(&self, model: &crate::model::Llama) -> KvDtype {
+        self.kv_cache_dtype
+            .unwrap_or_else(|| model.default_kv_dtype())
     }
 }
 

@@ -116,7 +116,7 @@ pub struct SeqTimes {
     pub last_token: Option<Instant>,
 }
 
-/// A request in the scheduler. The fields a step reads for every running sequence come
+/// A request in the step planner. The fields a step reads for every running sequence come
 /// first, in two cache lines of their own (`repr(C)`, 64-byte aligned): a planner step
 /// over sequences the cache has lost since their last step (a simulated fleet's, or a
 /// busy engine's) then misses on those two lines instead of on five or six scattered ones.
@@ -142,7 +142,7 @@ pub struct Sequence {
     pub request_id: String,
     pub priority: i32,
     /// Boxed: half a kilobyte (its RNG and scratch) that only sampling reads, kept out of
-    /// the line-by-line walks and moves of the scheduler's queues.
+    /// the line-by-line walks and moves of the planner's queues.
     pub sampler: Box<Sampler>,
     pub decoder: IncrementalDecoder,
     pub stop: StopMatcher,
@@ -262,8 +262,9 @@ mod tests {
 
     #[test]
     fn a_sequence_fits_eight_cache_lines_with_its_sampler_out_of_line() {
-        // The scheduler moves sequences between its queues and shifts the running list
-        // on every finish: the sampler's half kilobyte stays behind a box.
+        // The planner moves sequences between its queues (admission, preemption) and
+        // walks the running ones every step: the sampler's half kilobyte stays behind a
+        // box.
         assert!(size_of::<Sampler>() > 256);
         assert!(
             size_of::<Sequence>() <= 512,

@@ -215,10 +215,12 @@ fn without_keys_the_engine_is_open_and_bad_keys_stop_the_start() {
         keys(&[], Some("")),
     ] {
         let opts = EngineOptions {
+            model_path: common::model_path(),
+            model_name: MODEL.into(),
             auth: bad,
             ..EngineOptions::default()
         };
-        match server::load(&common::model_path(), MODEL, &opts) {
+        match server::load(&opts) {
             Err(e) => assert!(e.to_string().contains("key"), "{e}"),
             Ok(_) => panic!("a bad key was accepted"),
         }

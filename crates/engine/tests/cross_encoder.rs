@@ -121,12 +121,13 @@ fn the_head_is_read_from_the_config() {
 }
 
 fn start(kind: &str) -> (SocketAddr, Arc<EmbedState>) {
-    let dir = fixtures().join(kind);
     let opts = EngineOptions {
+        model_path: fixtures().join(kind),
+        model_name: kind.into(),
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()
     };
-    let loaded = embed_server::load(&dir, kind, &opts).expect("load the model");
+    let loaded = embed_server::load(&opts).expect("load the model");
     let state = loaded.state.clone();
     let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
     (addr, state)

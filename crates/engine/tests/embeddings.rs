@@ -143,7 +143,12 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
 }
 
 fn start(opts: EngineOptions) -> (SocketAddr, Arc<EmbedState>) {
-    let loaded = embed_server::load(&model_dir(), NAME, &opts).expect("load the encoder");
+    let loaded = embed_server::load(&EngineOptions {
+        model_path: model_dir(),
+        model_name: NAME.into(),
+        ..opts
+    })
+    .expect("load the encoder");
     let state = loaded.state.clone();
     let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
     (addr, state)

@@ -102,13 +102,15 @@ fn every_family_serves_its_greedy_continuations_batched_and_from_the_prefix_cach
                 .expect("fixture");
         let model = Model::load(&gguf, WeightFormat::F32).expect("load");
         let opts = EngineOptions {
+            model_path: gguf.clone(),
+            model_name: family.to_string(),
             weights: WeightFormat::F32,
             num_blocks: Some(128),
             prefix_caching: true,
             generation_config: "vllm".into(),
             ..EngineOptions::default()
         };
-        let loaded = server::load(&gguf, family, &opts).expect("serve the model");
+        let loaded = server::load(&opts).expect("serve the model");
         let state = loaded.state.clone();
         let addr = common::serve_app(server::router(state.clone()), state.clone());
         let want: Vec<String> = fx

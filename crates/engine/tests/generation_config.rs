@@ -159,7 +159,12 @@ fn a_bad_generation_config_is_a_clear_startup_error() {
     let dir = TempDir::new("bad");
     let file = dir.0.join("generation_config.json");
     let fails = |spec: &str| -> String {
-        match server::load(&model, MODEL, &opts(spec)) {
+        let opts = EngineOptions {
+            model_path: model.clone(),
+            model_name: MODEL.into(),
+            ..opts(spec)
+        };
+        match server::load(&opts) {
             Ok(_) => panic!("`--generation-config {spec}` was accepted"),
             Err(e) => e.to_string(),
         }

@@ -36,18 +36,17 @@ fn apply(mirror: &mut HashSet<u64>, events: Vec<KvEvent>, seen: &mut Vec<&'stati
 async fn a_mirror_built_from_events_matches_the_engine_block_map() {
     let port = free_port();
     let opts = EngineOptions {
+        model_path: common::model_path(),
+        model_name: "smollm2-135m-instruct".into(),
         // Room for about two requests at a time: later prompts evict earlier prefixes.
         num_blocks: Some(24),
         kv_events_endpoint: Some(format!("tcp://127.0.0.1:{port}")),
         kv_events_topic: Some("kv@test@smollm2".into()),
         ..EngineOptions::default()
     };
-    let path = common::model_path();
-    let loaded = tokio::task::spawn_blocking(move || {
-        server::load(&path, "smollm2-135m-instruct", &opts).expect("load")
-    })
-    .await
-    .expect("join");
+    let loaded = tokio::task::spawn_blocking(move || server::load(&opts).expect("load"))
+        .await
+        .expect("join");
     let state = loaded.state.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -611,8 +611,12 @@ fn engines_offload_to_and_fetch_from_a_tier_over_mutual_tls() {
     )
     .expect("tier TLS loads");
     // The block size is the model's: read it from an engine's spec first.
-    let probe = server::load(&common::model_path(), MODEL, &EngineOptions::default())
-        .expect("load the model");
+    let probe = server::load(&EngineOptions {
+        model_path: common::model_path(),
+        model_name: MODEL.into(),
+        ..EngineOptions::default()
+    })
+    .expect("load the model");
     let block_bytes = probe.state.engine.block_spec().block_bytes();
     drop(probe);
     let (tier_addr, tier) = start_tier(acceptor, block_bytes, 256);

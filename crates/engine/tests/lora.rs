@@ -659,15 +659,13 @@ fn lora_is_refused_clearly_when_off_and_bad_start_up_adapters_stop_the_load() {
         }],
         ..LoraOptions::default()
     };
-    let err = server::load(
-        &common::model_path(),
-        MODEL,
-        &EngineOptions {
-            num_blocks: Some(16),
-            lora: Some(bad),
-            ..EngineOptions::default()
-        },
-    )
+    let err = server::load(&EngineOptions {
+        model_path: common::model_path(),
+        model_name: MODEL.into(),
+        num_blocks: Some(16),
+        lora: Some(bad),
+        ..EngineOptions::default()
+    })
     .err()
     .expect("a rank-8 adapter under --max-lora-rank 4 stops the start-up");
     assert!(err.to_string().contains("max-lora-rank"), "{err}");

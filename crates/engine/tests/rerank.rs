@@ -37,10 +37,12 @@ fn model_dir() -> PathBuf {
 
 fn start() -> (SocketAddr, Arc<EmbedState>) {
     let opts = EngineOptions {
+        model_path: model_dir(),
+        model_name: NAME.into(),
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()
     };
-    let loaded = embed_server::load(&model_dir(), NAME, &opts).expect("load the encoder");
+    let loaded = embed_server::load(&opts).expect("load the encoder");
     let state = loaded.state.clone();
     let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
     (addr, state)

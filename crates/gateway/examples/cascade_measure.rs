@@ -34,10 +34,12 @@ fn serve(path: PathBuf, weights: WeightFormat) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let opts = EngineOptions {
+            model_path: path,
+            model_name: "smollm2-135m-instruct".into(),
             weights,
             ..EngineOptions::default()
         };
-        let loaded = engine::load(&path, "smollm2-135m-instruct", &opts).expect("load the model");
+        let loaded = engine::load(&opts).expect("load the model");
         let app = engine::router(loaded.state.clone());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

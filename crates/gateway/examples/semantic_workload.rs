@@ -51,7 +51,12 @@ fn encoder() -> String {
     let dir = ModelCache::from_env().path_of(EMBEDDING_MODEL);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let loaded = embed_server::load(&dir, EMBEDDING_MODEL, &Default::default())
+        let opts = strata_engine::server::EngineOptions {
+            model_path: dir,
+            model_name: EMBEDDING_MODEL.into(),
+            ..Default::default()
+        };
+        let loaded = embed_server::load(&opts)
             .expect("load the encoder (strata model pull all-minilm-l6-v2)");
         let app = embed_server::router(loaded.state.clone());
         let rt = tokio::runtime::Builder::new_multi_thread()

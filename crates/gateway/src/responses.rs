@@ -58,11 +58,7 @@ pub async fn create(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         .insert(proxy::Authenticated(caller.clone()));
     let bytes = match via_chat::read_body(&gw, body).await {
         Ok(b) => b,
-        Err(limit) => {
-            return error_response(&ApiError::too_large(format!(
-                "Request body exceeds {limit} bytes."
-            )))
-        }
+        Err(limit) => return error_response(&ApiError::body_too_large(limit)),
     };
     let req = match parse_json::<ResponsesRequest>(&bytes) {
         Ok(r) => r,

@@ -17,32 +17,14 @@ fn engine_classifier() -> String {
     use strata_engine::embed::server as embed_server;
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-bert/classifier");
-    let loaded = embed_server::load(
-        &dir,
-        "tiny-classifier",
-        &strata_engine::server::EngineOptions::default(),
-    )
+    let loaded = embed_server::load(&strata_engine::server::EngineOptions {
+        model_path: dir,
+        model_name: "tiny-classifier".into(),
+        ..strata_engine::server::EngineOptions::default()
+    })
     .expect("load the classifier");
     let app = embed_server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr")).expect("send");
-            let _keep = loaded;
-            let _ = axum::serve(listener, app).await;
-        });
-    });
-    let addr = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("classifier address");
+    let addr = strata_mock::serve_on_thread(app, loaded).expect("serve the classifier");
     format!("http://{addr}")
 }
 

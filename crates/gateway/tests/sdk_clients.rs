@@ -36,6 +36,8 @@ fn model_path() -> PathBuf {
 /// A Strata engine on a loopback port, on a runtime thread of its own.
 fn engine() -> String {
     let opts = EngineOptions {
+        model_path: model_path(),
+        model_name: MODEL.into(),
         tools: ToolOptions {
             auto_tool_choice: true,
             parser: Some(ToolParser::Hermes),
@@ -44,29 +46,10 @@ fn engine() -> String {
         },
         ..Default::default()
     };
-    let loaded = strata_engine::server::load(&model_path(), MODEL, &opts).expect("load the model");
+    let loaded = strata_engine::server::load(&opts).expect("load the model");
     let app = strata_engine::server::router(loaded.state.clone());
     let state = loaded.state;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let _keep = state;
-            axum::serve(listener, app).await.expect("serve");
-        });
-    });
-    let addr = rx
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("engine address");
+    let addr = strata_mock::serve_on_thread(app, state).expect("engine address");
     format!("http://{addr}")
 }
 

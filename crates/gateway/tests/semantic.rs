@@ -164,33 +164,15 @@ fn engine_embeddings() -> String {
          {EMBEDDING_MODEL}`",
         dir.display()
     );
-    let loaded = embed_server::load(
-        &dir,
-        EMBEDDING_MODEL,
-        &strata_engine::server::EngineOptions::default(),
-    )
+    let loaded = embed_server::load(&strata_engine::server::EngineOptions {
+        model_path: dir,
+        model_name: EMBEDDING_MODEL.into(),
+        ..Default::default()
+    })
     .expect("load the encoder");
     let app = embed_server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
     // Its own runtime: the encoder outlives any one test's runtime.
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr")).expect("send");
-            let _keep = loaded;
-            let _ = axum::serve(listener, app).await;
-        });
-    });
-    let addr = rx
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("encoder address");
+    let addr = strata_mock::serve_on_thread(app, loaded).expect("encoder address");
     format!("http://{addr}")
 }
 

@@ -28,6 +28,8 @@ fn engine() -> String {
         path.display()
     );
     let opts = EngineOptions {
+        model_path: path,
+        model_name: MODEL.into(),
         tools: ToolOptions {
             auto_tool_choice: true,
             parser: Some(ToolParser::Hermes),
@@ -36,27 +38,9 @@ fn engine() -> String {
         },
         ..Default::default()
     };
-    let loaded = strata_engine::server::load(&path, MODEL, &opts).expect("load the model");
+    let loaded = strata_engine::server::load(&opts).expect("load the model");
     let app = strata_engine::server::router(loaded.state.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr")).expect("send");
-            let _keep = loaded;
-            let _ = axum::serve(listener, app).await;
-        });
-    });
-    let addr = rx
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("engine address");
+    let addr = strata_mock::serve_on_thread(app, loaded).expect("engine address");
     format!("http://{addr}")
 }
 

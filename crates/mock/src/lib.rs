@@ -34,21 +34,24 @@
 // Library code never unwraps or expects on what a client, file or network controls (the
 // workspace-wide rule; tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod complete;
+mod thread_server;
+pub use thread_server::serve_on_thread;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 use strata_api::error::ApiError;
-use strata_api::sse;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -366,8 +369,8 @@ pub fn app(config: MockConfig, replica: String) -> Router {
 
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(complete::chat))
+        .route("/v1/completions", post(complete::completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -476,312 +479,4 @@ pub fn render_metrics(config: &MockConfig, waiting: u64, running: u64, kv_usage:
         None => {}
     }
     out
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Api {
-    Chat,
-    Text,
-}
-
-async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    complete(s, Api::Chat, &headers, body).await
-}
-
-async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    complete(s, Api::Text, &headers, body).await
-}
-
-/// Counts words in the prompt (or token ids), the mock's notion of prompt tokens.
-fn prompt_tokens(api: Api, req: &Value) -> Result<u64, ApiError> {
-    fn words(v: &Value) -> u64 {
-        match v {
-            Value::String(s) => s.split_whitespace().count() as u64,
-            Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
-            Value::Array(items) => items.iter().map(words).sum(),
-            Value::Object(o) => o.get("text").map(words).unwrap_or(0),
-            _ => 0,
-        }
-    }
-    match api {
-        Api::Chat => match req.get("messages") {
-            Some(Value::Array(msgs)) if !msgs.is_empty() => Ok(msgs
-                .iter()
-                .map(|m| m.get("content").map(words).unwrap_or(0))
-                .sum()),
-            _ => Err(ApiError::invalid(
-                "messages",
-                "`messages` must be a non-empty array",
-            )),
-        },
-        Api::Text => match req.get("prompt") {
-            Some(p @ (Value::String(_) | Value::Array(_))) => Ok(words(p)),
-            _ => Err(ApiError::invalid(
-                "prompt",
-                "`prompt` must be a string or an array",
-            )),
-        },
-    }
-}
-
-struct InFlight(Arc<Shared>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-async fn complete(s: Arc<Shared>, api: Api, headers: &HeaderMap, body: Bytes) -> Response {
-    s.requests.fetch_add(1, Ordering::SeqCst);
-    s.in_flight.fetch_add(1, Ordering::SeqCst);
-    let guard = InFlight(s.clone());
-    let req: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return error(ApiError::invalid_no_param("the body must be a JSON object")),
-        Err(e) => return error(ApiError::invalid_no_param(format!("malformed JSON: {e}"))),
-    };
-    match req.get("model").and_then(Value::as_str) {
-        Some(m) if m == s.config.model => {}
-        Some(m) => return error(ApiError::model_not_found(m)),
-        None => return error(ApiError::invalid("model", "`model` is required")),
-    }
-    let prompt_tokens = match prompt_tokens(api, &req) {
-        Ok(n) => n,
-        Err(e) => return error(e),
-    };
-    let request_id = headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let kv_params = req
-        .get("kv_transfer_params")
-        .filter(|v| !v.is_null())
-        .cloned();
-    s.record(Received {
-        api: if api == Api::Chat {
-            "chat"
-        } else {
-            "completions"
-        }
-        .to_string(),
-        request_id: request_id.clone(),
-        prompt_tokens,
-        kv_transfer_params: kv_params.clone(),
-        max_tokens: req.get("max_tokens").and_then(Value::as_u64),
-        max_completion_tokens: req.get("max_completion_tokens").and_then(Value::as_u64),
-        stream: req.get("stream").and_then(Value::as_bool).unwrap_or(false),
-        stream_options: req.get("stream_options").is_some_and(|v| !v.is_null()),
-        prefiller: headers
-            .get("x-prefiller-host-port")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string),
-    });
-    // Phase 1 of a disaggregated request: what a prefill engine answers with.
-    let remote_prefill = s.config.kv_transfer
-        && kv_params
-            .as_ref()
-            .and_then(|p| p.get("do_remote_decode"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-    let kv_answer = remote_prefill.then(|| {
-        let blocks = prompt_tokens.div_ceil(u64::from(s.config.block_size.max(1)));
-        json!({
-            "do_remote_prefill": true,
-            "do_remote_decode": false,
-            "remote_engine_id": s.replica,
-            "remote_block_ids": (0..blocks).collect::<Vec<u64>>(),
-            "remote_host": s.addr.map(|a| a.ip().to_string()),
-            "remote_port": s.addr.map(|a| a.port()),
-            "remote_request_id": request_id,
-        })
-    });
-    let fault = s.fault();
-    match fault {
-        Fault::Status(code) => {
-            let mut err = ApiError::internal(format!("injected failure {code}"));
-            err.status = code;
-            return error(err);
-        }
-        Fault::Hang => std::future::pending::<()>().await,
-        _ => {}
-    }
-    let limit = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| req.get(*k).and_then(Value::as_u64));
-    let n_out = limit.map_or(s.config.output_tokens, |l| {
-        s.config.output_tokens.min(l as usize)
-    });
-    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let include_usage = req
-        .pointer("/stream_options/include_usage")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let seq = s.next_id.fetch_add(1, Ordering::SeqCst);
-    let id = format!(
-        "{}-{}-{seq}",
-        if api == Api::Chat { "chatcmpl" } else { "cmpl" },
-        s.replica
-    );
-    let replica = HeaderValue::from_str(&s.replica).unwrap_or(HeaderValue::from_static("mock"));
-    let model = s.config.model.clone();
-    let usage = json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": n_out,
-        "total_tokens": prompt_tokens + n_out as u64,
-    });
-    let finish = if limit.is_some_and(|l| (l as usize) <= s.config.output_tokens) {
-        "length"
-    } else {
-        "stop"
-    };
-    let (ttft, itl) = (s.config.ttft, s.config.itl);
-
-    if !stream {
-        if matches!(fault, Fault::CloseMidStream { .. }) {
-            return cut_response();
-        }
-        tokio::time::sleep(ttft + itl * (n_out.saturating_sub(1) as u32)).await;
-        let text = s.config.token_text.repeat(n_out);
-        let body = match api {
-            Api::Chat => json!({
-                "id": id, "object": "chat.completion", "created": unix_now(), "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": null, "finish_reason": finish}],
-                "usage": usage,
-            }),
-            Api::Text => json!({
-                "id": id, "object": "text_completion", "created": unix_now(), "model": model,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
-                "usage": usage,
-            }),
-        };
-        let mut body = body;
-        if let (Some(kv), Some(obj)) = (kv_answer, body.as_object_mut()) {
-            obj.insert("kv_transfer_params".into(), kv);
-        }
-        drop(guard);
-        let mut resp = axum::Json(body).into_response();
-        resp.headers_mut().insert("x-mock-replica", replica);
-        return resp;
-    }
-
-    let cut_after = match fault {
-        Fault::CloseMidStream { after_chunks } => Some(after_chunks),
-        _ => None,
-    };
-    let created = unix_now();
-    let token_text = s.config.token_text.clone();
-    let split_bytes = s.config.split_stream_bytes;
-    let chunk = move |delta: Value, finish: Value, usage: Value| -> String {
-        let v = match api {
-            Api::Chat => json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": if delta.is_null() { json!([]) } else {
-                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
-                },
-                "usage": usage,
-            }),
-            Api::Text => json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": if delta.is_null() { json!([]) } else {
-                    json!([{"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")),
-                            "logprobs": null, "finish_reason": finish}])
-                },
-                "usage": usage,
-            }),
-        };
-        sse::encode_data(&v.to_string())
-    };
-    let body = async_stream(split_bytes, move |tx| async move {
-        let _guard = guard;
-        let role = json!({"role": "assistant", "content": ""});
-        if api == Api::Chat
-            && tx
-                .send(Ok(chunk(role, Value::Null, Value::Null)))
-                .await
-                .is_err()
-        {
-            return;
-        }
-        for k in 0..n_out {
-            if cut_after == Some(k) {
-                // Let what was sent reach the wire before the connection goes.
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                let _ = tx.send(Err(())).await;
-                return;
-            }
-            tokio::time::sleep(if k == 0 { ttft } else { itl }).await;
-            let c = chunk(json!({ "content": token_text }), Value::Null, Value::Null);
-            if tx.send(Ok(c)).await.is_err() {
-                return;
-            }
-        }
-        if cut_after.is_some_and(|c| c >= n_out) {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            let _ = tx.send(Err(())).await;
-            return;
-        }
-        let last = chunk(json!({}), json!(finish), Value::Null);
-        if tx.send(Ok(last)).await.is_err() {
-            return;
-        }
-        if include_usage
-            && tx
-                .send(Ok(chunk(Value::Null, Value::Null, usage)))
-                .await
-                .is_err()
-        {
-            return;
-        }
-        let _ = tx.send(Ok(sse::encode_data("[DONE]"))).await;
-    });
-    let mut resp = Response::new(body);
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp.headers_mut().insert("x-mock-replica", replica);
-    resp
-}
-
-/// A body that fails at once: hyper aborts the connection before sending anything.
-fn cut_response() -> Response {
-    let stream = futures_util::stream::once(async {
-        Err::<Bytes, std::io::Error>(std::io::Error::other("injected cut"))
-    });
-    Response::new(Body::from_stream(stream))
-}
-
-/// A streaming body fed by a producer task; `Err(())` cuts the connection. With
-/// `split_bytes`, every byte goes out as a body chunk of its own.
-fn async_stream<F, Fut>(split_bytes: bool, produce: F) -> Body
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<String, ()>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, ()>>(4);
-    tokio::spawn(produce(tx));
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        let out: Result<Bytes, std::io::Error> = match item {
-            Ok(s) => Ok(Bytes::from(s)),
-            Err(()) => Err(std::io::Error::other("injected cut")),
-        };
-        Some((out, rx))
-    });
-    if !split_bytes {
-        return Body::from_stream(stream);
-    }
-    use futures_util::StreamExt;
-    let split = stream.flat_map(|item| {
-        let parts: Vec<Result<Bytes, std::io::Error>> = match item {
-            Ok(b) => (0..b.len()).map(|i| Ok(b.slice(i..i + 1))).collect(),
-            Err(e) => vec![Err(e)],
-        };
-        futures_util::stream::iter(parts)
-    });
-    Body::from_stream(split)
 }

@@ -130,133 +130,164 @@ impl RouterMetrics {
             flow: crate::admission::metrics::FlowMetrics::default(),
             registry: Registry::default(),
         };
+        // Registration order is the order of the exposition text.
         m.flow.register(&mut registry);
+        m.register_decisions(&mut registry);
+        m.register_requests(&mut registry);
+        m.register_data_layer(&mut registry);
+        m.register_endpoints(&mut registry);
+        m.register_pd(&mut registry);
+        m.register_usage(&mut registry);
+        RouterMetrics { registry, ..m }
+    }
+
+    /// Registers the scheduling decisions and the prefix indexes they read.
+    fn register_decisions(&self, registry: &mut Registry) {
         registry.register(
             "picks",
             "Requests sent to each endpoint (first pick)",
-            m.picks.clone(),
+            self.picks.clone(),
         );
         registry.register(
             "schedule_duration_seconds",
             "Time to make one scheduling decision",
-            m.schedule_seconds.clone(),
+            self.schedule_seconds.clone(),
         );
         registry.register(
             "prefix_index_blocks",
             "Distinct block hashes in a prefix index",
-            m.index_blocks.clone(),
+            self.index_blocks.clone(),
         );
         registry.register(
             "prefix_blocks_requested",
             "Prompt blocks looked up in a prefix index",
-            m.prefix_blocks_requested.clone(),
+            self.prefix_blocks_requested.clone(),
         );
         registry.register(
             "prefix_blocks_matched",
             "Prompt blocks the picked endpoint already held",
-            m.prefix_blocks_matched.clone(),
+            self.prefix_blocks_matched.clone(),
         );
         registry.register(
             "prefix_hit_ratio",
             "prefix_blocks_matched / prefix_blocks_requested since start",
-            m.prefix_hit_ratio.clone(),
+            self.prefix_hit_ratio.clone(),
         );
+    }
+
+    /// Registers what came of the requests: shed, queued, retried, failed, received.
+    fn register_requests(&self, registry: &mut Registry) {
         registry.register(
             "shed",
             "Requests refused with 429 while saturated",
-            m.shed.clone(),
+            self.shed.clone(),
         );
         registry.register(
             "queued",
             "Requests that waited for capacity",
-            m.queued.clone(),
+            self.queued.clone(),
         );
         registry.register(
             "retried",
             "Attempts retried on another endpoint",
-            m.retried.clone(),
+            self.retried.clone(),
         );
         registry.register(
             "failed",
             "Requests that failed, by reason",
-            m.failed.clone(),
+            self.failed.clone(),
         );
         registry.register(
             "requests",
             "Requests received on proxied routes",
-            m.requests.clone(),
+            self.requests.clone(),
         );
+    }
+
+    /// Registers the data layer: scrape failures and KV events.
+    fn register_data_layer(&self, registry: &mut Registry) {
         registry.register(
             "scrape_errors",
             "Failed /metrics or /health reads",
-            m.scrape_errors.clone(),
+            self.scrape_errors.clone(),
         );
         registry.register(
             "kv_events",
             "KV events applied to the precise index",
-            m.kv_events.clone(),
+            self.kv_events.clone(),
         );
         registry.register(
             "kv_replays",
             "KV-event replays asked for (sequence gaps and fresh mirrors)",
-            m.kv_replays.clone(),
+            self.kv_replays.clone(),
         );
         registry.register(
             "kv_replay_failures",
             "KV-event gaps a replay could not fill (the endpoint's entries were dropped)",
-            m.kv_replay_failures.clone(),
+            self.kv_replay_failures.clone(),
         );
+    }
+
+    /// Registers each endpoint's scraped load, readiness and requests in flight.
+    fn register_endpoints(&self, registry: &mut Registry) {
         registry.register(
             "endpoint_waiting",
             "Scraped waiting requests",
-            m.ep_waiting.clone(),
+            self.ep_waiting.clone(),
         );
         registry.register(
             "endpoint_running",
             "Scraped running requests",
-            m.ep_running.clone(),
+            self.ep_running.clone(),
         );
         registry.register(
             "endpoint_kv_usage",
             "Scraped KV-cache use 0..1",
-            m.ep_kv_usage.clone(),
+            self.ep_kv_usage.clone(),
         );
         registry.register(
             "endpoint_ready",
             "1 when the endpoint may get traffic",
-            m.ep_ready.clone(),
+            self.ep_ready.clone(),
         );
         registry.register(
             "endpoint_in_flight",
             "Requests in flight from this router",
-            m.ep_in_flight.clone(),
+            self.ep_in_flight.clone(),
         );
+    }
+
+    /// Registers the prefill/decode pair.
+    fn register_pd(&self, registry: &mut Registry) {
         registry.register(
             "pd_decisions",
             "Prefill/decode pair decisions: prefill_decode, decode_only, no_prefill",
-            m.pd_decisions.clone(),
+            self.pd_decisions.clone(),
         );
         registry.register(
             "pd_requests",
             "Requests by path through the prefill/decode pair: disaggregated, decode_only, fallback",
-            m.pd_requests.clone(),
+            self.pd_requests.clone(),
         );
         registry.register(
             "pd_prefill_duration_seconds",
             "Phase 1 of a disaggregated request (the remote prefill), as the proxy saw it",
-            m.pd_prefill_seconds.clone(),
+            self.pd_prefill_seconds.clone(),
         );
+    }
+
+    /// Registers tokens served, from the answers' usage.
+    fn register_usage(&self, registry: &mut Registry) {
         registry.register(
             "prompt_tokens",
             "Prompt tokens served, from the relayed answers' usage",
-            m.prompt_tokens.clone(),
+            self.prompt_tokens.clone(),
         );
         registry.register(
             "completion_tokens",
             "Completion tokens served, from the relayed answers' usage",
-            m.completion_tokens.clone(),
+            self.completion_tokens.clone(),
         );
-        RouterMetrics { registry, ..m }
     }
 
     /// Counts one answer's usage for the endpoint at `url`.

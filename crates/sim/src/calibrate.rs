@@ -219,13 +219,27 @@ fn median(v: &mut [f64]) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
-/// Runs both sweeps against `args.url` and returns the measurements.
+/// Runs the sweeps against `args.url` and returns the measurements: one warm-up request,
+/// then the prefill, batched-prefill and decode sweeps, in that order.
 pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
+    let client = calibration_client(args).await?;
+    let mut fresh = FreshPrompts::new();
+    let mut samples = Vec::new();
+    warm_up(&client, &mut fresh).await;
+    prefill_sweep(args, &client, &mut fresh, &mut samples).await?;
+    batched_prefill_sweep(args, &client, &mut fresh, &mut samples).await?;
+    decode_sweep(args, &client, &mut fresh, &mut samples).await?;
+    Ok(samples)
+}
+
+/// A client of the engine's completions API that sends token-id prompts and ignores EOS,
+/// so lengths are exact; the model is `--model`, or the first the server lists.
+async fn calibration_client(args: &CalibrateArgs) -> Result<Client, SimError> {
     let name = match &args.model {
         Some(m) => m.clone(),
         None => Client::discover_model(&args.url, args.timeout).await?,
     };
-    let client = Client::new(ClientConfig {
+    Ok(Client::new(ClientConfig {
         url: args.url.clone(),
         model: name,
         endpoint: Endpoint::Completions,
@@ -234,45 +248,75 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
         keepalive: true,
         timeout: args.timeout,
         api_key: None,
-    })?;
-    let start = Instant::now();
-    let mut counter = 0u64;
-    let mut fresh = |len: u32| {
-        counter += 1;
+    })?)
+}
+
+/// Prompts no request sent before: each one's tokens are drawn from a counter and the
+/// time since the calibration started.
+struct FreshPrompts {
+    /// When the calibration started (every request's times are measured from it too).
+    start: Instant,
+    counter: u64,
+}
+
+impl FreshPrompts {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            counter: 0,
+        }
+    }
+
+    /// A fresh prompt of `len` tokens.
+    fn prompt(&mut self, len: u32) -> Segment {
+        self.counter += 1;
         // Seeded from the wall clock as well, so a second calibration against the same
         // engine does not hit the first one's cached prefixes.
-        let salt = start.elapsed().as_nanos() as u64 ^ 0xca1b;
-        Segment::new(mix(&[salt, counter]), len)
-    };
-    let failed = |r: &strata_bench::RequestRecord| {
-        r.failure
-            .as_ref()
-            .map(|f| SimError::Calibration(format!("request failed: {}", f.message)))
-    };
-    let mut samples = Vec::new();
-    // One warm-up request, not measured.
-    let seg = [fresh(16)];
+        let salt = self.start.elapsed().as_nanos() as u64 ^ 0xca1b;
+        Segment::new(mix(&[salt, self.counter]), len)
+    }
+}
+
+/// A failed request as a calibration error.
+fn failed(r: &strata_bench::RequestRecord) -> Option<SimError> {
+    r.failure
+        .as_ref()
+        .map(|f| SimError::Calibration(format!("request failed: {}", f.message)))
+}
+
+/// The request body of a prompt of `seg`'s tokens asking for `max_tokens`.
+fn body_of(client: &Client, seg: &[Segment; 1], max_tokens: u32) -> serde_json::Value {
     let p = Prompt {
         system: &[],
         history: &[],
-        user: &seg,
+        user: seg,
         session: None,
     };
+    client.body(&p, max_tokens)
+}
+
+/// One request, not measured: the first one pays for what later ones find ready.
+async fn warm_up(client: &Client, fresh: &mut FreshPrompts) {
+    let seg = [fresh.prompt(16)];
     let _ = client
-        .send(&client.body(&p, 2), 16, None, start, false)
+        .send(&body_of(client, &seg, 2), 16, None, fresh.start, false)
         .await;
+}
+
+/// One request at a time for each `--prefill-sizes` length, one output token each: the
+/// median time to first token of `--repeats` is one prefill of that length.
+async fn prefill_sweep(
+    args: &CalibrateArgs,
+    client: &Client,
+    fresh: &mut FreshPrompts,
+    samples: &mut Vec<Sample>,
+) -> Result<(), SimError> {
     for &n in &args.prefill_sizes {
         let mut times = Vec::new();
         for _ in 0..args.repeats.max(1) {
-            let seg = [fresh(n.max(1))];
-            let p = Prompt {
-                system: &[],
-                history: &[],
-                user: &seg,
-                session: None,
-            };
+            let seg = [fresh.prompt(n.max(1))];
             let r = client
-                .send(&client.body(&p, 1), n, None, start, false)
+                .send(&body_of(client, &seg, 1), n, None, fresh.start, false)
                 .await;
             if let Some(e) = failed(&r) {
                 return Err(e);
@@ -292,12 +336,21 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
             });
         }
     }
+    Ok(())
+}
+
+/// For each `--prefill-batches` size `k` of at least 2, the median of `--repeats` steps
+/// that prefill `k` prompts together ([`batched_prefill`]).
+async fn batched_prefill_sweep(
+    args: &CalibrateArgs,
+    client: &Client,
+    fresh: &mut FreshPrompts,
+    samples: &mut Vec<Sample>,
+) -> Result<(), SimError> {
     for &k in args.prefill_batches.iter().filter(|k| **k >= 2) {
         let mut times = Vec::new();
         for _ in 0..args.repeats.max(1) {
-            if let Some(t) =
-                batched_prefill(&client, &mut fresh, k, args.prefill_batch_len, start).await?
-            {
+            if let Some(t) = batched_prefill(client, fresh, k, args.prefill_batch_len).await? {
                 times.push(t);
             }
         }
@@ -314,24 +367,29 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
             });
         }
     }
+    Ok(())
+}
+
+/// For each `--batch-sizes` entry `B`, `B` concurrent streams: the median gap between
+/// their tokens (past each stream's first two) is one decode step of batch `B`.
+async fn decode_sweep(
+    args: &CalibrateArgs,
+    client: &Client,
+    fresh: &mut FreshPrompts,
+    samples: &mut Vec<Sample>,
+) -> Result<(), SimError> {
     for &b in &args.batch_sizes {
         let b = b.max(1);
-        let segs: Vec<[Segment; 1]> = (0..b).map(|_| [fresh(args.decode_prompt.max(1))]).collect();
+        let segs: Vec<[Segment; 1]> = (0..b)
+            .map(|_| [fresh.prompt(args.decode_prompt.max(1))])
+            .collect();
         let bodies: Vec<_> = segs
             .iter()
-            .map(|s| {
-                let p = Prompt {
-                    system: &[],
-                    history: &[],
-                    user: s,
-                    session: None,
-                };
-                client.body(&p, args.decode_tokens.max(4))
-            })
+            .map(|s| body_of(client, s, args.decode_tokens.max(4)))
             .collect();
         let sends = bodies
             .iter()
-            .map(|body| client.send(body, args.decode_prompt, None, start, false));
+            .map(|body| client.send(body, args.decode_prompt, None, fresh.start, false));
         let records = futures_util::future::join_all(sends).await;
         let mut gaps = Vec::new();
         for r in &records {
@@ -355,7 +413,7 @@ pub async fn measure(args: &CalibrateArgs) -> Result<Vec<Sample>, SimError> {
             });
         }
     }
-    Ok(samples)
+    Ok(())
 }
 
 /// Tokens of the prompt that holds the engine busy while a batch queues behind it.
@@ -369,24 +427,14 @@ const BLOCKER_LEAD: Duration = Duration::from_millis(100);
 /// blocker (it finished before the batch was sent) or did not come out as one step.
 async fn batched_prefill(
     client: &Client,
-    fresh: &mut impl FnMut(u32) -> Segment,
+    fresh: &mut FreshPrompts,
     k: u32,
     len: u32,
-    start: Instant,
 ) -> Result<Option<f64>, SimError> {
-    let blocker = [fresh(BLOCKER_TOKENS)];
-    let segs: Vec<[Segment; 1]> = (0..k).map(|_| [fresh(len.max(2))]).collect();
-    let body = |s: &[Segment; 1]| {
-        client.body(
-            &Prompt {
-                system: &[],
-                history: &[],
-                user: s,
-                session: None,
-            },
-            1,
-        )
-    };
+    let start = fresh.start;
+    let blocker = [fresh.prompt(BLOCKER_TOKENS)];
+    let segs: Vec<[Segment; 1]> = (0..k).map(|_| [fresh.prompt(len.max(2))]).collect();
+    let body = |s: &[Segment; 1]| body_of(client, s, 1);
     let blocker_body = body(&blocker);
     let bodies: Vec<_> = segs.iter().map(body).collect();
     let batch = async {
@@ -403,11 +451,8 @@ async fn batched_prefill(
         batch
     );
     for r in std::iter::once(&b).chain(&records) {
-        if let Some(f) = &r.failure {
-            return Err(SimError::Calibration(format!(
-                "request failed: {}",
-                f.message
-            )));
+        if let Some(e) = failed(r) {
+            return Err(e);
         }
     }
     let first = |r: &strata_bench::RequestRecord| r.ttft.map(|t| r.start + t);

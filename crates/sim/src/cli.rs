@@ -12,13 +12,13 @@ use serde::Deserialize;
 use strata_bench::args::parse_duration;
 use strata_bench::RunArgs;
 use strata_controller::autoscale::AutoscaleConfig;
-use strata_engine::scheduler::Policy;
+use strata_engine::options::EngineOptions;
+use strata_engine::planner::Policy;
 use strata_router::RouterConfig;
 
 use crate::error::SimError;
 use crate::plan::{parse_objectives, plan};
 use crate::profile::{model_profile_for, HardwareProfile, ModelProfile, StepModel};
-use crate::replica::EngineShape;
 use crate::sim::{simulate, AutoscaleSetup, SimConfig};
 
 /// `strata sim`: simulate a fleet in virtual time.
@@ -94,7 +94,7 @@ pub struct FleetArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
     /// The engines' step-time target in milliseconds (the engine flag; 0: off).
-    #[arg(long, default_value_t = strata_engine::scheduler::StepBudget::DEFAULT_TARGET_MS)]
+    #[arg(long, default_value_t = strata_engine::planner::StepBudget::DEFAULT_TARGET_MS)]
     pub step_time_budget_ms: u64,
     /// How often the router reads replica metrics (default: the routing config's
     /// `scrape_interval_ms`).
@@ -265,7 +265,7 @@ impl FleetArgs {
             .unwrap_or(Duration::from_millis(router.scrape_interval_ms));
         Ok(SimConfig {
             load,
-            engine: EngineShape {
+            engine: EngineOptions {
                 block_size: self
                     .kv_block_size
                     .or(calibrated_block_size)
@@ -277,6 +277,7 @@ impl FleetArgs {
                 prefix_caching: !self.no_prefix_caching,
                 step_time_budget: (self.step_time_budget_ms > 0)
                     .then(|| Duration::from_millis(self.step_time_budget_ms)),
+                ..EngineOptions::default()
             },
             step,
             replicas,

@@ -3,7 +3,7 @@
 //! replaced by a roofline step-time model (`docs/SIM.md`).
 //!
 //! - [`profile`]: hardware and model profiles and the step-time model;
-//! - [`replica`]: one engine replica around `strata_engine::scheduler::StepPlanner`;
+//! - [`replica`]: one engine replica around `strata_engine::planner::StepPlanner`;
 //! - [`routing`]: the router around `strata_router::EndpointPicker` and both prefix indexes;
 //! - [`sim`]: the discrete-event loop, workloads (`strata bench`'s), the autoscaler
 //!   (`strata_controller::autoscale::decide`) and the report (`strata bench`'s);

@@ -1,21 +1,20 @@
 //! A modelled engine replica: the engine's own step planner and block pool
-//! (`strata_engine::scheduler::StepPlanner`), driven the way the engine thread drives it,
-//! with the forward pass replaced by the step-time model.
+//! (`strata_engine::planner::StepPlanner`), driven through the same contract the engine
+//! thread keeps, with the forward pass replaced by the step-time model.
 //!
 //! The engine loop (`crates/engine/src/engine/step.rs`) per step: plan, run one forward
-//! over the plan, advance every planned sequence by its tokens, sample those whose pending
-//! tokens are all computed, finish the ones at their length, then the planner's after-step
-//! rule (`StepPlanner::end_step`: name the blocks the step filled, release the finished),
-//! and publish the cache changes. Here the forward is a wait of `StepModel::step_time` in
+//! over the plan, advance every planned sequence (named by its `SeqId`) by its tokens,
+//! sample those whose pending tokens are all computed, finish the ones at their length,
+//! then the planner's after-step rule (`StepPlanner::commit_and_retire`: name the blocks
+//! the step filled, release the finished), and publish the cache changes. Here the forward is a wait of `StepModel::step_time` in
 //! virtual time and sampling is a deterministic token id (the simulated clients ask for
 //! `ignore_eos`, as `strata bench` does by default).
 
 use strata_api::block_hash::BlockHash;
 use strata_engine::kv::block_pool::{HashKey, PoolEvent};
+use strata_engine::options::EngineOptions;
+use strata_engine::planner::{BlockHashFn, SeqId, StepPlan, StepPlanner};
 use strata_engine::sampler::{Sampler, SamplingConfig};
-use strata_engine::scheduler::{
-    BlockHashFn, Policy, SchedulerConfig, StepBudget, StepPlan, StepPlanner,
-};
 use strata_engine::sequence::{GenerationRequest, SeqEvent, Sequence};
 use tokio::sync::mpsc::UnboundedSender;
 use xxhash_rust::xxh3::Xxh3;
@@ -23,37 +22,6 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::profile::{StepModel, StepShape};
 use crate::routing::KvChange;
 use strata_engine::prefetch::prefetch;
-
-/// Engine settings of every replica (the `strata engine` flags of the same names).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineShape {
-    pub block_size: usize,
-    /// KV blocks; `None`: what the hardware's memory holds after the weights.
-    pub num_blocks: Option<usize>,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub policy: Policy,
-    pub prefix_caching: bool,
-    /// `--step-time-budget-ms`: a step with decodes is held near this many seconds of the
-    /// step-time model by the engine's own budget (fed each modelled step, as the engine
-    /// feeds it each measured one); `None` is off.
-    pub step_time_budget: Option<std::time::Duration>,
-}
-
-impl Default for EngineShape {
-    fn default() -> Self {
-        // `strata engine`'s defaults.
-        EngineShape {
-            block_size: 16,
-            num_blocks: None,
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            policy: Policy::Fcfs,
-            prefix_caching: true,
-            step_time_budget: Some(StepBudget::DEFAULT_TARGET),
-        }
-    }
-}
 
 /// The prefix-cache block hash used in simulation: chained like the engine's (parent,
 /// tokens, salt), but xxh3 instead of SHA-256 over CBOR, since only equality matters to
@@ -125,43 +93,35 @@ pub struct StepResult {
 
 /// One engine replica.
 pub struct SimEngine {
-    pub planner: StepPlanner,
+    planner: StepPlanner,
     /// The step in flight, if any, with its tokens and modelled seconds.
     plan: Option<(StepPlan, usize, f64)>,
     context_len: usize,
     events_tx: UnboundedSender<SeqEvent>,
     pub steps: u64,
     pub preemptions: u64,
-    /// Scratch: running indexes finishing this step (kept to reuse its allocation).
-    done: Vec<(usize, ())>,
+    /// Scratch: the sequences finishing this step (kept to reuse its allocation).
+    done: Vec<(SeqId, ())>,
 }
 
 impl SimEngine {
-    /// A replica with `num_blocks` KV blocks. `events_tx` is a sender whose receiver the
-    /// simulation keeps open (nothing is sent on it: the simulation reads the sequences).
+    /// A replica of an engine started with `opts` (the `strata engine` flags the simulator
+    /// takes: block size, batch limits, policy, prefix caching, step-time target), with
+    /// `num_blocks` KV blocks. `events_tx` is a sender whose receiver the simulation keeps
+    /// open (nothing is sent on it: the simulation reads the sequences).
     pub fn new(
-        shape: &EngineShape,
+        opts: &EngineOptions,
         num_blocks: usize,
         context_len: usize,
         events_tx: UnboundedSender<SeqEvent>,
     ) -> SimEngine {
-        let hash: Option<BlockHashFn> = shape
+        let hash: Option<BlockHashFn> = opts
             .prefix_caching
             .then(|| Box::new(fast_block_hash) as BlockHashFn);
-        let mut planner = StepPlanner::new(
-            SchedulerConfig {
-                block_size: shape.block_size,
-                max_num_seqs: shape.max_num_seqs,
-                max_num_batched_tokens: shape.max_num_batched_tokens,
-                policy: shape.policy,
-            },
-            num_blocks,
-            hash,
-        );
+        let mut planner = StepPlanner::new(opts, num_blocks, hash);
         // KV events reach the router as hashes only: the tokens would be copied per block
         // for nothing.
-        planner.pool.set_event_tokens(false);
-        planner.budget = StepBudget::new(shape.step_time_budget);
+        planner.set_kv_event_tokens(false);
         SimEngine {
             planner,
             plan: None,
@@ -198,7 +158,7 @@ impl SimEngine {
         // The hash of every block it will fill, without regrowing the list on the way.
         let len = (seq.tokens.len() + max_tokens).min(self.context_len);
         seq.block_hashes
-            .reserve_exact(len / self.planner.config.block_size.max(1));
+            .reserve_exact(len / self.planner.block_size().max(1));
         self.planner.add(seq);
     }
 
@@ -206,7 +166,7 @@ impl SimEngine {
     /// `out.kv`); on by default. Off for a router that reads no KV events, which would
     /// drop every change anyway.
     pub fn set_kv_events(&mut self, on: bool) {
-        self.planner.pool.set_events(on);
+        self.planner.set_kv_events(on);
     }
 
     pub fn busy(&self) -> bool {
@@ -221,7 +181,7 @@ impl SimEngine {
     /// nothing to run.
     pub fn start_step(&mut self, model: &StepModel) -> Option<f64> {
         debug_assert!(self.plan.is_none());
-        let plan = self.planner.schedule();
+        let plan = self.planner.plan();
         self.preemptions += plan.num_preempted as u64;
         if plan.work.is_empty() {
             return None;
@@ -229,7 +189,7 @@ impl SimEngine {
         let mut shape = StepShape::default();
         let mut tokens = 0;
         for w in &plan.work {
-            let seq = &self.planner.running()[w.index];
+            let seq = self.planner.seq(w.id);
             let start = seq.num_computed;
             let logits = start + w.num_tokens == seq.tokens.len();
             shape.add(start as u64, w.num_tokens as u64, logits);
@@ -255,12 +215,11 @@ impl SimEngine {
         done.clear();
         // Where each sampled token goes: one miss per sequence, started together.
         for w in &plan.work {
-            if let Some(seq) = self.planner.running().get(w.index) {
-                prefetch(seq.tokens.as_ptr().wrapping_add(seq.tokens.len()));
-            }
+            let seq = self.planner.seq(w.id);
+            prefetch(seq.tokens.as_ptr().wrapping_add(seq.tokens.len()));
         }
         for w in &plan.work {
-            let seq = &mut self.planner.running_mut()[w.index];
+            let seq = self.planner.seq_mut(w.id);
             seq.num_computed += w.num_tokens;
             if seq.num_computed != seq.tokens.len() {
                 continue; // a prefill chunk that yields no logits yet
@@ -269,14 +228,14 @@ impl SimEngine {
             seq.tokens.push(sampled_token(seq.arrival_seq, pos));
             out.tokens.push((seq.arrival_seq, seq.num_output() as u32));
             if seq.num_output() >= seq.max_tokens || seq.tokens.len() >= self.context_len {
-                done.push((w.index, ()));
+                done.push((w.id, ()));
             }
         }
-        let finished = self.planner.end_step(&mut done, |_, _, _| ());
+        let finished = self.planner.commit_and_retire(&mut done, |_, _, _| ());
         out.finished
             .extend(finished.into_iter().map(|(seq, (), ())| seq));
         self.done = done;
-        for e in self.planner.pool.drain_events() {
+        for e in self.planner.drain_kv_events() {
             match e {
                 PoolEvent::Stored { hash, .. } => out.kv.push(KvChange {
                     stored: true,
@@ -295,15 +254,15 @@ impl SimEngine {
     }
 
     pub fn waiting(&self) -> usize {
-        self.planner.waiting().len()
+        self.planner.num_waiting()
     }
 
     pub fn running(&self) -> usize {
-        self.planner.running().len()
+        self.planner.num_running()
     }
 
     pub fn kv_usage(&self) -> f64 {
-        self.planner.pool.usage()
+        self.planner.kv_usage()
     }
 }
 
@@ -323,8 +282,8 @@ mod tests {
     #[test]
     fn kv_events_name_blocks_as_the_router_hashes_prompts() {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let shape = EngineShape::default();
-        let mut e = SimEngine::new(&shape, 64, 8192, tx);
+        let opts = EngineOptions::default();
+        let mut e = SimEngine::new(&opts, 64, 8192, tx);
         let model = StepModel::new(
             HardwareProfile::named("h100").unwrap(),
             ModelProfile::named("llama-3.1-8b").unwrap(),
@@ -346,18 +305,18 @@ mod tests {
         // A second request with the same prompt finds them in the prefix cache.
         e.submit(1, prompt.clone(), 1);
         e.start_step(&model);
-        assert_eq!(e.planner.running()[0].cached_tokens, 96);
+        assert_eq!(e.planner.running().next().unwrap().cached_tokens, 96);
     }
 
     /// Eight streams decoding when a long prompt arrives: the modelled seconds of each
     /// step that carried decodes after it, and whether the prompt finished.
     fn steps_beside_a_long_prompt(budget: Option<std::time::Duration>) -> (Vec<f64>, bool) {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let shape = EngineShape {
+        let opts = EngineOptions {
             step_time_budget: budget,
-            ..EngineShape::default()
+            ..EngineOptions::default()
         };
-        let mut e = SimEngine::new(&shape, 4096, 16384, tx);
+        let mut e = SimEngine::new(&opts, 4096, 16384, tx);
         let model = StepModel::new(
             HardwareProfile::named("h100").unwrap(),
             ModelProfile::named("llama-3.1-8b").unwrap(),

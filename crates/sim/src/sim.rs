@@ -21,6 +21,7 @@ use strata_bench::record::{Failure, FailureKind};
 use strata_bench::workload::{Session, SessionSource, Workload};
 use strata_bench::{LoadConfig, Report, RequestRecord};
 use strata_controller::autoscale::{self, AutoscaleConfig, Load, Signals, State};
+use strata_engine::options::EngineOptions;
 use strata_engine::sequence::SeqEvent;
 use strata_router::endpoint::EndpointId;
 use strata_router::scheduling::flow::FlowController;
@@ -29,7 +30,7 @@ use strata_router::RouterConfig;
 
 use crate::error::SimError;
 use crate::profile::StepModel;
-use crate::replica::{wire_hashes, EngineShape, SimEngine, StepResult};
+use crate::replica::{wire_hashes, SimEngine, StepResult};
 use crate::routing::{Scrape, SimRouter};
 use crate::tenants::{tenant_lines, TenantDraw, TenantLine};
 use strata_engine::prefetch::prefetch;
@@ -55,7 +56,10 @@ pub struct SimConfig {
     /// The workload, load shape, stop condition, seed and SLO, exactly as `strata bench`.
     pub load: LoadConfig,
     pub step: StepModel,
-    pub engine: EngineShape,
+    /// Every replica's engine settings: the `strata engine` flags the simulator takes
+    /// (block size, `--num-blocks`, batch limits, policy, prefix caching, step-time
+    /// target), the rest at their defaults.
+    pub engine: EngineOptions,
     /// Replicas at the start (with autoscaling, the policy moves this).
     pub replicas: u32,
     pub router: RouterConfig,
@@ -230,122 +234,164 @@ struct Sim<'a> {
     stats: SimStats,
 }
 
-/// Runs one simulation to the end of its workload.
+/// Runs one simulation to the end of its workload: the configuration checked and sized,
+/// the actors set up at time zero, the first replicas and the workload started, then the
+/// event loop to the end and the report.
 pub fn simulate(cfg: &SimConfig) -> Result<SimOutcome, SimError> {
     let wall = Instant::now();
-    let block_size = cfg.engine.block_size;
-    if block_size == 0 || cfg.engine.max_num_seqs == 0 || cfg.engine.max_num_batched_tokens == 0 {
-        return Err(SimError::config(
-            "engine",
-            "--kv-block-size, --max-num-seqs and --max-num-batched-tokens must be at least 1",
-        ));
-    }
-    if cfg.scrape_interval.is_zero() {
-        return Err(SimError::config("--scrape-interval", "must be positive"));
-    }
-    let num_blocks = match cfg.engine.num_blocks {
-        Some(n) if n > 0 => n,
-        Some(_) => return Err(SimError::config("--num-blocks", "must be at least 1")),
-        None => cfg.step.num_blocks(block_size)?,
-    };
-    if let Some(a) = &cfg.autoscale {
-        a.config
-            .validate()
-            .map_err(|e| SimError::config("autoscale config", e.to_string()))?;
-        if a.interval.is_zero() {
-            return Err(SimError::config(
-                "controller intervalSecs",
-                "must be positive",
-            ));
-        }
-    }
-    let initial = match &cfg.autoscale {
-        Some(a) => cfg
-            .replicas
-            .clamp(a.config.min_replicas, a.config.max_replicas),
-        None => cfg.replicas,
-    };
-    if initial == 0 && cfg.autoscale.is_none() {
-        return Err(SimError::config("--replicas", "must be at least 1"));
-    }
-    let max_model_len = (cfg.step.model.context_len as usize).min(num_blocks * block_size);
+    let sizing = Sizing::check(cfg)?;
     let (events_tx, events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let permits_free = match &cfg.load.load {
-        LoadShape::Rate {
-            max_concurrency, ..
-        }
-        | LoadShape::Recorded { max_concurrency } => max_concurrency.map(|n| n.max(1)),
-        LoadShape::Concurrency { .. } => None,
-    };
-    let mut sim = Sim {
-        cfg,
-        now: Duration::ZERO,
-        queue: BinaryHeap::new(),
-        order: 0,
-        events: 0,
-        router: SimRouter::new(&cfg.router, cfg.load.seed, cfg.kv_event_delay)?,
-        replicas: Vec::new(),
-        slot_owner: Vec::new(),
-        free_slots: Vec::new(),
-        num_blocks,
-        max_model_len,
-        events_tx,
-        reqs: Vec::new(),
-        sessions: Vec::new(),
-        free_sessions: Vec::new(),
-        source: SessionSource::new(cfg.load.workload.clone(), cfg.load.seed),
-        issued: 0,
-        deadline: cfg.load.stop.duration,
-        // `strata bench` draws its arrival gaps from this seed (crates/bench/src/load.rs).
-        rate_rng: StdRng::seed_from_u64(cfg.load.seed ^ 0x5eed_a771_0a1d),
-        rate_next: Duration::ZERO,
-        rate_blocked: false,
-        trace_next: None,
-        trace_blocked: false,
-        permits_free,
-        open_sessions: 0,
-        in_flight: 0,
-        held: VecDeque::new(),
-        flow: cfg
-            .flow_control
-            .then(|| FlowController::new(cfg.router.flow_config())),
-        flow_waiting: HashMap::new(),
-        flow_armed: None,
-        tenants: TenantDraw::new(&cfg.tenants, cfg.load.seed),
-        result: StepResult::default(),
-        scale_state: cfg.autoscale.as_ref().map(|_| State::new(initial)),
-        ttfts: Vec::new(),
-        gaps: TokenGaps::default(),
-        stats: SimStats {
-            num_blocks_per_replica: num_blocks,
-            ..Default::default()
-        },
-    };
-    for _ in 0..initial {
-        let r = sim.launch();
-        sim.make_ready(r);
-    }
-    // Random prompts share nothing, so how many chunk hashes the router will record is
-    // known up front.
-    if let (Workload::Random(spec), Some(n)) = (&cfg.load.workload, cfg.load.stop.max_requests) {
-        let endpoints = match &cfg.autoscale {
-            Some(a) => a.config.max_replicas.max(initial),
-            None => initial,
-        };
-        sim.router.reserve_prompt_chunks(
-            usize::try_from(n).unwrap_or(usize::MAX),
-            spec.input_len as usize,
-            endpoints as usize,
-        );
-    }
-    sim.start_workload();
-    sim.push(cfg.scrape_interval, Ev::Scrape);
-    if let Some(a) = &cfg.autoscale {
-        sim.push(a.interval, Ev::Autoscale);
-    }
+    let mut sim = Sim::new(cfg, &sizing, events_tx)?;
+    sim.start(sizing.initial);
     sim.run();
     drop(events_rx);
     Ok(sim.finish(wall))
+}
+
+/// What a checked configuration sizes: each replica's KV blocks and the replicas at the
+/// start.
+struct Sizing {
+    num_blocks: usize,
+    initial: u32,
+}
+
+impl Sizing {
+    /// Checks `cfg` (each bad setting an error that names it) and sizes the fleet.
+    fn check(cfg: &SimConfig) -> Result<Sizing, SimError> {
+        let block_size = cfg.engine.block_size;
+        if block_size == 0 || cfg.engine.max_num_seqs == 0 || cfg.engine.max_num_batched_tokens == 0
+        {
+            return Err(SimError::config(
+                "engine",
+                "--kv-block-size, --max-num-seqs and --max-num-batched-tokens must be at least 1",
+            ));
+        }
+        if cfg.scrape_interval.is_zero() {
+            return Err(SimError::config("--scrape-interval", "must be positive"));
+        }
+        let num_blocks = match cfg.engine.num_blocks {
+            Some(n) if n > 0 => n,
+            Some(_) => return Err(SimError::config("--num-blocks", "must be at least 1")),
+            None => cfg.step.num_blocks(block_size)?,
+        };
+        if let Some(a) = &cfg.autoscale {
+            a.config
+                .validate()
+                .map_err(|e| SimError::config("autoscale config", e.to_string()))?;
+            if a.interval.is_zero() {
+                return Err(SimError::config(
+                    "controller intervalSecs",
+                    "must be positive",
+                ));
+            }
+        }
+        let initial = match &cfg.autoscale {
+            Some(a) => cfg
+                .replicas
+                .clamp(a.config.min_replicas, a.config.max_replicas),
+            None => cfg.replicas,
+        };
+        if initial == 0 && cfg.autoscale.is_none() {
+            return Err(SimError::config("--replicas", "must be at least 1"));
+        }
+        Ok(Sizing {
+            num_blocks,
+            initial,
+        })
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// Every actor at time zero, before anything happened: no replica, no request.
+    fn new(
+        cfg: &'a SimConfig,
+        sizing: &Sizing,
+        events_tx: tokio::sync::mpsc::UnboundedSender<SeqEvent>,
+    ) -> Result<Sim<'a>, SimError> {
+        let num_blocks = sizing.num_blocks;
+        let max_model_len =
+            (cfg.step.model.context_len as usize).min(num_blocks * cfg.engine.block_size);
+        let permits_free = match &cfg.load.load {
+            LoadShape::Rate {
+                max_concurrency, ..
+            }
+            | LoadShape::Recorded { max_concurrency } => max_concurrency.map(|n| n.max(1)),
+            LoadShape::Concurrency { .. } => None,
+        };
+        Ok(Sim {
+            cfg,
+            now: Duration::ZERO,
+            queue: BinaryHeap::new(),
+            order: 0,
+            events: 0,
+            router: SimRouter::new(&cfg.router, cfg.load.seed, cfg.kv_event_delay)?,
+            replicas: Vec::new(),
+            slot_owner: Vec::new(),
+            free_slots: Vec::new(),
+            num_blocks,
+            max_model_len,
+            events_tx,
+            reqs: Vec::new(),
+            sessions: Vec::new(),
+            free_sessions: Vec::new(),
+            source: SessionSource::new(cfg.load.workload.clone(), cfg.load.seed),
+            issued: 0,
+            deadline: cfg.load.stop.duration,
+            // `strata bench` draws its arrival gaps from this seed (crates/bench/src/load.rs).
+            rate_rng: StdRng::seed_from_u64(cfg.load.seed ^ 0x5eed_a771_0a1d),
+            rate_next: Duration::ZERO,
+            rate_blocked: false,
+            trace_next: None,
+            trace_blocked: false,
+            permits_free,
+            open_sessions: 0,
+            in_flight: 0,
+            held: VecDeque::new(),
+            flow: cfg
+                .flow_control
+                .then(|| FlowController::new(cfg.router.flow_config())),
+            flow_waiting: HashMap::new(),
+            flow_armed: None,
+            tenants: TenantDraw::new(&cfg.tenants, cfg.load.seed),
+            result: StepResult::default(),
+            scale_state: cfg.autoscale.as_ref().map(|_| State::new(sizing.initial)),
+            ttfts: Vec::new(),
+            gaps: TokenGaps::default(),
+            stats: SimStats {
+                num_blocks_per_replica: num_blocks,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Time zero: `initial` replicas ready at once, the router's index sized for the
+    /// workload, the first arrivals and the periodic ticks queued.
+    fn start(&mut self, initial: u32) {
+        let cfg = self.cfg;
+        for _ in 0..initial {
+            let r = self.launch();
+            self.make_ready(r);
+        }
+        // Random prompts share nothing, so how many chunk hashes the router will record is
+        // known up front.
+        if let (Workload::Random(spec), Some(n)) = (&cfg.load.workload, cfg.load.stop.max_requests)
+        {
+            let endpoints = match &cfg.autoscale {
+                Some(a) => a.config.max_replicas.max(initial),
+                None => initial,
+            };
+            self.router.reserve_prompt_chunks(
+                usize::try_from(n).unwrap_or(usize::MAX),
+                spec.input_len as usize,
+                endpoints as usize,
+            );
+        }
+        self.start_workload();
+        self.push(cfg.scrape_interval, Ev::Scrape);
+        if let Some(a) = &cfg.autoscale {
+            self.push(a.interval, Ev::Autoscale);
+        }
+    }
 }
 
 impl Sim<'_> {

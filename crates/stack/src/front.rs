@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -266,19 +267,58 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
         ));
         return error_response(&e, None);
     };
+    if let Err(refused) = admit(&front, &parts, &bytes).await {
+        return refused;
+    }
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    measure(&front, resp, start)
+}
+
+/// Lets a request on once its pool can serve it: a cold pool holds it until a replica is
+/// ready (a 503 with `Retry-After` when none is in time). A `model` no pool serves is
+/// left to the router, or answered 404 when no replica at all is ready.
+async fn admit(front: &Front, parts: &Parts, bytes: &[u8]) -> Result<(), Response> {
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    let asked = requested_model(content_type, &bytes);
-    let pool = match &asked {
-        Asked::Model(m) => front.pools.find(m),
+    let asked = requested_model(content_type, bytes);
+    if let Some(pool) = pool_for(front, &asked, parts.uri.path()).map_err(|refusal| *refusal)? {
+        let ready = hold_for(&front.router, pool, front.hold_timeout).await;
+        if !ready {
+            let e = ApiError::unavailable(format!(
+                "No replica of `{}` is ready yet (waited {:.0} s for one to start); retry later.",
+                pool.name,
+                front.hold_timeout.as_secs_f64()
+            ));
+            return Err(error_response(&e, Some(pool.retry_after_secs)));
+        }
+    } else if let Asked::Model(m) = &asked {
+        if !front.router.any_ready() {
+            return Err(error_response(&ApiError::model_not_found(m), None));
+        }
+    }
+    Ok(())
+}
+
+/// The pool a request is for, by its `model`; none when no pool serves it or the API
+/// needs no model. A body without a `model` is refused when the API needs one and more
+/// than one pool could be meant.
+fn pool_for<'a>(
+    front: &'a Front,
+    asked: &Asked,
+    path: &str,
+) -> Result<Option<&'a PoolRoute>, Box<Response>> {
+    match asked {
+        Asked::Model(m) => Ok(front.pools.find(m)),
         // A body without a usable `model`: with one pool it can only be meant for it (the
         // replica answers what is wrong with it).
-        _ if front.pools.0.len() == 1 => front.pools.0.first(),
+        _ if front.pools.0.len() == 1 => Ok(front.pools.0.first()),
         // An API that needs no model (tokenizing, an operation on a replica): the router
         // sends it to any ready replica.
-        Asked::Missing if !intake::route(parts.uri.path()).api.needs_model() => None,
+        Asked::Missing if !intake::route(path).api.needs_model() => Ok(None),
         Asked::Missing => {
             let e = ApiError::invalid(
                 "model",
@@ -287,30 +327,16 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
                     front.pools.names().join(", ")
                 ),
             );
-            return error_response(&e, None);
+            Err(Box::new(error_response(&e, None)))
         }
-        Asked::Unreadable => None,
-    };
-    let model = match asked {
-        Asked::Model(m) => Some(m),
-        _ => None,
-    };
-    if let Some(pool) = pool {
-        let ready = hold_for(&front.router, pool, front.hold_timeout).await;
-        if !ready {
-            let e = ApiError::unavailable(format!(
-                "No replica of `{}` is ready yet (waited {:.0} s for one to start); retry later.",
-                pool.name,
-                front.hold_timeout.as_secs_f64()
-            ));
-            return error_response(&e, Some(pool.retry_after_secs));
-        }
-    } else if let Some(m) = model.as_deref().filter(|_| !front.router.any_ready()) {
-        return error_response(&ApiError::model_not_found(m), None);
+        Asked::Unreadable => Ok(None),
     }
-    let req = Request::from_parts(parts, Body::from(bytes));
-    let start = Instant::now();
-    let resp = next.run(req).await;
+}
+
+/// Counts an answer for the version whose replica served it ([`VersionStatsBook`]): a 5xx
+/// as an error (apart when it names no replica), a 4xx not at all (the client's doing),
+/// a whole answer with its time as TTFT, and a stream as it passes ([`watch_stream`]).
+fn measure(front: &Front, resp: Response, start: Instant) -> Response {
     let status = resp.status();
     let version = resp
         .headers()
@@ -341,9 +367,20 @@ pub async fn layer(State(front): State<Front>, req: Request, next: Next) -> Resp
         front.book.record(&version, true, Some(ttft), &[]);
         return resp;
     }
+    watch_stream(front.book.clone(), version, start, resp)
+}
+
+/// A streamed answer passed on chunk by chunk, each timed as it passes ([`StreamRecord`]);
+/// the request is recorded for `version` when the stream ends.
+fn watch_stream(
+    book: Arc<VersionStatsBook>,
+    version: String,
+    start: Instant,
+    resp: Response,
+) -> Response {
     let (parts, body) = resp.into_parts();
     let rec = StreamRecord {
-        book: front.book.clone(),
+        book,
         version,
         start,
         last: None,

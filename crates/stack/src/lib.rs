@@ -26,4 +26,4 @@ pub mod rollout;
 pub mod signals;
 pub mod up;
 
-pub use up::{run, StackConfig, UpArgs};
+pub use up::{run, StackConfig, StackConfigError, UpArgs};

@@ -160,21 +160,7 @@ pub fn resolve(
             format!("at most {MAX_POOLS} models, not {}", entries.len()),
         ));
     }
-    let mut seen: HashMap<String, String> = HashMap::new();
-    let mut claim = |index: usize, key: &str, name: &str| {
-        let here = format!("models[{index}].{key}");
-        match seen.get(name) {
-            Some(first) => Err(bad(
-                index,
-                key,
-                format!("the name `{name}` is already used by {first}"),
-            )),
-            None => {
-                seen.insert(name.to_string(), here);
-                Ok(())
-            }
-        }
-    };
+    let mut names = Names::default();
     let mut out = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         if e.model.trim().is_empty() {
@@ -184,60 +170,14 @@ pub fn resolve(
                 "must name a model (a cache name or a GGUF path)",
             ));
         }
-        let name = match &e.name {
-            Some(n) => n.clone(),
-            None => served_name_of(&e.model),
-        };
-        if name.trim().is_empty() || name.len() > 256 {
-            return Err(bad(i, "name", "must be 1..=256 characters"));
-        }
-        claim(i, "name", &name)?;
-        let autoscale = match (&e.replicas, &e.autoscale) {
-            (Some(_), Some(_)) => {
-                return Err(bad(
-                    i,
-                    "replicas",
-                    "set `replicas` or `autoscale`, not both",
-                ))
-            }
-            (Some(n), None) => {
-                if !(1..=MAX_REPLICAS).contains(n) {
-                    return Err(bad(
-                        i,
-                        "replicas",
-                        format!("must be 1..={MAX_REPLICAS}, not {n} (use autoscale with minReplicas: 0 to scale to zero)"),
-                    ));
-                }
-                pinned(*n)
-            }
-            (None, Some(a)) => {
-                a.validate()
-                    .map_err(|err| bad(i, "autoscale", err.to_string()))?;
-                if a.max_replicas > MAX_REPLICAS {
-                    return Err(bad(
-                        i,
-                        "autoscale",
-                        format!("maxReplicas must be at most {MAX_REPLICAS}"),
-                    ));
-                }
-                a.clone()
-            }
-            (None, None) => pinned(1),
-        };
+        let name = served_name(i, e)?;
+        names.claim(i, "name", &name)?;
+        let autoscale = autoscale_of(i, e)?;
         let kv = e.kv_cache_memory.unwrap_or(stack_kv_cache_memory);
         if kv < 1 << 20 {
             return Err(bad(i, "kv_cache_memory", "must be at least 1 MiB"));
         }
-        for (j, a) in e.adapters.iter().enumerate() {
-            let key = format!("adapters[{j}]");
-            if a.name.trim().is_empty() || a.name.contains('=') {
-                return Err(bad(i, &key, "name must be non-empty and without `=`"));
-            }
-            if a.path.as_os_str().is_empty() {
-                return Err(bad(i, &key, "path must not be empty"));
-            }
-            claim(i, &key, &a.name)?;
-        }
+        check_adapters(i, e, &mut names)?;
         let mut engine_args = stack_engine_args.to_vec();
         engine_args.extend(e.engine_args.iter().cloned());
         out.push(PoolSpec {
@@ -251,6 +191,92 @@ pub fn resolve(
         });
     }
     Ok(out)
+}
+
+/// The names requests pick pools by, each with the key that first claimed it.
+#[derive(Default)]
+struct Names(HashMap<String, String>);
+
+impl Names {
+    /// Claims `name` for `models[index].key`; a name already claimed is an error naming
+    /// who has it.
+    fn claim(&mut self, index: usize, key: &str, name: &str) -> Result<(), PoolConfigError> {
+        let here = format!("models[{index}].{key}");
+        match self.0.get(name) {
+            Some(first) => Err(bad(
+                index,
+                key,
+                format!("the name `{name}` is already used by {first}"),
+            )),
+            None => {
+                self.0.insert(name.to_string(), here);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The `index`th entry's served name: its `name`, or the cache name or file stem.
+fn served_name(index: usize, e: &ModelEntry) -> Result<String, PoolConfigError> {
+    let name = match &e.name {
+        Some(n) => n.clone(),
+        None => served_name_of(&e.model),
+    };
+    if name.trim().is_empty() || name.len() > 256 {
+        return Err(bad(index, "name", "must be 1..=256 characters"));
+    }
+    Ok(name)
+}
+
+/// The `index`th entry's autoscaling: `replicas` pinned, or `autoscale` checked (one of
+/// the two at most; neither is one replica).
+fn autoscale_of(index: usize, e: &ModelEntry) -> Result<AutoscaleConfig, PoolConfigError> {
+    match (&e.replicas, &e.autoscale) {
+        (Some(_), Some(_)) => Err(bad(
+            index,
+            "replicas",
+            "set `replicas` or `autoscale`, not both",
+        )),
+        (Some(n), None) => {
+            if !(1..=MAX_REPLICAS).contains(n) {
+                return Err(bad(
+                    index,
+                    "replicas",
+                    format!("must be 1..={MAX_REPLICAS}, not {n} (use autoscale with minReplicas: 0 to scale to zero)"),
+                ));
+            }
+            Ok(pinned(*n))
+        }
+        (None, Some(a)) => {
+            a.validate()
+                .map_err(|err| bad(index, "autoscale", err.to_string()))?;
+            if a.max_replicas > MAX_REPLICAS {
+                return Err(bad(
+                    index,
+                    "autoscale",
+                    format!("maxReplicas must be at most {MAX_REPLICAS}"),
+                ));
+            }
+            Ok(a.clone())
+        }
+        (None, None) => Ok(pinned(1)),
+    }
+}
+
+/// The `index`th entry's adapters: each named (without `=`, which `--lora-modules`
+/// splits on) and with a path, and each name claimed.
+fn check_adapters(index: usize, e: &ModelEntry, names: &mut Names) -> Result<(), PoolConfigError> {
+    for (j, a) in e.adapters.iter().enumerate() {
+        let key = format!("adapters[{j}]");
+        if a.name.trim().is_empty() || a.name.contains('=') {
+            return Err(bad(index, &key, "name must be non-empty and without `=`"));
+        }
+        if a.path.as_os_str().is_empty() {
+            return Err(bad(index, &key, "path must not be empty"));
+        }
+        names.claim(index, &key, &a.name)?;
+    }
+    Ok(())
 }
 
 /// `replicas: n`: a fixed count, no spares.

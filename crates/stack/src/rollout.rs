@@ -246,12 +246,42 @@ async fn validate(shared: &Shared, req: &StartRollout) -> Result<RolloutConfig, 
 }
 
 async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
-    let req: StartRollout = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return error(ApiError::invalid_no_param(format!("Bad request body: {e}"))),
-    };
-    let shared = r.shared.clone();
+    match begin(r.shared.clone(), &body).await {
+        Ok(view) => Json(view).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+/// Starts a rollout: the request checked, the new version pulled, its canary replicas
+/// started, then the runner that moves the split, recorded as the current rollout and
+/// driven by a task of its own. Starts are serialised from the "none running" check on.
+async fn begin(shared: Arc<Shared>, body: &[u8]) -> Result<RolloutView, ApiError> {
+    let req: StartRollout = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_no_param(format!("Bad request body: {e}")))?;
     let _one = shared.starting.lock().await;
+    none_in_progress(&shared)?;
+    let cfg = validate(&shared, &req).await?;
+    pull_canary(&shared.template, &req.model).await?;
+    let id = {
+        let cur = shared.current.lock().unwrap_or_else(|e| e.into_inner());
+        cur.as_ref().map_or(1, |c| c.view.id + 1)
+    };
+    let driver = canary_driver(&shared, &req, id)?;
+    let replicas = req.replicas.unwrap_or(shared.template.canary_replicas);
+    shared
+        .fleet
+        .start_canary(Member::new(req.model.clone(), driver), replicas)
+        .await
+        .map_err(|e| conflict(e, "rollout_in_progress"))?;
+    let runner = start_runner(&shared, &cfg, &req).await?;
+    tracing::info!(canary = %req.model, baseline = %req.baseline, steps = ?cfg.steps, replicas, "rollout started");
+    let (view, ops) = record_started(&shared, id, &req, &cfg, &runner);
+    tokio::spawn(drive(shared.clone(), runner, ops));
+    Ok(view)
+}
+
+/// One rollout at a time: a conflict while another is progressing.
+fn none_in_progress(shared: &Shared) -> Result<(), ApiError> {
     let in_progress = shared
         .current
         .lock()
@@ -259,45 +289,45 @@ async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
         .as_ref()
         .filter(|c| c.view.state.phase == Phase::Progressing)
         .map(|c| (c.view.baseline.clone(), c.view.canary.clone()));
-    if let Some((b, c)) = in_progress {
-        return error(conflict(
+    match in_progress {
+        Some((b, c)) => Err(conflict(
             format!("A rollout from `{b}` to `{c}` is in progress; promote or roll it back first."),
             "rollout_in_progress",
-        ));
+        )),
+        None => Ok(()),
     }
-    let cfg = match validate(&shared, &req).await {
-        Ok(c) => c,
-        Err(e) => return error(e),
-    };
+}
+
+/// The new version on this machine before any canary replica needs it (mock engines
+/// load none); a model that cannot be had is the client's error.
+async fn pull_canary(template: &CanaryTemplate, model: &str) -> Result<(), ApiError> {
+    if template.mock {
+        return Ok(());
+    }
+    let name = model.to_string();
+    match tokio::task::spawn_blocking(move || crate::pull::pull_model(&name)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(
+            ApiError::invalid("model", format!("Cannot get `{model}`: {e}"))
+                .with_code("model_not_found"),
+        ),
+        Err(e) => Err(ApiError::internal(format!("model pull task: {e}"))),
+    }
+}
+
+/// The canary's driver: the stack's engine command line for the new version (plus the
+/// request's engine flags), logging apart under `rollout-<id>`, registering its replicas
+/// with the router under the served name and the version's endpoint group.
+fn canary_driver(shared: &Shared, req: &StartRollout, id: u64) -> Result<LocalDriver, ApiError> {
     let t = &shared.template;
-    if !t.mock {
-        let model = req.model.clone();
-        let pulled = tokio::task::spawn_blocking(move || crate::pull::pull_model(&model)).await;
-        match pulled {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return error(
-                    ApiError::invalid("model", format!("Cannot get `{}`: {e:#}", req.model))
-                        .with_code("model_not_found"),
-                )
-            }
-            Err(e) => return error(ApiError::internal(format!("model pull task: {e}"))),
-        }
-    }
-    // The canary's driver: the stack's engine command line for the new version.
     let mut dcfg = t.base.clone();
     dcfg.model = req.model.clone();
     dcfg.args = t.args.clone();
     dcfg.args.extend(req.engine_args.iter().cloned());
-    let id = {
-        let cur = shared.current.lock().unwrap_or_else(|e| e.into_inner());
-        cur.as_ref().map_or(1, |c| c.view.id + 1)
-    };
     if let Some(dir) = &t.log_dir {
         let dir = dir.join(format!("rollout-{id}"));
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            return error(ApiError::internal(format!("{}: {e}", dir.display())));
-        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ApiError::internal(format!("{}: {e}", dir.display())))?;
         dcfg.log_dir = Some(dir);
     }
     let registrar = Arc::new(
@@ -310,44 +340,54 @@ async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
         )
         .with_adapters(t.adapters.clone()),
     );
-    let driver = match LocalDriver::new(dcfg, registrar) {
-        Ok(d) => d,
-        Err(e) => return error(ApiError::internal(e.to_string())),
-    };
-    let replicas = req.replicas.unwrap_or(t.canary_replicas);
-    if let Err(e) = shared
-        .fleet
-        .start_canary(Member::new(req.model.clone(), driver), replicas)
-        .await
-    {
-        return error(conflict(e, "rollout_in_progress"));
-    }
+    LocalDriver::new(dcfg, registrar).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// The runner that moves the router's split; when the router refuses the first split the
+/// canary replicas just started are stopped again.
+async fn start_runner(
+    shared: &Shared,
+    cfg: &RolloutConfig,
+    req: &StartRollout,
+) -> Result<RolloutRunner<FrontStats>, ApiError> {
     let stats = FrontStats {
         book: shared.book.clone(),
         fleet: shared.fleet.clone(),
     };
-    let runner = match RolloutRunner::start(
+    let started = RolloutRunner::start(
         cfg.clone(),
         req.model.clone(),
         req.baseline.clone(),
         Arc::new(RouterSplitter(shared.router.clone())),
         stats,
         shared.metrics.clone(),
-    ) {
-        Ok(r) => r,
+    );
+    match started {
+        Ok(r) => Ok(r),
         Err(e) => {
             shared.fleet.drop_canary().await;
-            return error(ApiError::internal(format!(
+            Err(ApiError::internal(format!(
                 "the router refused the split: {e}"
-            )));
+            )))
         }
-    };
+    }
+}
+
+/// The new rollout's view, recorded as the current rollout with the channel operators'
+/// commands reach its task through; returns the view and that channel's receiving end.
+fn record_started(
+    shared: &Shared,
+    id: u64,
+    req: &StartRollout,
+    cfg: &RolloutConfig,
+    runner: &RolloutRunner<FrontStats>,
+) -> (RolloutView, mpsc::Receiver<Op>) {
     let (tx, rx) = mpsc::channel(4);
     let mut view = RolloutView {
         id,
         canary: req.model.clone(),
         baseline: req.baseline.clone(),
-        served_model: t.served_model.clone(),
+        served_model: shared.template.served_model.clone(),
         steps: cfg.steps.clone(),
         state: runner.state().clone(),
         split: BTreeMap::new(),
@@ -360,14 +400,12 @@ async fn start(State(r): State<Rollouts>, body: axum::body::Bytes) -> Response {
             .filter_map(|d| serde_json::to_value(d).ok())
             .collect(),
     };
-    refresh(&mut view, &shared);
-    tracing::info!(canary = %req.model, baseline = %req.baseline, steps = ?cfg.steps, replicas, "rollout started");
+    refresh(&mut view, shared);
     *shared.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Record {
         view: view.clone(),
         ops: Some(tx),
     });
-    tokio::spawn(drive(shared.clone(), runner, rx));
-    Json(view).into_response()
+    (view, rx)
 }
 
 /// Ticks the runner until the rollout ends, applying operators' commands in between.

@@ -2,12 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::BTreeMap;
 
-use super::common::{
-    FinishReason, KvTransferParams, ResponseFormat, Stop, StopReason, StreamOptions, Usage,
-};
+use super::common::{FinishReason, KvTransferParams, StopReason, Usage};
 use super::logprobs::ChatLogprobs;
+use super::sampling::sampling_request;
 use super::{OBJECT_CHAT_COMPLETION, OBJECT_CHAT_COMPLETION_CHUNK};
 
 /// The author of a chat message.
@@ -137,149 +135,56 @@ impl RequestMessage {
     }
 }
 
-/// Body of `POST /v1/chat/completions`: OpenAI's fields plus vLLM's sampling extensions.
-///
-/// See [`crate::validate::validate_chat`] for the checks and defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionRequest {
-    /// Served model name. vLLM lets it be omitted (the default model is used).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// The conversation so far.
-    pub messages: Vec<RequestMessage>,
-
-    // --- OpenAI sampling and output fields ---
-    /// 0..=2; 0 means greedy.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass, (0, 1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Number of choices.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n: Option<i64>,
-    /// Stop strings.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    /// Deprecated by OpenAI in favour of `max_completion_tokens`, still widely sent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<i64>,
-    /// Output token limit; wins over `max_tokens`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_completion_tokens: Option<i64>,
-    /// Any JSON integer (signed or unsigned 64-bit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<serde_json::Number>,
-    /// Return log-probabilities of the generated tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<bool>,
-    /// Alternatives per position (needs `logprobs: true`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_logprobs: Option<i64>,
-    /// -2..=2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub presence_penalty: Option<f64>,
-    /// -2..=2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub frequency_penalty: Option<f64>,
-    /// Token id (as a string) to additive bias, -100..=100.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logit_bias: Option<BTreeMap<String, f64>>,
-    /// Output format: `text`, `json_object` or `json_schema`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_format: Option<ResponseFormat>,
-    /// End-user id, for logs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Stream Server-Sent Events.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    /// Streaming options (only with `stream: true`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
-    /// Tool definitions, kept raw for the chat template.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Value>,
-    /// `"none"`, `"auto"`, `"required"` or a named function, kept raw.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_choice: Option<Value>,
-    /// Whether the model may call several tools at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parallel_tool_calls: Option<bool>,
-
-    // --- vLLM extensions ---
-    /// -1 or 0 disables; otherwise sample among the k most likely tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<i64>,
-    /// Minimum probability relative to the most likely token, 0..=1.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_p: Option<f64>,
-    /// Multiplicative penalty on repeated tokens; 1 disables.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repetition_penalty: Option<f64>,
-    /// Token ids that end a choice.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<i64>>,
-    /// Keep the matched stop string in the output.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub include_stop_str_in_output: Option<bool>,
-    /// Keep generating past EOS.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// Do not stop (on EOS or stop tokens) before this many tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_tokens: Option<i64>,
-    /// Drop special tokens when detokenizing (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skip_special_tokens: Option<bool>,
-    /// Put spaces between special tokens when detokenizing (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spaces_between_special_tokens: Option<bool>,
-    /// Scheduling priority; lower runs earlier (vLLM's convention).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i64>,
-    /// Salt mixed into prefix-cache hashes so tenants do not share cache entries.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_salt: Option<String>,
-    /// Prepend the last message to the output when it has the assistant role.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub echo: Option<bool>,
-    /// Append the assistant header after the messages (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub add_generation_prompt: Option<bool>,
-    /// Continue the final (assistant) message instead of starting a new one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub continue_final_message: Option<bool>,
-    /// Add BOS etc. on top of the chat template (default false: templates add them).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub add_special_tokens: Option<bool>,
-    /// Extra variables for the chat template, kept raw.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chat_template_kwargs: Option<Value>,
-    /// vLLM: constrain the output to JSON matching this schema (an object, or a JSON
-    /// string holding one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_json: Option<Value>,
-    /// vLLM: constrain the output to this regular expression.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_regex: Option<String>,
-    /// vLLM: the output is exactly one of these strings.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_choice: Option<Vec<String>>,
-    /// vLLM: a context-free grammar (refused: not supported).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_grammar: Option<String>,
-    /// vLLM's newer spelling of the guided fields: `{"json" | "regex" | "choice" |
-    /// "json_object": ...}`, kept raw for validation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub structured_outputs: Option<Value>,
-    /// Strata: `false` opts this request out of speculative decoding (default: the
-    /// engine's setting).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub speculative: Option<bool>,
-    /// vLLM: prefill/decode disaggregation (PROTOCOLS §11).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_transfer_params: Option<KvTransferParams>,
+sampling_request! {
+    /// Body of `POST /v1/chat/completions`: OpenAI's fields plus vLLM's sampling extensions.
+    /// The sampling and output fields it shares with completions are declared once, in
+    /// `types/sampling.rs`.
+    ///
+    /// See [`crate::validate::validate_chat`] for the checks and defaults.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    pub struct ChatCompletionRequest {
+        /// Served model name. vLLM lets it be omitted (the default model is used).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub model: Option<String>,
+        /// The conversation so far.
+        pub messages: Vec<RequestMessage>,
+    }
+    after_seed {
+        /// Return log-probabilities of the generated tokens.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub logprobs: Option<bool>,
+        /// Alternatives per position (needs `logprobs: true`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub top_logprobs: Option<i64>,
+    }
+    after_stream_options {
+        /// Tool definitions, kept raw for the chat template.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tools: Option<Value>,
+        /// `"none"`, `"auto"`, `"required"` or a named function, kept raw.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tool_choice: Option<Value>,
+        /// Whether the model may call several tools at once.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub parallel_tool_calls: Option<bool>,
+    }
+    after_cache_salt {
+        /// Prepend the last message to the output when it has the assistant role.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub echo: Option<bool>,
+        /// Append the assistant header after the messages (default true).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub add_generation_prompt: Option<bool>,
+        /// Continue the final (assistant) message instead of starting a new one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub continue_final_message: Option<bool>,
+        /// Add BOS etc. on top of the chat template (default false: templates add them).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub add_special_tokens: Option<bool>,
+        /// Extra variables for the chat template, kept raw.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub chat_template_kwargs: Option<Value>,
+    }
 }
 
 /// The assistant message of a non-streaming choice.

@@ -1,142 +1,45 @@
 //! `/v1/completions` (OpenAI's legacy text completions): request, response and chunk.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
-use super::common::{
-    FinishReason, KvTransferParams, Prompt, ResponseFormat, Stop, StopReason, StreamOptions, Usage,
-};
+use super::common::{FinishReason, KvTransferParams, Prompt, StopReason, Usage};
 use super::logprobs::CompletionLogprobs;
+use super::sampling::sampling_request;
 use super::OBJECT_TEXT_COMPLETION;
 
-/// Body of `POST /v1/completions`: OpenAI's fields plus vLLM's sampling extensions.
-///
-/// See [`crate::validate::validate_completion`] for the checks and defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CompletionRequest {
-    /// Served model name; may be omitted (vLLM then uses the default model).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// Text or token ids to continue.
-    pub prompt: Prompt,
-    /// Text after the insertion point (not supported; rejected when non-empty).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub suffix: Option<String>,
-    /// Generate this many and return the best `n` (not supported beyond `n`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub best_of: Option<i64>,
-    /// Return the prompt in front of the completion.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub echo: Option<bool>,
-    /// Number of top alternatives per token to return, 0..=20.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<i64>,
-
-    // --- OpenAI sampling and output fields ---
-    /// 0..=2; 0 means greedy.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling mass, (0, 1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f64>,
-    /// Number of choices.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub n: Option<i64>,
-    /// Stop strings.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
-    /// Output token limit (default: the rest of the context).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<i64>,
-    /// Accepted for symmetry with chat; wins over `max_tokens`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_completion_tokens: Option<i64>,
-    /// Any JSON integer (signed or unsigned 64-bit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<serde_json::Number>,
-    /// -2..=2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub presence_penalty: Option<f64>,
-    /// -2..=2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub frequency_penalty: Option<f64>,
-    /// Token id (as a string) to additive bias, -100..=100.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub logit_bias: Option<BTreeMap<String, f64>>,
-    /// Output format: `text`, `json_object` or `json_schema`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_format: Option<ResponseFormat>,
-    /// End-user id, for logs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Stream Server-Sent Events.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<bool>,
-    /// Streaming options (only with `stream: true`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream_options: Option<StreamOptions>,
-
-    // --- vLLM extensions ---
-    /// -1 or 0 disables; otherwise sample among the k most likely tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_k: Option<i64>,
-    /// Minimum probability relative to the most likely token, 0..=1.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_p: Option<f64>,
-    /// Multiplicative penalty on repeated tokens; 1 disables.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repetition_penalty: Option<f64>,
-    /// Token ids that end a choice.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<i64>>,
-    /// Keep the matched stop string in the output.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub include_stop_str_in_output: Option<bool>,
-    /// Keep generating past EOS.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ignore_eos: Option<bool>,
-    /// Do not stop (on EOS or stop tokens) before this many tokens.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_tokens: Option<i64>,
-    /// Drop special tokens when detokenizing (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skip_special_tokens: Option<bool>,
-    /// Put spaces between special tokens when detokenizing (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub spaces_between_special_tokens: Option<bool>,
-    /// Scheduling priority; lower runs earlier (vLLM's convention).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub priority: Option<i64>,
-    /// Salt mixed into prefix-cache hashes so tenants do not share cache entries.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cache_salt: Option<String>,
-    /// Add BOS etc. when tokenizing a text prompt (default true).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub add_special_tokens: Option<bool>,
-    /// vLLM: constrain the output to JSON matching this schema (an object, or a JSON
-    /// string holding one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_json: Option<serde_json::Value>,
-    /// vLLM: constrain the output to this regular expression.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_regex: Option<String>,
-    /// vLLM: the output is exactly one of these strings.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_choice: Option<Vec<String>>,
-    /// vLLM: a context-free grammar (refused: not supported).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guided_grammar: Option<String>,
-    /// vLLM's newer spelling of the guided fields: `{"json" | "regex" | "choice" |
-    /// "json_object": ...}`, kept raw for validation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub structured_outputs: Option<serde_json::Value>,
-    /// Strata: `false` opts this request out of speculative decoding (default: the
-    /// engine's setting).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub speculative: Option<bool>,
-    /// vLLM: prefill/decode disaggregation (PROTOCOLS §11).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kv_transfer_params: Option<KvTransferParams>,
+sampling_request! {
+    /// Body of `POST /v1/completions`: OpenAI's fields plus vLLM's sampling extensions.
+    /// The sampling and output fields it shares with chat are declared once, in
+    /// `types/sampling.rs`.
+    ///
+    /// See [`crate::validate::validate_completion`] for the checks and defaults.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    pub struct CompletionRequest {
+        /// Served model name; may be omitted (vLLM then uses the default model).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub model: Option<String>,
+        /// Text or token ids to continue.
+        pub prompt: Prompt,
+        /// Text after the insertion point (not supported; rejected when non-empty).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub suffix: Option<String>,
+        /// Generate this many and return the best `n` (not supported beyond `n`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub best_of: Option<i64>,
+        /// Return the prompt in front of the completion.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub echo: Option<bool>,
+        /// Number of top alternatives per token to return, 0..=20.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub logprobs: Option<i64>,
+    }
+    after_seed {}
+    after_stream_options {}
+    after_cache_salt {
+        /// Add BOS etc. when tokenizing a text prompt (default true).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub add_special_tokens: Option<bool>,
+    }
 }
 
 /// One choice of a completion or completion chunk.

@@ -14,7 +14,9 @@
 //! the router and benchmarks can parse what an upstream server sends.
 //!
 //! One file per endpoint family: [`chat`], [`completion`], [`embeddings`], [`models`],
-//! [`tokenize`]; shapes shared by several live in [`common`] and [`logprobs`].
+//! [`tokenize`]; shapes shared by several live in [`common`] and [`logprobs`], and the
+//! sampling fields that chat and completion requests share are declared once, in
+//! `sampling`.
 
 pub mod chat;
 pub mod common;
@@ -22,6 +24,7 @@ pub mod completion;
 pub mod embeddings;
 pub mod logprobs;
 pub mod models;
+pub(crate) mod sampling;
 pub mod tokenize;
 
 pub use chat::{

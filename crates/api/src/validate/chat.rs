@@ -3,12 +3,11 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::sampling::{chat_logprobs, RawSampling, SamplingParams};
-use super::structured::{structured_output, GuidedFields};
+use super::sampling::{chat_logprobs, SamplingParams};
+use super::shared::SharedChecks;
 use crate::error::ApiError;
 use crate::types::{
-    ChatCompletionRequest, ContentPart, MessageContent, RequestMessage, Role, StreamOptions,
-    TokenizeRequest,
+    ChatCompletionRequest, ContentPart, MessageContent, RequestMessage, Role, TokenizeRequest,
 };
 
 /// A checked chat message: known role, text content. Serializes as `{"role", "content"}`,
@@ -70,21 +69,10 @@ pub struct ValidatedChat {
 /// Checks a chat request: messages, sampling, streaming flags and unsupported features.
 ///
 /// Errors name the offending field (`messages[2].role`, `top_p`, `stream_options`, ...).
-pub fn validate_chat(req: ChatCompletionRequest) -> Result<ValidatedChat, ApiError> {
+pub fn validate_chat(mut req: ChatCompletionRequest) -> Result<ValidatedChat, ApiError> {
+    let fields = req.take_sampling_fields();
     let messages = validate_messages(req.messages)?;
-    let stream = req.stream.unwrap_or(false);
-    let (include_usage, continuous_usage_stats) =
-        stream_flags(stream, req.stream_options.as_ref())?;
-    let structured = structured_output(
-        req.response_format.as_ref(),
-        GuidedFields {
-            guided_json: req.guided_json,
-            guided_regex: req.guided_regex,
-            guided_choice: req.guided_choice,
-            guided_grammar: req.guided_grammar,
-            structured_outputs: req.structured_outputs,
-        },
-    )?;
+    let shared = SharedChecks::output(fields)?;
     let (add_generation_prompt, continue_final_message) =
         generation_prompt_flags(req.add_generation_prompt, req.continue_final_message)?;
     if let Some(tools) = &req.tools {
@@ -103,68 +91,23 @@ pub fn validate_chat(req: ChatCompletionRequest) -> Result<ValidatedChat, ApiErr
             ));
         }
     }
-
-    let mut sampling = RawSampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        n: req.n,
-        stop: req.stop,
-        max_tokens: req.max_tokens,
-        max_completion_tokens: req.max_completion_tokens,
-        seed: req.seed,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        logit_bias: req.logit_bias,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        repetition_penalty: req.repetition_penalty,
-        stop_token_ids: req.stop_token_ids,
-        include_stop_str_in_output: req.include_stop_str_in_output,
-        ignore_eos: req.ignore_eos,
-        min_tokens: req.min_tokens,
-        skip_special_tokens: req.skip_special_tokens,
-        spaces_between_special_tokens: req.spaces_between_special_tokens,
-        priority: req.priority,
-        cache_salt: req.cache_salt,
-        logprobs: chat_logprobs(req.logprobs, req.top_logprobs)?,
-    }
-    .validate()?;
-    sampling.structured = structured;
-    sampling.speculative = req.speculative.unwrap_or(true);
+    let shared = shared.sampling(chat_logprobs(req.logprobs, req.top_logprobs)?)?;
 
     Ok(ValidatedChat {
         model: req.model,
         messages,
-        sampling,
-        stream,
-        include_usage,
-        continuous_usage_stats,
+        sampling: shared.sampling,
+        stream: shared.stream,
+        include_usage: shared.include_usage,
+        continuous_usage_stats: shared.continuous_usage_stats,
         add_generation_prompt,
         continue_final_message,
         add_special_tokens: req.add_special_tokens.unwrap_or(false),
         echo: req.echo.unwrap_or(false),
         tools: req.tools.filter(|t| !t.is_null()),
         chat_template_kwargs: req.chat_template_kwargs,
-        user: req.user,
+        user: shared.user,
     })
-}
-
-/// `stream_options` is only allowed with `stream: true` (OpenAI rejects it otherwise).
-pub(crate) fn stream_flags(
-    stream: bool,
-    options: Option<&StreamOptions>,
-) -> Result<(bool, bool), ApiError> {
-    match options {
-        None => Ok((false, false)),
-        Some(_) if !stream => Err(ApiError::invalid(
-            "stream_options",
-            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-        )),
-        Some(o) => Ok((
-            o.include_usage.unwrap_or(false),
-            o.continuous_usage_stats.unwrap_or(false),
-        )),
-    }
 }
 
 /// Resolves `add_generation_prompt` and `continue_final_message`, which contradict each

@@ -1,8 +1,7 @@
 //! Legacy completion requests into typed values.
 
-use super::chat::stream_flags;
-use super::sampling::{completion_logprobs, RawSampling, SamplingParams};
-use super::structured::{structured_output, GuidedFields};
+use super::sampling::{completion_logprobs, SamplingParams};
+use super::shared::SharedChecks;
 use crate::error::ApiError;
 use crate::types::{CompletionRequest, Prompt};
 
@@ -42,60 +41,22 @@ pub struct ValidatedCompletion {
 /// Checks a completion request: exactly one non-empty prompt, sampling, streaming flags and
 /// unsupported features (`suffix`, `best_of` other than `n`), and any structured-output
 /// constraint.
-pub fn validate_completion(req: CompletionRequest) -> Result<ValidatedCompletion, ApiError> {
+pub fn validate_completion(mut req: CompletionRequest) -> Result<ValidatedCompletion, ApiError> {
+    let fields = req.take_sampling_fields();
     let prompt = single_prompt(req.prompt)?;
-    let stream = req.stream.unwrap_or(false);
-    let (include_usage, continuous_usage_stats) =
-        stream_flags(stream, req.stream_options.as_ref())?;
-    let structured = structured_output(
-        req.response_format.as_ref(),
-        GuidedFields {
-            guided_json: req.guided_json,
-            guided_regex: req.guided_regex,
-            guided_choice: req.guided_choice,
-            guided_grammar: req.guided_grammar,
-            structured_outputs: req.structured_outputs,
-        },
-    )?;
+    let shared = SharedChecks::output(fields)?;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported."));
     }
-
-    let mut sampling = RawSampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        n: req.n,
-        stop: req.stop,
-        max_tokens: req.max_tokens,
-        max_completion_tokens: req.max_completion_tokens,
-        seed: req.seed,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        logit_bias: req.logit_bias,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        repetition_penalty: req.repetition_penalty,
-        stop_token_ids: req.stop_token_ids,
-        include_stop_str_in_output: req.include_stop_str_in_output,
-        ignore_eos: req.ignore_eos,
-        min_tokens: req.min_tokens,
-        skip_special_tokens: req.skip_special_tokens,
-        spaces_between_special_tokens: req.spaces_between_special_tokens,
-        priority: req.priority,
-        cache_salt: req.cache_salt,
-        logprobs: completion_logprobs(req.logprobs)?,
-    }
-    .validate()?;
-    sampling.structured = structured;
-    sampling.speculative = req.speculative.unwrap_or(true);
+    let shared = shared.sampling(completion_logprobs(req.logprobs)?)?;
 
     if let Some(best_of) = req.best_of {
-        if best_of != i64::from(sampling.n) {
+        if best_of != i64::from(shared.sampling.n) {
             return Err(ApiError::invalid(
                 "best_of",
                 format!(
                     "best_of is not supported; omit it or set it equal to n ({}).",
-                    sampling.n
+                    shared.sampling.n
                 ),
             ));
         }
@@ -104,13 +65,13 @@ pub fn validate_completion(req: CompletionRequest) -> Result<ValidatedCompletion
     Ok(ValidatedCompletion {
         model: req.model,
         prompt,
-        sampling,
-        stream,
-        include_usage,
-        continuous_usage_stats,
+        sampling: shared.sampling,
+        stream: shared.stream,
+        include_usage: shared.include_usage,
+        continuous_usage_stats: shared.continuous_usage_stats,
         echo: req.echo.unwrap_or(false),
         add_special_tokens: req.add_special_tokens.unwrap_or(true),
-        user: req.user,
+        user: shared.user,
     })
 }
 

@@ -23,6 +23,7 @@ mod context;
 mod embeddings;
 mod json;
 mod sampling;
+mod shared;
 mod structured;
 
 pub use chat::{

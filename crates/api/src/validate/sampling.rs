@@ -12,6 +12,7 @@ use std::ops::RangeInclusive;
 
 use super::structured::StructuredOutput;
 use crate::error::ApiError;
+use crate::types::sampling::SamplingFields;
 use crate::types::Stop;
 
 /// Largest `n` (choices per request) accepted.
@@ -120,96 +121,70 @@ impl SamplingParams {
     }
 }
 
-/// The sampling fields of a request, moved out of it so chat and completions share one
-/// validation. `logprobs` is already resolved, since the two endpoints spell it
-/// differently.
-#[derive(Debug, Default)]
-pub(crate) struct RawSampling {
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<i64>,
-    pub stop: Option<Stop>,
-    pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
-    pub seed: Option<Number>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub logit_bias: Option<BTreeMap<String, f64>>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub stop_token_ids: Option<Vec<i64>>,
-    pub include_stop_str_in_output: Option<bool>,
-    pub ignore_eos: Option<bool>,
-    pub min_tokens: Option<i64>,
-    pub skip_special_tokens: Option<bool>,
-    pub spaces_between_special_tokens: Option<bool>,
-    pub priority: Option<i64>,
-    pub cache_salt: Option<String>,
-    pub logprobs: Option<u32>,
-}
-
-impl RawSampling {
-    /// Checks every field and applies defaults.
-    pub fn validate(self) -> Result<SamplingParams, ApiError> {
-        let max_tokens = resolve_max_tokens(self.max_tokens, self.max_completion_tokens)?;
-        let min_tokens = match self.min_tokens {
-            None => 0,
-            Some(m) => {
-                let m = u32::try_from(m).map_err(|_| {
-                    ApiError::invalid(
+/// Checks every sampling field of `fields` and applies defaults. `logprobs` comes resolved
+/// (the endpoints spell it differently), `structured` already checked.
+pub(crate) fn sampling_params(
+    fields: SamplingFields,
+    logprobs: Option<u32>,
+    structured: Option<StructuredOutput>,
+) -> Result<SamplingParams, ApiError> {
+    let max_tokens = resolve_max_tokens(fields.max_tokens, fields.max_completion_tokens)?;
+    let min_tokens = match fields.min_tokens {
+        None => 0,
+        Some(m) => {
+            let m = u32::try_from(m).map_err(|_| {
+                ApiError::invalid(
+                    "min_tokens",
+                    format!("min_tokens must be between 0 and {}, got {m}.", u32::MAX),
+                )
+            })?;
+            if let Some(max) = max_tokens {
+                if m > max {
+                    return Err(ApiError::invalid(
                         "min_tokens",
-                        format!("min_tokens must be between 0 and {}, got {m}.", u32::MAX),
-                    )
-                })?;
-                if let Some(max) = max_tokens {
-                    if m > max {
-                        return Err(ApiError::invalid(
-                            "min_tokens",
-                            format!("min_tokens ({m}) must not exceed max_tokens ({max})."),
-                        ));
-                    }
+                        format!("min_tokens ({m}) must not exceed max_tokens ({max})."),
+                    ));
                 }
-                m
             }
-        };
+            m
+        }
+    };
 
-        Ok(SamplingParams {
-            temperature: float_in("temperature", self.temperature, 1.0, 0.0..=2.0)?,
-            top_p: positive_up_to("top_p", self.top_p, 1.0, 1.0)?,
-            top_k: top_k(self.top_k)?,
-            min_p: float_in("min_p", self.min_p, 0.0, 0.0..=1.0)?,
-            repetition_penalty: positive_up_to(
-                "repetition_penalty",
-                self.repetition_penalty,
-                1.0,
-                2.0,
-            )?,
-            presence_penalty: float_in("presence_penalty", self.presence_penalty, 0.0, -2.0..=2.0)?,
-            frequency_penalty: float_in(
-                "frequency_penalty",
-                self.frequency_penalty,
-                0.0,
-                -2.0..=2.0,
-            )?,
-            seed: self.seed.as_ref().map(seed).transpose()?,
-            max_tokens,
-            min_tokens,
-            n: n(self.n)?,
-            stop: stop(self.stop)?,
-            stop_token_ids: stop_token_ids(self.stop_token_ids)?,
-            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            logprobs: self.logprobs,
-            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
-            spaces_between_special_tokens: self.spaces_between_special_tokens.unwrap_or(true),
-            priority: priority(self.priority)?,
-            cache_salt: cache_salt(self.cache_salt)?,
-            logit_bias: logit_bias(self.logit_bias)?,
-            structured: None,
-            speculative: true,
-        })
-    }
+    Ok(SamplingParams {
+        temperature: float_in("temperature", fields.temperature, 1.0, 0.0..=2.0)?,
+        top_p: positive_up_to("top_p", fields.top_p, 1.0, 1.0)?,
+        top_k: top_k(fields.top_k)?,
+        min_p: float_in("min_p", fields.min_p, 0.0, 0.0..=1.0)?,
+        repetition_penalty: positive_up_to(
+            "repetition_penalty",
+            fields.repetition_penalty,
+            1.0,
+            2.0,
+        )?,
+        presence_penalty: float_in("presence_penalty", fields.presence_penalty, 0.0, -2.0..=2.0)?,
+        frequency_penalty: float_in(
+            "frequency_penalty",
+            fields.frequency_penalty,
+            0.0,
+            -2.0..=2.0,
+        )?,
+        seed: fields.seed.as_ref().map(seed).transpose()?,
+        max_tokens,
+        min_tokens,
+        n: n(fields.n)?,
+        stop: stop(fields.stop)?,
+        stop_token_ids: stop_token_ids(fields.stop_token_ids)?,
+        include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
+        ignore_eos: fields.ignore_eos.unwrap_or(false),
+        logprobs,
+        skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
+        spaces_between_special_tokens: fields.spaces_between_special_tokens.unwrap_or(true),
+        priority: priority(fields.priority)?,
+        cache_salt: cache_salt(fields.cache_salt)?,
+        logit_bias: logit_bias(fields.logit_bias)?,
+        structured,
+        speculative: fields.speculative.unwrap_or(true),
+    })
 }
 
 /// `value` (or `default`) checked against an inclusive range.
@@ -454,7 +429,7 @@ mod tests {
 
     #[test]
     fn defaults_when_nothing_sent() {
-        let p = RawSampling::default().validate().unwrap();
+        let p = sampling_params(SamplingFields::default(), None, None).unwrap();
         assert_eq!(p, SamplingParams::default());
         assert!(!p.is_greedy());
         assert!(p.skip_special_tokens);

@@ -9,6 +9,7 @@
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::types::sampling::SamplingFields;
 use crate::types::ResponseFormat;
 
 /// Largest JSON schema accepted, in bytes of its compact serialization. Grammar
@@ -45,34 +46,24 @@ pub enum StructuredOutput {
     Choice(Vec<String>),
 }
 
-/// vLLM's extra fields, as they arrive.
-#[derive(Debug, Default)]
-pub(crate) struct GuidedFields {
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<String>,
-    pub guided_choice: Option<Vec<String>>,
-    pub guided_grammar: Option<String>,
-    pub structured_outputs: Option<Value>,
-}
-
-/// Resolves the request's constraint, if any. At most one source may be set.
+/// Resolves the request's constraint, if any. At most one source may be set. Takes the
+/// guided fields out of `fields` (it keeps what it checks); `response_format` stays.
 pub(crate) fn structured_output(
-    response_format: Option<&ResponseFormat>,
-    guided: GuidedFields,
+    fields: &mut SamplingFields,
 ) -> Result<Option<StructuredOutput>, ApiError> {
     let mut found: Vec<(&'static str, StructuredOutput)> = Vec::new();
-    if let Some(rf) = response_format {
+    if let Some(rf) = &fields.response_format {
         if let Some(s) = from_response_format(rf)? {
             found.push(("response_format", s));
         }
     }
-    if guided.guided_grammar.is_some() {
+    if fields.guided_grammar.is_some() {
         return Err(ApiError::invalid(
             "guided_grammar",
             "guided_grammar is not supported; use guided_json, guided_regex or guided_choice.",
         ));
     }
-    if let Some(schema) = guided.guided_json {
+    if let Some(schema) = fields.guided_json.take() {
         let schema = match schema {
             // vLLM also takes the schema as a JSON string.
             Value::String(s) => serde_json::from_str(&s).map_err(|e| {
@@ -88,13 +79,13 @@ pub(crate) fn structured_output(
             json_schema("guided_json", schema, None, false)?,
         ));
     }
-    if let Some(rx) = guided.guided_regex {
+    if let Some(rx) = fields.guided_regex.take() {
         found.push(("guided_regex", regex("guided_regex", rx)?));
     }
-    if let Some(choices) = guided.guided_choice {
+    if let Some(choices) = fields.guided_choice.take() {
         found.push(("guided_choice", choice("guided_choice", choices)?));
     }
-    if let Some(so) = guided.structured_outputs {
+    if let Some(so) = fields.structured_outputs.take() {
         if let Some(s) = from_structured_outputs(so)? {
             found.push(("structured_outputs", s));
         }

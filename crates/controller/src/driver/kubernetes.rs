@@ -517,6 +517,45 @@ impl KubernetesDriver {
             .collect();
 
         // Gone first: the router stops sending to a pod before anything else happens.
+        self.forget_gone(&live, &mut events);
+
+        let ready_timeout = Duration::from_secs_f64(self.cfg.ready_timeout_secs);
+        let now = Instant::now();
+        for (uid, o) in live {
+            if o.finished.is_some() {
+                continue;
+            }
+            let url = o.ip.as_deref().map(|ip| self.url(ip)).unwrap_or_default();
+            let p = self.pods.entry(uid).or_insert_with(|| {
+                if !o.terminating {
+                    events.push(ReplicaEvent::Started {
+                        id: o.name.clone(),
+                        url: url.clone(),
+                    });
+                }
+                TrackedPod {
+                    name: o.name.clone(),
+                    url: url.clone(),
+                    track: Track::Starting,
+                    waiting_since: now,
+                    restarts: o.restarts,
+                }
+            });
+            if !url.is_empty() {
+                p.url = url;
+            }
+            if p.follow(&*self.registrar, &o, now, ready_timeout, &mut events) {
+                to_delete.push((p.name.clone(), o.uid.clone()));
+            }
+        }
+        (events, to_delete)
+    }
+
+    /// Drops the tracked pods that left the listing or finished (`Failed`/`Succeeded`),
+    /// deregistering a ready one first. Its end is `Stopped` when it was terminating (asked
+    /// to go), `Exited` with the pod's status when it went unasked, and nothing for a pod
+    /// this driver deleted (already reported as `NeverReady`).
+    fn forget_gone(&mut self, live: &BTreeMap<String, Observed>, events: &mut Vec<ReplicaEvent>) {
         let gone: Vec<String> = self
             .pods
             .keys()
@@ -545,94 +584,111 @@ impl KubernetesDriver {
                 }
             }
         }
+    }
+}
 
-        let ready_timeout = Duration::from_secs_f64(self.cfg.ready_timeout_secs);
-        let now = Instant::now();
-        for (uid, o) in live {
-            if o.finished.is_some() {
-                continue;
-            }
-            let url = o.ip.as_deref().map(|ip| self.url(ip)).unwrap_or_default();
-            let p = self.pods.entry(uid).or_insert_with(|| {
-                if !o.terminating {
-                    events.push(ReplicaEvent::Started {
-                        id: o.name.clone(),
-                        url: url.clone(),
-                    });
-                }
-                TrackedPod {
-                    name: o.name.clone(),
-                    url: url.clone(),
-                    track: Track::Starting,
-                    waiting_since: now,
-                    restarts: o.restarts,
-                }
-            });
-            if !url.is_empty() {
-                p.url = url;
-            }
-            if p.track == Track::Deleted || p.track == Track::Terminating {
-                continue;
-            }
-            if o.terminating {
-                if p.track == Track::Ready {
-                    self.registrar.deregister(&p.name);
-                }
-                p.track = Track::Terminating;
-                events.push(ReplicaEvent::Draining { id: p.name.clone() });
-                continue;
-            }
-            if o.restarts > p.restarts {
-                if p.track == Track::Ready {
-                    self.registrar.deregister(&p.name);
-                }
-                let status = match &o.last_exit {
-                    Some(exit) => format!("container restarted: {exit}"),
-                    None => "container restarted".to_string(),
-                };
-                events.push(ReplicaEvent::Exited {
-                    id: p.name.clone(),
-                    status,
-                });
-                p.restarts = o.restarts;
-                if p.track == Track::Ready {
-                    // A crash-looping pod that never got ready keeps its first deadline.
-                    p.track = Track::Starting;
-                    p.waiting_since = now;
-                }
-            }
-            let serving = o.ready && !p.url.is_empty();
-            match (p.track, serving) {
-                (Track::Starting, true) => {
-                    p.track = Track::Ready;
-                    let info = ReplicaInfo {
-                        id: p.name.clone(),
-                        url: p.url.clone(),
-                        phase: ReplicaPhase::Ready,
-                    };
-                    self.registrar.register(&info);
-                    events.push(ReplicaEvent::Ready {
-                        id: info.id,
-                        url: info.url,
-                        after_secs: now.duration_since(p.waiting_since).as_secs_f64(),
-                    });
-                }
-                (Track::Ready, false) => {
-                    // Its readiness probe fails: no traffic until it passes again.
-                    self.registrar.deregister(&p.name);
-                    tracing::warn!(pod = %p.name, "pod no longer ready: deregistered");
-                    p.track = Track::Starting;
-                    p.waiting_since = now;
-                }
-                (Track::Starting, false)
-                    if now.duration_since(p.waiting_since) >= ready_timeout =>
-                {
-                    to_delete.push((p.name.clone(), o.uid.clone()));
-                }
-                _ => {}
-            }
+impl TrackedPod {
+    /// Applies one listing of a pod that is still there: terminating, restarted, then its
+    /// readiness. Returns true when it has waited `ready_timeout` without becoming ready
+    /// and is to be deleted. A pod already deleted or terminating only waits to go.
+    fn follow(
+        &mut self,
+        registrar: &dyn ReplicaRegistrar,
+        o: &Observed,
+        now: Instant,
+        ready_timeout: Duration,
+        events: &mut Vec<ReplicaEvent>,
+    ) -> bool {
+        if self.track == Track::Deleted || self.track == Track::Terminating {
+            return false;
         }
-        (events, to_delete)
+        if o.terminating {
+            self.drain(registrar, events);
+            return false;
+        }
+        if o.restarts > self.restarts {
+            self.restarted(registrar, o, now, events);
+        }
+        self.follow_readiness(registrar, o.ready, now, ready_timeout, events)
+    }
+
+    /// The pod is terminating (`deletionTimestamp`): no more traffic, at once.
+    fn drain(&mut self, registrar: &dyn ReplicaRegistrar, events: &mut Vec<ReplicaEvent>) {
+        if self.track == Track::Ready {
+            registrar.deregister(&self.name);
+        }
+        self.track = Track::Terminating;
+        events.push(ReplicaEvent::Draining {
+            id: self.name.clone(),
+        });
+    }
+
+    /// A container restarted: the replica it served exited (with the container's last exit
+    /// when known). It is deregistered and registered again once `Ready` comes back.
+    fn restarted(
+        &mut self,
+        registrar: &dyn ReplicaRegistrar,
+        o: &Observed,
+        now: Instant,
+        events: &mut Vec<ReplicaEvent>,
+    ) {
+        if self.track == Track::Ready {
+            registrar.deregister(&self.name);
+        }
+        let status = match &o.last_exit {
+            Some(exit) => format!("container restarted: {exit}"),
+            None => "container restarted".to_string(),
+        };
+        events.push(ReplicaEvent::Exited {
+            id: self.name.clone(),
+            status,
+        });
+        self.restarts = o.restarts;
+        if self.track == Track::Ready {
+            // A crash-looping pod that never got ready keeps its first deadline.
+            self.track = Track::Starting;
+            self.waiting_since = now;
+        }
+    }
+
+    /// Registers the pod once it is `Ready` with an IP and deregisters it when it stops
+    /// being so. Returns true when it has been waiting for `ready_timeout`.
+    fn follow_readiness(
+        &mut self,
+        registrar: &dyn ReplicaRegistrar,
+        ready: bool,
+        now: Instant,
+        ready_timeout: Duration,
+        events: &mut Vec<ReplicaEvent>,
+    ) -> bool {
+        let serving = ready && !self.url.is_empty();
+        match (self.track, serving) {
+            (Track::Starting, true) => {
+                self.track = Track::Ready;
+                let info = ReplicaInfo {
+                    id: self.name.clone(),
+                    url: self.url.clone(),
+                    phase: ReplicaPhase::Ready,
+                };
+                registrar.register(&info);
+                events.push(ReplicaEvent::Ready {
+                    id: info.id,
+                    url: info.url,
+                    after_secs: now.duration_since(self.waiting_since).as_secs_f64(),
+                });
+                false
+            }
+            (Track::Ready, false) => {
+                // Its readiness probe fails: no traffic until it passes again.
+                registrar.deregister(&self.name);
+                tracing::warn!(pod = %self.name, "pod no longer ready: deregistered");
+                self.track = Track::Starting;
+                self.waiting_since = now;
+                false
+            }
+            (Track::Starting, false) => now.duration_since(self.waiting_since) >= ready_timeout,
+            _ => false,
+        }
     }
 }
 

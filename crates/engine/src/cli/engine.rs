@@ -1,6 +1,7 @@
-//! `strata engine`: serve a model through the OpenAI-compatible API. The flags, and the
-//! [`ServerConfig`] they assemble; [`run`] resolves the model (pulling a known one),
-//! checks its signature when asked, and serves it (or the mock engine, with `--mock`).
+//! `strata engine`: serve a model through the OpenAI-compatible API. The flags
+//! ([`EngineArgs`]), checked and resolved into the one settings struct everything else
+//! reads ([`EngineOptions`]); [`run`] resolves the model (pulling a known one), checks its
+//! signature when asked, and serves it (or the mock engine, with `--mock`).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -16,8 +17,8 @@ use crate::kv::tls::{KvTls, KvTlsFiles};
 use crate::lora::{LoraModule, LoraOptions};
 use crate::model::WeightFormat;
 use crate::model_cache::{ModelCache, DEFAULT_MODEL};
-use crate::options::{EngineOptions, KvRole, ServerConfig, DEFAULT_HASH_SEED};
-use crate::scheduler::{Policy, StepBudget};
+use crate::options::{EngineOptions, KvRole, DEFAULT_HASH_SEED};
+use crate::planner::{Policy, StepBudget};
 use crate::spec_decode::SpeculativeConfig;
 
 /// `strata engine`'s flags (vLLM's names where vLLM has the option).
@@ -261,16 +262,10 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
     let kv_peers = KvPeers::parse(&args.kv_peers).map_err(anyhow::Error::msg)?;
     let kv_tls = kv_tls(&args)?;
     auth_options(&args).validate().map_err(anyhow::Error::msg)?;
-    let path = model_file(&args).await?;
-    let model_name = served_name(&args, &path);
-    let mut config = ServerConfig {
-        model_path: path,
-        model_name,
-        addr,
-        options: engine_options(args, kv_peers),
-    };
-    config.options.kv_tls = kv_tls;
-    crate::server::run(config).await?;
+    let model_path = model_file(&args).await?;
+    let model_name = served_name(&args, &model_path);
+    let opts = engine_options(args, model_path, model_name, addr, kv_peers, kv_tls);
+    crate::server::run(opts).await?;
     Ok(())
 }
 
@@ -320,10 +315,22 @@ fn served_name(args: &EngineArgs, path: &std::path::Path) -> String {
     })
 }
 
-/// The flags as the engine's options.
-fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
+/// The flags as the engine's options, with what `run` resolved from them: the model and
+/// address, the `--kv-peers` list, and the `--kv-tls` files (loaded before the model is
+/// pulled).
+fn engine_options(
+    args: EngineArgs,
+    model_path: PathBuf,
+    model_name: String,
+    addr: SocketAddr,
+    kv_peers: KvPeers,
+    kv_tls: Option<KvTls>,
+) -> EngineOptions {
     let auth = auth_options(&args);
     EngineOptions {
+        model_path,
+        model_name,
+        addr,
         weights: args.weights,
         exact_decode: args.exact_decode,
         exact_prefill: args.exact_prefill,
@@ -352,8 +359,7 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
         kv_transfer_timeout: Duration::from_millis(args.kv_transfer_timeout_ms),
         kv_tier: args.kv_tier,
         kv_peers,
-        // Loaded (and its files checked) by `run` before the model is pulled.
-        kv_tls: None,
+        kv_tls,
         auth,
         speculative: args.speculative_config,
         generation_config: args.generation_config,
@@ -370,7 +376,8 @@ fn engine_options(args: EngineArgs, kv_peers: KvPeers) -> EngineOptions {
             modules: args.lora_modules,
             dirs: args.lora_dir,
         }),
-        step_time_budget_ms: args.step_time_budget_ms,
+        step_time_budget: (args.step_time_budget_ms > 0)
+            .then(|| Duration::from_millis(args.step_time_budget_ms)),
     }
 }
 

@@ -36,12 +36,7 @@ pub(super) fn json_response<T: serde::Serialize>(value: &T) -> Response {
 pub(super) async fn read_body(state: &EmbedState, req: Request) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(req.into_body(), state.max_body_bytes)
         .await
-        .map_err(|_| {
-            ApiError::too_large(format!(
-                "The request body exceeds the limit of {} bytes.",
-                state.max_body_bytes
-            ))
-        })
+        .map_err(|_| ApiError::body_too_large(state.max_body_bytes))
 }
 
 pub(super) fn check_model(state: &EmbedState, model: Option<&str>) -> Result<(), ApiError> {

@@ -37,7 +37,7 @@ use super::worker::{self, EmbedFailure, WorkerConfig};
 use super::{EmbedError, EncoderConfig};
 use crate::auth::{self, Gate};
 use crate::metrics::EngineMetrics;
-use crate::options::{EngineOptions, ServerConfig};
+use crate::options::EngineOptions;
 use crate::serve::{serve_with_drain, ServerError};
 
 /// A loaded encoder and its running worker.
@@ -46,15 +46,13 @@ pub struct LoadedEncoder {
     pub worker_thread: std::thread::JoinHandle<()>,
 }
 
-/// Loads the encoder directory and starts the worker.
+/// Loads the encoder directory `opts.model_path` (served as `opts.model_name`) and starts
+/// the worker.
 ///
 /// `--max-model-len` lowers the input limit; `--max-num-batched-tokens` is the worker's
 /// tokens per forward; `--max-waiting` bounds its queue.
-pub fn load(
-    dir: &std::path::Path,
-    model_name: &str,
-    opts: &EngineOptions,
-) -> Result<LoadedEncoder, ServerError> {
+pub fn load(opts: &EngineOptions) -> Result<LoadedEncoder, ServerError> {
+    let (dir, model_name) = (opts.model_path.as_path(), opts.model_name.as_str());
     if opts.max_num_batched_tokens == 0 || opts.max_waiting == 0 {
         return Err(ServerError::Option(
             "max-num-batched-tokens and max-waiting must be positive".into(),
@@ -141,29 +139,28 @@ pub fn router(state: Arc<EmbedState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until Ctrl-C or SIGTERM, then lets in-flight requests finish (bounded).
-pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
-    let path = config.model_path.clone();
-    let name = config.model_name.clone();
-    let opts = config.options.clone();
-    let loaded = tokio::task::spawn_blocking(move || load(&path, &name, &opts))
+/// Serves `opts.model_path` on `opts.addr` until Ctrl-C or SIGTERM, then lets in-flight
+/// requests finish (bounded).
+pub async fn run(opts: EngineOptions) -> Result<(), ServerError> {
+    let load_opts = opts.clone();
+    let loaded = tokio::task::spawn_blocking(move || load(&load_opts))
         .await
         .map_err(|e| ServerError::Option(format!("model loading panicked: {e}")))??;
-    let listener = tokio::net::TcpListener::bind(config.addr)
+    let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .map_err(|source| ServerError::Bind {
-            addr: config.addr,
+            addr: opts.addr,
             source,
         })?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
-    auth::warn_if_open(&config.options.auth, local);
-    tracing::info!(addr = %local, model = %config.model_name, "serving embeddings");
+    auth::warn_if_open(&opts.auth, local);
+    tracing::info!(addr = %local, model = %opts.model_name, "serving embeddings");
     let state = loaded.state.clone();
     serve_with_drain(
         listener,
         router(loaded.state.clone()),
-        config.options.http.clone(),
-        config.options.shutdown_grace,
+        opts.http.clone(),
+        opts.shutdown_grace,
         || {},
         move || state.in_flight.load(Ordering::SeqCst),
     )

@@ -10,9 +10,8 @@ use crate::kv::block_pool::HashKey;
 use crate::kv::hashing::{block_extra_keys, BlockHash, BlockHasher};
 use crate::kv::transfer::BlockSpec;
 use crate::model::Llama;
-use crate::scheduler::{BlockHashFn, LoraBlockHashFn};
-
-use super::EngineConfig;
+use crate::options::EngineOptions;
+use crate::planner::{BlockHashFn, LoraBlockHashFn};
 
 /// The block spec of an engine, its model identity computed on first use (digesting the
 /// weights takes a while, and only engines that exchange blocks need it).
@@ -24,22 +23,27 @@ pub(super) struct BlockSpecCell {
 }
 
 impl BlockSpecCell {
-    pub(super) fn new(model: &Llama, config: &EngineConfig) -> Self {
+    /// The spec of `model`'s blocks under `opts`; its identity digests the weights at
+    /// `opts.model_path` (none given: the identity is unique to this process, and no other
+    /// engine accepts its blocks).
+    pub(super) fn new(model: &Llama, opts: &EngineOptions) -> Self {
+        let dtype = opts.kv_dtype(model);
         Self {
             dims: BlockSpec {
                 model: String::new(),
-                block_size: u32::try_from(config.block_size).unwrap_or(u32::MAX),
+                block_size: u32::try_from(opts.block_size).unwrap_or(u32::MAX),
                 n_layer: u32::try_from(model.config.n_layer).unwrap_or(u32::MAX),
                 slot_width: u32::try_from(model.kv_slot_width()).unwrap_or(u32::MAX),
-                dtype: config.kv_dtype,
-                scales_per_slot: if config.kv_dtype.is_scaled() {
+                dtype,
+                scales_per_slot: if dtype.is_scaled() {
                     u32::try_from(model.config.n_kv_head).unwrap_or(u32::MAX)
                 } else {
                     0
                 },
             },
             arch: arch_identity(model),
-            weights_path: config.weights_path.clone(),
+            weights_path: (!opts.model_path.as_os_str().is_empty())
+                .then(|| opts.model_path.clone()),
             spec: OnceLock::new(),
         }
     }
@@ -113,7 +117,7 @@ fn arch_identity(model: &Llama) -> String {
     )
 }
 
-/// The prefix-cache hashes of the full blocks of `tokens`, exactly as the scheduler names
+/// The prefix-cache hashes of the full blocks of `tokens`, exactly as the planner names
 /// them: chained, with the adapter's name on every block and the salt on the first.
 pub fn prompt_block_hashes(
     hasher: &BlockHasher,
@@ -141,12 +145,12 @@ pub(super) fn lora_block_hash_fn(seed: &str, block_size: usize) -> LoraBlockHash
     })
 }
 
-/// The prefix-cache block hash (PROTOCOLS §3) as the scheduler calls it.
+/// The prefix-cache block hash (PROTOCOLS §3) as the planner calls it.
 pub(super) fn block_hash_fn(seed: &str, block_size: usize) -> BlockHashFn {
     let hasher = BlockHasher::new(seed, block_size);
     Box::new(move |parent, tokens, salt| {
         let parent = parent.map(|p| BlockHash(*p));
-        // The scheduler passes the salt for the first block only.
+        // The planner passes the salt for the first block only.
         let extra = block_extra_keys(0, None, salt);
         let extra = extra.as_deref();
         hasher.hash_block(parent.as_ref(), tokens, extra).0
@@ -159,12 +163,12 @@ mod tests {
     use super::*;
     use crate::kv::block_pool::PoolEvent;
     use crate::kv::cache::KvDtype;
-    use crate::scheduler::{Policy, SchedulerConfig, StepPlanner};
+    use crate::planner::{Policy, StepPlanner};
     use std::collections::HashSet;
     use std::sync::Arc;
 
     #[test]
-    fn the_handles_block_hashes_are_the_schedulers_names_with_salt_and_adapter() {
+    fn the_handles_block_hashes_are_the_planners_names_with_salt_and_adapter() {
         use crate::lora::adapter::tests::{tiny_base, tmp, write_adapter};
         let bs = 4;
         let dir = tmp("engine-hashes");
@@ -184,11 +188,13 @@ mod tests {
         let mut seen = HashSet::new();
         for (salt, with_lora) in cases {
             let mut planner = StepPlanner::new(
-                SchedulerConfig {
+                &EngineOptions {
                     block_size: bs,
                     max_num_seqs: 4,
                     max_num_batched_tokens: 64,
                     policy: Policy::Fcfs,
+                    step_time_budget: None,
+                    ..EngineOptions::default()
                 },
                 16,
                 Some(block_hash_fn(SEED, bs)),
@@ -198,14 +204,12 @@ mod tests {
             s.cache_salt = salt.map(str::to_string);
             s.lora = with_lora.then(|| adapter.clone());
             planner.add(s);
-            planner.schedule();
-            let q = &mut planner.running_mut()[0];
+            let plan = planner.plan();
+            let q = planner.seq_mut(plan.work[0].id);
             q.num_computed = q.tokens.len();
             planner.commit_full_blocks();
             let committed: Vec<HashKey> = planner
-                .pool
-                .take_events()
-                .into_iter()
+                .drain_kv_events()
                 .filter_map(|e| match e {
                     PoolEvent::Stored { hash, .. } => Some(hash),
                     _ => None,

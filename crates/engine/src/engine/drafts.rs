@@ -5,7 +5,7 @@
 //! ([`verify`]).
 
 use crate::metrics::EngineMetrics;
-use crate::scheduler::{StepPlan, StepPlanner};
+use crate::planner::{SeqId, StepPlan, StepPlanner};
 use crate::sequence::Sequence;
 use crate::spec_decode::{linear_prices, propose, SpeculativeConfig, StepCosts, PRIOR_ROW_COST};
 
@@ -31,12 +31,13 @@ impl Drafter {
         self.step_costs.observe(rows, secs);
     }
 
-    /// Appends n-gram proposals to every decoding sequence that may speculate, so the
-    /// planner schedules them with its pending token. `context_len`: the model's.
-    pub(super) fn propose(&mut self, running: &mut [Sequence], context_len: usize) {
+    /// Appends n-gram proposals to every running sequence that decodes and may
+    /// speculate, so the planner plans them with its pending token. `context_len`: the
+    /// model's.
+    pub(super) fn propose(&mut self, planner: &mut StepPlanner, context_len: usize) {
         let config = self.config;
         // Sequences decoding this step: extra rows cost more the more of them there are.
-        let batch = running.iter().filter(|s| s.num_pending() == 1).count();
+        let batch = planner.running().filter(|s| s.num_pending() == 1).count();
         let max = config.num_speculative_tokens;
         let prices = match config.row_cost {
             Some(c) => linear_prices(c, batch, max),
@@ -45,7 +46,7 @@ impl Drafter {
                 self.step_costs.prices(batch, max, fallback)
             }
         };
-        for seq in running.iter_mut() {
+        for seq in planner.running_mut() {
             if !seq.speculative
                 || seq.grammar.is_some()
                 || seq.num_pending() != 1
@@ -68,30 +69,32 @@ impl Drafter {
     }
 }
 
-/// After planning: proposals of a preempted, unscheduled or partly scheduled sequence
-/// are dropped (a partly scheduled one runs just its pending token). Returns which
-/// running sequences carried proposals into planning, so their spare blocks can be
-/// released after the step.
-pub(super) fn settle(planner: &mut StepPlanner, plan: &mut StepPlan) -> Vec<bool> {
-    let bs = planner.config.block_size;
+/// After planning: proposals of a preempted, unplanned or partly planned sequence are
+/// dropped (a partly planned one runs just its pending token). Returns the running
+/// sequences that carried proposals into planning (oldest admission first), so their
+/// spare blocks can be released after the step.
+pub(super) fn settle(planner: &mut StepPlanner, plan: &mut StepPlan) -> Vec<SeqId> {
+    let bs = planner.block_size();
     for seq in planner.waiting_mut() {
         if seq.num_draft > 0 {
             seq.drop_drafts();
             seq.block_hashes.truncate(seq.tokens.len() / bs);
         }
     }
-    let running = planner.running_mut();
-    let mut had = vec![false; running.len()];
-    let mut planned: Vec<Option<usize>> = vec![None; running.len()];
-    for (k, w) in plan.work.iter().enumerate() {
-        planned[w.index] = Some(k);
+    let had: Vec<SeqId> = planner
+        .running_ids()
+        .filter(|&id| planner.seq(id).num_draft > 0)
+        .collect();
+    if had.is_empty() {
+        return had;
     }
-    for (i, seq) in running.iter_mut().enumerate() {
-        if seq.num_draft == 0 {
-            continue;
-        }
-        had[i] = true;
-        match planned[i] {
+    let mut planned: Vec<Option<usize>> = vec![None; planner.id_bound()];
+    for (k, w) in plan.work.iter().enumerate() {
+        planned[w.id.index()] = Some(k);
+    }
+    for &id in &had {
+        let seq = planner.seq_mut(id);
+        match planned[id.index()] {
             Some(k) if plan.work[k].num_tokens == seq.num_pending() => {}
             Some(k) => {
                 seq.drop_drafts();

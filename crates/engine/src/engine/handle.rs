@@ -11,11 +11,11 @@ use crate::kv::hashing::BlockHasher;
 use crate::kv::offload::TierChange;
 use crate::kv::transfer::{BlockData, BlockSpec};
 use crate::metrics::EngineMetrics;
+use crate::options::EngineOptions;
 use crate::sequence::GenerationRequest;
 
 use super::block_identity::{prompt_block_hashes, BlockSpecCell};
 use super::cached_index::CachedIndex;
-use super::EngineConfig;
 
 /// Why a request was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,20 +87,21 @@ impl EngineHandle {
         tx: Sender<Command>,
         shared: Arc<Shared>,
         metrics: Arc<EngineMetrics>,
-        config: &EngineConfig,
+        opts: &EngineOptions,
         cached: CachedIndex,
         spec: Arc<BlockSpecCell>,
     ) -> Self {
+        let (seed, block_size) = (&opts.prefix_caching_hash_seed, opts.block_size);
         Self {
             tx,
             shared,
             metrics,
-            max_waiting: config.max_waiting,
+            max_waiting: opts.max_waiting,
             cached,
             spec,
-            hasher: config
+            hasher: opts
                 .prefix_caching
-                .then(|| Arc::new(BlockHasher::new(&config.hash_seed, config.block_size))),
+                .then(|| Arc::new(BlockHasher::new(seed, block_size))),
         }
     }
 
@@ -182,7 +183,7 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Tier(change));
     }
 
-    /// The prompt's full-block hashes exactly as the scheduler will name them (`lora`:
+    /// The prompt's full-block hashes exactly as the planner will name them (`lora`:
     /// the adapter's name). Empty without prefix caching.
     pub fn block_hashes(
         &self,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::Sender;
 
-use crate::kv::block_pool::{BlockLora, BlockPool, PoolEvent};
+use crate::kv::block_pool::{BlockLora, BlockPool, EvictedBlock, PoolEvent};
 use crate::kv::cache::KvCache;
 use crate::kv::offload::TierChange;
 use crate::kv::transfer::BlockData;
@@ -18,8 +18,8 @@ use super::tier_state::{TierMeta, TierState};
 
 /// The offloader's queue and what the tier holds of this engine's blocks.
 pub(super) struct KvLink {
-    /// Where copies of evicted cached blocks go (the tier offloader); `None`: nowhere, and
-    /// the pool tracks no evictions.
+    /// Where copies of evicted cached blocks go (the tier offloader); `None`: nowhere (and
+    /// the planner tracks no evictions).
     offload: Option<Sender<BlockData>>,
     pub(super) tier: TierState,
     metrics: Arc<EngineMetrics>,
@@ -35,9 +35,9 @@ impl KvLink {
         }
     }
 
-    /// Sends copies of the blocks `pool` evicts from now on to `tx`.
-    pub(super) fn offload_to(&mut self, pool: &mut BlockPool, tx: Sender<BlockData>) {
-        pool.set_track_evictions(true);
+    /// Sends copies of the evicted blocks [`Self::copy_evicted`] is given from now on to
+    /// `tx` (the caller has the pool track its evictions).
+    pub(super) fn offload_to(&mut self, tx: Sender<BlockData>) {
         self.offload = Some(tx);
     }
 
@@ -61,12 +61,17 @@ impl KvLink {
         self.tier.remembered.len()
     }
 
-    /// Copies the blocks the pool just evicted to the offloader, before their slots are
-    /// written again; a full queue drops the copy (counted). Nothing happens without an
-    /// offloader (the pool then tracks no evictions).
-    pub(super) fn copy_evicted(&mut self, pool: &mut BlockPool, cache: &KvCache) {
+    /// Copies the blocks the pool just evicted (`evicted`, drained from it) to the
+    /// offloader, before their slots are written again; a full queue drops the copy
+    /// (counted). Nothing is copied without an offloader (the pool then tracks no
+    /// evictions).
+    pub(super) fn copy_evicted(
+        &mut self,
+        evicted: impl Iterator<Item = EvictedBlock>,
+        cache: &KvCache,
+    ) {
         let Some(tx) = &self.offload else { return };
-        for e in pool.drain_evicted() {
+        for e in evicted {
             if tx.capacity() == 0 || tx.is_closed() {
                 self.metrics.kv_offload_dropped.inc();
                 continue;
@@ -122,7 +127,7 @@ impl KvLink {
         }
         let n = run.len().min(pool.num_free());
         let blocks = pool.allocate(n).unwrap_or_default();
-        self.copy_evicted(pool, cache);
+        self.copy_evicted(pool.drain_evicted(), cache);
         let lora = seq.lora.as_ref().map(|a| BlockLora {
             id: i64::from(a.id),
             name: a.name.clone(),
@@ -186,10 +191,10 @@ mod tests {
     use super::super::block_identity::{block_hash_fn, prompt_block_hashes};
     use super::super::test_support::{pattern, seq, SEED};
     use super::*;
-    use crate::kv::block_pool::EvictedBlock;
     use crate::kv::cache::KvDtype;
     use crate::kv::hashing::BlockHasher;
-    use crate::scheduler::{Policy, SchedulerConfig, StepPlanner};
+    use crate::options::EngineOptions;
+    use crate::planner::{Policy, SeqId, StepPlanner};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -362,16 +367,18 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
         link.offload = Some(tx.clone());
         let mut planner = StepPlanner::new(
-            SchedulerConfig {
+            &EngineOptions {
                 block_size: bs,
                 max_num_seqs: 6,
                 max_num_batched_tokens: 32,
                 policy: Policy::Fcfs,
+                step_time_budget: None,
+                ..EngineOptions::default()
             },
             num_blocks,
             Some(block_hash_fn(SEED, bs)),
         );
-        planner.pool.set_track_evictions(true);
+        planner.set_track_evictions(true);
         let mut rng = StdRng::seed_from_u64(21);
         let mut installed_total = 0;
         let mut preempted = 0;
@@ -415,56 +422,36 @@ mod tests {
                 s.imported = imported;
                 planner.add(s);
             }
-            let plan =
-                planner.schedule_with(&mut |pool, s| link.install_imported(pool, &mut cache, s));
-            link.copy_evicted(&mut planner.pool, &cache);
+            let plan = planner.plan_with(&mut |pool, s| link.install_imported(pool, &mut cache, s));
+            link.copy_evicted(planner.drain_evicted(), &cache);
             while rx.try_recv().is_ok() {}
             preempted += plan.num_preempted;
             for w in &plan.work {
-                let q = &mut planner.running_mut()[w.index];
+                let q = planner.seq_mut(w.id);
                 q.num_computed += w.num_tokens;
                 if q.num_computed == q.tokens.len() {
                     q.tokens.push(rng.random_range(1..50));
                 }
             }
             planner.commit_full_blocks();
-            let mut i = 0;
-            while i < planner.running().len() {
-                let q = &planner.running()[i];
+            let running: Vec<SeqId> = planner.running_ids().collect();
+            for id in running {
+                let q = planner.seq(id);
                 if q.num_output() >= q.max_tokens || rng.random_bool(0.02) {
-                    let done = planner.finish_running(i);
+                    let done = planner.finish(id);
                     installed_total += done.installed.len();
-                } else {
-                    i += 1;
                 }
             }
-            check_references(&planner);
+            planner.check_invariants();
         }
-        while !planner.running().is_empty() {
-            planner.finish_running(0);
+        let running: Vec<SeqId> = planner.running_ids().collect();
+        for id in running {
+            planner.finish(id);
         }
         planner.clear_waiting();
-        check_references(&planner);
-        assert_eq!(planner.pool.num_free(), num_blocks);
+        planner.check_invariants();
+        assert_eq!(planner.num_free_blocks(), num_blocks);
         assert!(installed_total > 0, "some imports were installed");
         assert!(preempted > 0, "the pool was tight enough to preempt");
-    }
-
-    fn check_references(planner: &StepPlanner) {
-        let pool = &planner.pool;
-        let mut held = vec![0u32; pool.num_blocks()];
-        for q in planner.running() {
-            for &b in &q.block_table {
-                held[b as usize] += 1;
-            }
-        }
-        for (b, &n) in held.iter().enumerate() {
-            assert_eq!(pool.ref_count(b as u32), n, "block {b}");
-        }
-        assert_eq!(
-            pool.num_free(),
-            held.iter().filter(|&&n| n == 0).count(),
-            "free means unreferenced"
-        );
     }
 }

@@ -1,9 +1,9 @@
-//! The engine loop: one thread owns the model, the KV cache and the scheduler, and turns
-//! submitted requests into streamed tokens, one batched forward per step.
+//! The engine loop: one thread owns the model, the KV cache and the step planner, and
+//! turns submitted requests into streamed tokens, one batched forward per step.
 //!
 //! Requests arrive over a channel ([`EngineHandle::submit`]); each step the loop drops
-//! sequences whose submitter went away (freeing their blocks), asks the scheduler for a
-//! plan, runs one forward over every scheduled sequence, samples where a sequence's
+//! sequences whose submitter went away (freeing their blocks), asks the planner for a
+//! plan, runs one forward over every planned sequence, samples where a sequence's
 //! pending tokens are all computed, and reports tokens and finishes on each sequence's
 //! own channel.
 //!
@@ -12,12 +12,12 @@
 //!   and the commands the loop answers between two steps (export, pins, stats, tier news);
 //! - [`block_identity`]: what makes a block the same block elsewhere: this engine's
 //!   [`BlockSpec`](crate::kv::transfer::BlockSpec) (model identity and layout, computed
-//!   once) and the prefix-cache hashes the scheduler names blocks with;
+//!   once) and the prefix-cache hashes the planner names blocks with;
 //! - [`cached_index`]: the hashes cached right now, shared with the server;
 //! - `engine_loop`: the thread: waits for work, applies commands, runs steps, publishes
 //!   gauges and KV events;
 //! - `step`: one step as named stages: plan, forward, sample, settle each sequence's
-//!   tokens, end (the scheduler's after-step rule, pins, finishes);
+//!   tokens, end (the planner's after-step rule, pins, finishes);
 //! - `drafts`: speculative proposals before planning and their verification after;
 //! - `sampling`: every sequence's rows sampled in parallel;
 //! - `output`: a sampled token streamed with its stop check; a sequence's final report;
@@ -42,19 +42,16 @@ mod test_support;
 mod tests;
 mod tier_state;
 
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::kv::block_pool::PoolEvent;
-use crate::kv::cache::KvDtype;
 use crate::kv::transfer::BlockData;
 use crate::metrics::EngineMetrics;
 use crate::model::Llama;
-use crate::scheduler::Policy;
-use crate::spec_decode::SpeculativeConfig;
+use crate::options::EngineOptions;
 use crate::tokenizer::Tokenizer;
 
 pub use block_identity::{prompt_block_hashes, weights_digest};
@@ -65,55 +62,23 @@ use block_identity::BlockSpecCell;
 use engine_loop::EngineLoop;
 use handle::Shared;
 
-/// Engine sizing and policy.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub block_size: usize,
-    pub num_blocks: usize,
-    /// How KV-cache entries are stored.
-    pub kv_dtype: KvDtype,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    /// Waiting requests beyond this are refused (HTTP 429).
-    pub max_waiting: usize,
-    pub policy: Policy,
-    pub seed: u64,
-    /// Share full KV blocks between requests with the same prefix.
-    pub prefix_caching: bool,
-    /// Seed of the block hashes (vLLM's `PYTHONHASHSEED` counterpart).
-    pub hash_seed: String,
-    /// Prompt-lookup speculative decoding; off when `None`.
-    pub speculative: Option<SpeculativeConfig>,
-    /// Distinct LoRA adapters in one step (`--max-loras`); `None` when LoRA is off.
-    pub max_loras: Option<usize>,
-    /// The time a step that carries decodes should stay within (`--step-time-budget-ms`):
-    /// prefill chunks beside decodes are sized to it from the measured step cost. `None`:
-    /// only `max_num_batched_tokens` bounds a step.
-    pub step_time_budget: Option<Duration>,
-    /// How long a finished request's pinned prompt blocks wait for a decoder to pull them
-    /// (`--kv-pin-timeout-secs`) before they are released.
-    pub pin_timeout: Duration,
-    /// The weights file: its SHA-256 (computed once, on the first
-    /// [`EngineHandle::block_spec`]) goes into
-    /// [`BlockSpec::model`](crate::kv::transfer::BlockSpec::model), so engines with
-    /// different weights never take each other's blocks. `None`: the identity is unique to
-    /// this process, and no other engine accepts its blocks.
-    pub weights_path: Option<PathBuf>,
-}
-
-/// The default of [`EngineConfig::pin_timeout`].
+/// How long a finished request's pinned prompt blocks wait for a decoder to pull them by
+/// default ([`EngineOptions::kv_pin_timeout`]).
 pub const DEFAULT_PIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where cache changes go (the ZMQ publisher in production, a channel in tests).
 pub type KvEventSink = Box<dyn FnMut(Vec<PoolEvent>, usize) + Send>;
 
-/// Starts the engine thread. Dropping every [`EngineHandle`] ends it. `evicted`: where
-/// copies of the cached blocks the pool evicts go (the tier offloader); `None` copies
-/// nothing.
+/// Starts the engine thread over a KV cache of `num_blocks` blocks (`--num-blocks`, or
+/// what `--kv-cache-memory` holds, resolved by the caller), with `opts`'s settings; the
+/// blocks it computes are named after the weights at `opts.model_path`. Dropping every
+/// [`EngineHandle`] ends it. `evicted`: where copies of the cached blocks the pool evicts
+/// go (the tier offloader); `None` copies nothing.
 pub fn start(
     model: Arc<Llama>,
     tokenizer: Arc<Tokenizer>,
-    config: EngineConfig,
+    opts: &EngineOptions,
+    num_blocks: usize,
     metrics: Arc<EngineMetrics>,
     kv_events: Option<KvEventSink>,
     evicted: Option<tokio::sync::mpsc::Sender<BlockData>>,
@@ -121,19 +86,20 @@ pub fn start(
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared::default());
     let cached = CachedIndex::default();
-    let spec = Arc::new(BlockSpecCell::new(&model, &config));
+    let spec = Arc::new(BlockSpecCell::new(&model, opts));
     let handle = EngineHandle::new(
         tx,
         shared.clone(),
         metrics.clone(),
-        &config,
+        opts,
         cached.clone(),
         spec,
     );
+    let opts = opts.clone();
     let thread = std::thread::Builder::new()
         .name("strata-engine".into())
         .spawn(move || {
-            let mut engine = EngineLoop::new(model, tokenizer, config, metrics, shared);
+            let mut engine = EngineLoop::new(model, tokenizer, &opts, num_blocks, metrics, shared);
             engine.publish_to(kv_events, cached);
             if let Some(tx) = evicted {
                 engine.offload_to(tx);

@@ -78,7 +78,7 @@ impl Pins {
                 break;
             };
             tracing::debug!(pin = %oldest, "pinned blocks at their cap; releasing the oldest pin");
-            self.release(pool, &oldest);
+            self.release(&oldest, |blocks| pool.release(blocks));
         }
         let blocks = pool.acquire_cached(&hashes[..hits]);
         self.pinned_total += blocks.len();
@@ -91,16 +91,17 @@ impl Pins {
         blocks
     }
 
-    /// Drops the pin `id`, releasing its blocks; an unknown pin is ignored.
-    pub(super) fn release(&mut self, pool: &mut BlockPool, id: &str) {
+    /// Drops the pin `id`, handing its blocks to `give_back` (which releases them); an
+    /// unknown pin is ignored.
+    pub(super) fn release(&mut self, id: &str, give_back: impl FnOnce(&[u32])) {
         if let Some(pin) = self.pins.remove(id) {
             self.pinned_total -= pin.blocks.len();
-            pool.release(&pin.blocks);
+            give_back(&pin.blocks);
         }
     }
 
-    /// Releases every pin whose time is up.
-    pub(super) fn expire(&mut self, pool: &mut BlockPool, now: Instant) {
+    /// Drops every pin whose time is up, handing each one's blocks to `give_back`.
+    pub(super) fn expire(&mut self, now: Instant, mut give_back: impl FnMut(&[u32])) {
         if self.pins.is_empty() {
             return;
         }
@@ -112,7 +113,7 @@ impl Pins {
             .collect();
         for id in expired {
             tracing::debug!(pin = %id, "pin expired unpulled");
-            self.release(pool, &id);
+            self.release(&id, &mut give_back);
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use crate::planner::Slot;
 use crate::sampler::SampleOutput;
 use crate::sequence::Sequence;
 use crate::structured::GrammarStep;
@@ -68,19 +69,20 @@ fn sample_seq(seq: &mut Sequence, rows: Vec<Vec<f32>>, eos_ids: &[u32]) -> Optio
     Some(result)
 }
 
-/// Samples every sequence given its logit rows (`logits[i]` belongs to `running[i]`).
-/// Each sequence has its own sampler, random stream and grammar, so the sequences are
-/// sampled (and their grammar masks computed) in parallel with the same results as one
-/// after another.
+/// Samples every running sequence given its logit rows, both by id (`logits[i]` belongs
+/// to the sequence in `slots[i]`; a sequence without rows is not sampled). Each sequence
+/// has its own sampler, random stream and grammar, so the sequences are sampled (and
+/// their grammar masks computed) in parallel with the same results as one after another.
 pub(super) fn sample_all(
-    running: &mut [Sequence],
+    slots: &mut [Slot],
     logits: Vec<Vec<Vec<f32>>>,
     eos_ids: &[u32],
 ) -> Vec<Option<SeqSample>> {
-    let sample = |(seq, rows): (&mut Sequence, Vec<Vec<f32>>)| sample_seq(seq, rows, eos_ids);
+    let sample =
+        |(slot, rows): (&mut Slot, Vec<Vec<f32>>)| sample_seq(slot.seq_mut()?, rows, eos_ids);
     if logits.iter().filter(|r| !r.is_empty()).count() > 1 {
-        running.par_iter_mut().zip(logits).map(sample).collect()
+        slots.par_iter_mut().zip(logits).map(sample).collect()
     } else {
-        running.iter_mut().zip(logits).map(sample).collect()
+        slots.iter_mut().zip(logits).map(sample).collect()
     }
 }

@@ -1,6 +1,6 @@
 //! One step of the loop, as the stages it goes through:
 //!
-//! 1. [plan](EngineLoop::plan_step): proposals appended, the scheduler's plan (imported
+//! 1. [plan](EngineLoop::plan_step): proposals appended, the planner's plan (imported
 //!    blocks installed on admission), evicted blocks copied out before the forward
 //!    overwrites them, proposals that will not run whole dropped;
 //! 2. [forward](EngineLoop::forward): one batched forward over every planned sequence;
@@ -9,8 +9,12 @@
 //! 4. [take tokens](EngineLoop::take_tokens): proposals verified, sampled tokens streamed
 //!    until one ends the sequence;
 //! 5. [end](EngineLoop::end_step): rejected proposals' blocks given back, then the
-//!    scheduler's after-step rule, a finished prefill's prompt blocks pinned on its way
-//!    out, and each end reported.
+//!    planner's after-step rule
+//!    ([`commit_and_retire`](crate::planner::StepPlanner::commit_and_retire)), a finished
+//!    prefill's prompt blocks pinned on its way out, and each end reported.
+//!
+//! Every stage names a sequence by the [`SeqId`] the plan gives it; per-sequence scratch
+//! of a step (logit rows, samples) is indexed by [`SeqId::index`].
 //!
 //! A failed forward ends every sequence of the step with the error instead of 3-5.
 
@@ -18,7 +22,7 @@ use std::time::Instant;
 
 use crate::gguf::ModelError;
 use crate::model::SeqInput;
-use crate::scheduler::StepPlan;
+use crate::planner::{SeqId, StepPlan};
 use crate::sequence::FinishReason;
 
 use super::drafts;
@@ -26,7 +30,8 @@ use super::engine_loop::EngineLoop;
 use super::output::Ending;
 use super::sampling::{sample_all, SeqSample};
 
-/// What the forward returns: per running sequence, its logit rows.
+/// Logit rows: what the forward returns per planned sequence (in plan order), and what
+/// sampling takes per id.
 type Logits = Vec<Vec<Vec<f32>>>;
 
 impl EngineLoop {
@@ -40,7 +45,7 @@ impl EngineLoop {
         let started = Instant::now();
         let (result, decode_only) = self.forward(&plan);
         // The step's cost feeds the planner's step-time budget.
-        self.scheduler
+        self.planner
             .observe_step(step_tokens, started.elapsed().as_secs_f64());
         let logits = match result {
             Ok(l) => l,
@@ -59,20 +64,21 @@ impl EngineLoop {
         self.end_step(had_drafts, finished);
     }
 
-    /// Plans the step. Returns the plan and which running sequences carried proposals
+    /// Plans the step. Returns the plan and the running sequences that carried proposals
     /// into planning.
-    fn plan_step(&mut self) -> (StepPlan, Vec<bool>) {
+    fn plan_step(&mut self) -> (StepPlan, Vec<SeqId>) {
         if let Some(drafter) = self.drafter.as_mut() {
-            drafter.propose(self.scheduler.running_mut(), self.model.config.context_len);
+            drafter.propose(&mut self.planner, self.model.config.context_len);
         }
         let (kv, cache) = (&mut self.kv, &mut self.cache);
         let mut plan = self
-            .scheduler
-            .schedule_with(&mut |pool, seq| kv.install_imported(pool, cache, seq));
+            .planner
+            .plan_with(&mut |pool, seq| kv.install_imported(pool, cache, seq));
         // Admissions and growth may have evicted cached blocks: copy them out before this
         // step's forward writes into them.
-        self.kv.copy_evicted(&mut self.scheduler.pool, &self.cache);
-        let had_drafts = drafts::settle(&mut self.scheduler, &mut plan);
+        self.kv
+            .copy_evicted(self.planner.drain_evicted(), &self.cache);
+        let had_drafts = drafts::settle(&mut self.planner, &mut plan);
         if plan.num_preempted > 0 {
             self.metrics
                 .num_preemptions
@@ -94,12 +100,12 @@ impl EngineLoop {
         let mut decode_only = true;
         let mut tails = Vec::with_capacity(plan.work.len());
         let mut loras = Vec::with_capacity(plan.work.len());
-        let running = self.scheduler.running();
+        let planner = &self.planner;
         let inputs: Vec<SeqInput<'_>> = plan
             .work
             .iter()
             .map(|w| {
-                let seq = &running[w.index];
+                let seq = planner.seq(w.id);
                 let start = seq.num_computed;
                 let complete = start + w.num_tokens == seq.tokens.len();
                 // The pending token's row and one per proposal.
@@ -126,12 +132,9 @@ impl EngineLoop {
     fn fail_step(&mut self, plan: &StepPlan, e: &ModelError) {
         tracing::error!(error = %e, "forward pass failed; aborting the step's sequences");
         let reason = || FinishReason::Error("the forward pass failed (see the server log)".into());
-        let mut failed: Vec<(usize, Ending)> = plan
-            .work
-            .iter()
-            .map(|w| (w.index, (reason(), None)))
-            .collect();
-        for (seq, ending, ()) in self.scheduler.retire(&mut failed, |_, _, _| ()) {
+        let mut failed: Vec<(SeqId, Ending)> =
+            plan.work.iter().map(|w| (w.id, (reason(), None))).collect();
+        for (seq, ending, ()) in self.planner.retire(&mut failed, |_, _, _| ()) {
             self.output.finish(seq, ending, Vec::new());
         }
     }
@@ -144,43 +147,42 @@ impl EngineLoop {
         logits: Logits,
         started: Instant,
     ) -> Vec<Option<SeqSample>> {
-        let running = self.scheduler.running_mut();
-        let mut row_logits: Logits = vec![Vec::new(); running.len()];
+        let mut row_logits: Logits = vec![Vec::new(); self.planner.id_bound()];
         for (w, logits) in plan.work.iter().zip(logits) {
-            let seq = &mut running[w.index];
+            let seq = self.planner.seq_mut(w.id);
             if seq.times.first_scheduled.is_none() {
                 seq.times.first_scheduled = Some(started);
             }
             seq.num_computed += w.num_tokens;
-            row_logits[w.index] = logits;
+            row_logits[w.id.index()] = logits;
         }
-        sample_all(running, row_logits, self.output.eos_ids())
+        sample_all(self.planner.slots_mut(), row_logits, self.output.eos_ids())
     }
 
     /// Each sampled sequence's new tokens: its proposals verified, then its sampled tokens
-    /// streamed in order until one ends it. Returns the running indices that end, and why.
+    /// streamed in order until one ends it. Returns the sequences that end, and why.
     fn take_tokens(
         &mut self,
         plan: &StepPlan,
         mut samples: Vec<Option<SeqSample>>,
-    ) -> Vec<(usize, Ending)> {
+    ) -> Vec<(SeqId, Ending)> {
         let mut finished = Vec::new();
         for w in &plan.work {
-            let Some(sample) = samples[w.index].take() else {
+            let Some(sample) = samples[w.id.index()].take() else {
                 continue;
             };
-            let seq = &mut self.scheduler.running_mut()[w.index];
+            let seq = self.planner.seq_mut(w.id);
             drafts::verify(seq, sample.outs.len(), &self.metrics);
             if let Some(err) = sample.error {
                 seq.num_computed = seq.num_computed.min(seq.tokens.len());
-                finished.push((w.index, (FinishReason::Error(err), None)));
+                finished.push((w.id, (FinishReason::Error(err), None)));
                 continue;
             }
             let last = sample.outs.len().saturating_sub(1);
             for (j, out) in sample.outs.into_iter().enumerate() {
                 let grammar_done = sample.grammar_done && j == last;
                 if let Some(ending) = self.output.emit(seq, out, grammar_done) {
-                    finished.push((w.index, ending));
+                    finished.push((w.id, ending));
                     break;
                 }
             }
@@ -189,23 +191,21 @@ impl EngineLoop {
         finished
     }
 
-    /// Ends the step: the blocks of rejected proposals go back, then the scheduler's
+    /// Ends the step: the blocks of rejected proposals go back, then the planner's
     /// after-step rule names the blocks the step filled and retires the finished (a
     /// prefill's prompt blocks outlive it under its pin, unless it failed), and each end
     /// is reported.
-    fn end_step(&mut self, had_drafts: Vec<bool>, mut finished: Vec<(usize, Ending)>) {
-        for (i, had) in had_drafts.into_iter().enumerate() {
-            if had {
-                self.scheduler.release_unneeded_blocks(i);
-            }
+    fn end_step(&mut self, had_drafts: Vec<SeqId>, mut finished: Vec<(SeqId, Ending)>) {
+        for id in had_drafts {
+            self.planner.release_unneeded_blocks(id);
         }
         let pins = &mut self.pins;
-        let retired =
-            self.scheduler
-                .end_step(&mut finished, |pool, seq, (reason, _)| match reason {
-                    FinishReason::Stop | FinishReason::Length => pins.keep(pool, seq),
-                    _ => Vec::new(),
-                });
+        let retired = self
+            .planner
+            .commit_and_retire(&mut finished, |pool, seq, (reason, _)| match reason {
+                FinishReason::Stop | FinishReason::Length => pins.keep(pool, seq),
+                _ => Vec::new(),
+            });
         for (seq, ending, pinned) in retired {
             self.output.finish(seq, ending, pinned);
         }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use super::test_support::{request, SEED};
 use super::*;
 use crate::kv::block_pool::{HashKey, PoolEvent};
+use crate::kv::cache::KvDtype;
 use crate::kv::offload::TierChange;
+use crate::planner::Policy;
 use crate::sequence::{FinishReason, SeqEvent};
 
 fn model() -> (Arc<Llama>, Arc<Tokenizer>, PathBuf) {
@@ -33,31 +35,32 @@ fn model() -> (Arc<Llama>, Arc<Tokenizer>, PathBuf) {
     .clone()
 }
 
-fn engine_config(num_blocks: usize, pin_timeout: Duration) -> EngineConfig {
+fn engine_config(num_blocks: usize, pin_timeout: Duration) -> EngineOptions {
     let (_, _, path) = model();
-    EngineConfig {
+    EngineOptions {
+        model_path: path,
         block_size: 16,
-        num_blocks,
-        kv_dtype: KvDtype::F16,
+        num_blocks: Some(num_blocks),
+        kv_cache_dtype: Some(KvDtype::F16),
         max_num_seqs: 4,
         max_num_batched_tokens: 512,
         max_waiting: 64,
         policy: Policy::Fcfs,
         seed: 0,
         prefix_caching: true,
-        hash_seed: SEED.into(),
+        prefix_caching_hash_seed: SEED.into(),
         speculative: None,
-        max_loras: None,
+        lora: None,
         step_time_budget: None,
-        pin_timeout,
-        weights_path: Some(path),
+        kv_pin_timeout: pin_timeout,
+        ..EngineOptions::default()
     }
 }
 
 type Events = std::sync::mpsc::Receiver<Vec<PoolEvent>>;
 
 fn engine(
-    config: EngineConfig,
+    config: EngineOptions,
     evicted: Option<tokio::sync::mpsc::Sender<BlockData>>,
 ) -> (EngineHandle, Events) {
     let (model, tokenizer, _) = model();
@@ -65,12 +68,17 @@ fn engine(
     let sink: KvEventSink = Box::new(move |events, _| {
         let _ = tx.send(events);
     });
-    let metrics = Arc::new(EngineMetrics::new(
-        "m",
-        config.block_size,
-        config.num_blocks,
-    ));
-    let (handle, _thread) = start(model, tokenizer, config, metrics, Some(sink), evicted);
+    let num_blocks = config.num_blocks.expect("a fixed pool");
+    let metrics = Arc::new(EngineMetrics::new("m", config.block_size, num_blocks));
+    let (handle, _thread) = start(
+        model,
+        tokenizer,
+        &config,
+        num_blocks,
+        metrics,
+        Some(sink),
+        evicted,
+    );
     (handle, rx)
 }
 

@@ -9,12 +9,14 @@
 //! model does not have) is a [`LoraError`] naming it, so the server can answer a 400 and
 //! keep serving.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use candle_core::quantized::gguf_file::Value;
 use candle_core::{DType, Device};
 use serde::Deserialize;
 
+use crate::gguf::{metadata_str, GgufFile};
 use crate::model::config::ModelConfig;
 
 /// A projection an adapter may target.
@@ -119,8 +121,72 @@ struct PeftConfig {
     bias: Option<String>,
 }
 
+impl PeftConfig {
+    /// Reads `adapter_config.json` and refuses what the engine cannot apply: another PEFT
+    /// type, DoRA, `fan_in_fan_out`, trained biases, a rank of 0 or above `max_rank`, a
+    /// `lora_alpha` that is not a finite number.
+    fn read(config_path: &Path, max_rank: usize) -> Result<Self, LoraError> {
+        let text = std::fs::read_to_string(config_path).map_err(|e| LoraError::Unreadable {
+            path: config_path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let bad = |reason: String| LoraError::Config {
+            path: config_path.to_path_buf(),
+            reason,
+        };
+        // Only where the JSON goes wrong, never the parser's message: it can quote the
+        // file's text.
+        let cfg: PeftConfig = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "not a PEFT LoRA config (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })?;
+        if let Some(t) = cfg.peft_type.as_deref() {
+            if t != "LORA" {
+                return Err(bad(format!("peft_type `{t}` is not LORA")));
+            }
+        }
+        if cfg.use_dora {
+            return Err(bad("DoRA adapters (use_dora) are not supported".into()));
+        }
+        if cfg.fan_in_fan_out {
+            return Err(bad("fan_in_fan_out adapters are not supported".into()));
+        }
+        if cfg.bias.as_deref().is_some_and(|b| b != "none") {
+            return Err(bad("adapters with trained biases are not supported".into()));
+        }
+        if cfg.r == 0 {
+            return Err(bad("`r` must be positive".into()));
+        }
+        if cfg.r > max_rank {
+            return Err(LoraError::RankTooLarge {
+                rank: cfg.r,
+                max: max_rank,
+            });
+        }
+        if !cfg.lora_alpha.is_finite() {
+            return Err(bad("`lora_alpha` must be a finite number".into()));
+        }
+        Ok(cfg)
+    }
+
+    /// `lora_alpha / r`, or `lora_alpha / √r` with `use_rslora`.
+    fn scale(&self) -> f32 {
+        (if self.use_rslora {
+            self.lora_alpha / (self.r as f64).sqrt()
+        } else {
+            self.lora_alpha / self.r as f64
+        }) as f32
+    }
+}
+
 /// The `A` and `B` of one projection as they are found, either possibly missing.
 type Halves = (Option<Vec<f32>>, Option<Vec<f32>>);
+
+/// The halves an adapter file holds, by layer and projection.
+type HalvesByTarget = BTreeMap<(usize, Module), Halves>;
 
 /// `A` (`[r, in]`) and `B` (`[out, r]`) of one projection, row-major f32.
 #[derive(Debug, Clone)]
@@ -201,103 +267,9 @@ impl LoraAdapter {
         base: &ModelConfig,
         max_rank: usize,
     ) -> Result<Self, LoraError> {
-        use crate::gguf::{metadata_str, GgufFile};
-        use candle_core::quantized::gguf_file::Value;
-        let unreadable = |reason: String| LoraError::Unreadable {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let bad = |reason: String| LoraError::Config {
-            path: path.to_path_buf(),
-            reason,
-        };
-        // The reason stays out of the answer: a GGUF reader's message can quote the
-        // file's first bytes (its "magic").
-        let mut file = GgufFile::open(path).map_err(|e| match e {
-            crate::gguf::ModelError::NotGguf { .. } => unreadable("not a GGUF file".into()),
-            _ => unreadable("the file cannot be opened".into()),
-        })?;
-        let md = file.metadata();
-        if metadata_str(md, "general.type") != Some("adapter")
-            || metadata_str(md, "adapter.type") != Some("lora")
-        {
-            return Err(bad(
-                "not a LoRA adapter (general.type must be `adapter`, adapter.type `lora`)".into(),
-            ));
-        }
-        if let Some(arch) = metadata_str(md, "general.architecture") {
-            if arch != "llama" {
-                return Err(bad(format!(
-                    "an adapter for `{arch}`, not for a llama model"
-                )));
-            }
-        }
-        let alpha = match md.get("adapter.lora.alpha") {
-            None => 0.0,
-            Some(Value::F32(a)) => f64::from(*a),
-            Some(Value::F64(a)) => *a,
-            Some(other) => return Err(bad(format!("adapter.lora.alpha is {other:?}"))),
-        };
-        if !alpha.is_finite() {
-            return Err(bad("adapter.lora.alpha must be a finite number".into()));
-        }
-        let names: Vec<String> = file.content.tensor_infos.keys().cloned().collect();
-        let mut halves: BTreeMap<(usize, Module), Halves> = BTreeMap::new();
-        let mut rank = None;
-        for tname in names {
-            let (layer, module, is_a) =
-                parse_gguf_name(&tname, base.n_layer).ok_or_else(|| LoraError::UnknownTensor {
-                    name: tname.clone(),
-                })?;
-            let dims = file.content.tensor_infos[&tname].shape.dims().to_vec();
-            let r = match (is_a, dims.as_slice()) {
-                (true, [r, _]) | (false, [_, r]) => *r,
-                _ => 0,
-            };
-            if r == 0 {
-                return Err(LoraError::Shape {
-                    name: tname,
-                    got: dims,
-                    want: vec![],
-                });
-            }
-            let r = *rank.get_or_insert(r);
-            if r > max_rank {
-                return Err(LoraError::RankTooLarge {
-                    rank: r,
-                    max: max_rank,
-                });
-            }
-            let (inp, out) = module.dims(base);
-            let want = if is_a { vec![r, inp] } else { vec![out, r] };
-            let t = file.tensor(&tname, &want).map_err(|e| {
-                if dims != want {
-                    LoraError::Shape {
-                        name: tname.clone(),
-                        got: dims.clone(),
-                        want: want.clone(),
-                    }
-                } else {
-                    unreadable(e.to_string())
-                }
-            })?;
-            let data = t
-                .dequantize(&Device::Cpu)
-                .and_then(|t| t.to_dtype(DType::F32))
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| unreadable(format!("tensor `{tname}`: {e}")))?;
-            if data.iter().any(|v| !v.is_finite()) {
-                return Err(bad(format!("tensor `{tname}` holds a NaN or infinity")));
-            }
-            let slot = halves.entry((layer, module)).or_default();
-            if is_a {
-                slot.0 = Some(data);
-            } else {
-                slot.1 = Some(data);
-            }
-        }
-        let rank = rank.ok_or(LoraError::Empty)?;
+        let mut file = open_gguf_adapter(path)?;
+        let alpha = gguf_alpha(file.metadata(), path)?;
+        let (halves, rank) = gguf_halves(&mut file, path, base, max_rank)?;
         let scale = if alpha == 0.0 {
             1.0
         } else {
@@ -331,101 +303,8 @@ impl LoraAdapter {
         if !config_path.is_file() || !weights_path.is_file() {
             return Err(LoraError::NotFound(dir.to_path_buf()));
         }
-        let text = std::fs::read_to_string(&config_path).map_err(|e| LoraError::Unreadable {
-            path: config_path.clone(),
-            reason: e.to_string(),
-        })?;
-        let bad = |reason: String| LoraError::Config {
-            path: config_path.clone(),
-            reason,
-        };
-        // Only where the JSON goes wrong, never the parser's message: it can quote the
-        // file's text.
-        let cfg: PeftConfig = serde_json::from_str(&text).map_err(|e| {
-            bad(format!(
-                "not a PEFT LoRA config (line {}, column {})",
-                e.line(),
-                e.column()
-            ))
-        })?;
-        if let Some(t) = cfg.peft_type.as_deref() {
-            if t != "LORA" {
-                return Err(bad(format!("peft_type `{t}` is not LORA")));
-            }
-        }
-        if cfg.use_dora {
-            return Err(bad("DoRA adapters (use_dora) are not supported".into()));
-        }
-        if cfg.fan_in_fan_out {
-            return Err(bad("fan_in_fan_out adapters are not supported".into()));
-        }
-        if cfg.bias.as_deref().is_some_and(|b| b != "none") {
-            return Err(bad("adapters with trained biases are not supported".into()));
-        }
-        if cfg.r == 0 {
-            return Err(bad("`r` must be positive".into()));
-        }
-        if cfg.r > max_rank {
-            return Err(LoraError::RankTooLarge {
-                rank: cfg.r,
-                max: max_rank,
-            });
-        }
-        if !cfg.lora_alpha.is_finite() {
-            return Err(bad("`lora_alpha` must be a finite number".into()));
-        }
-        let scale = if cfg.use_rslora {
-            cfg.lora_alpha / (cfg.r as f64).sqrt()
-        } else {
-            cfg.lora_alpha / cfg.r as f64
-        } as f32;
-        let tensors =
-            candle_core::safetensors::load(&weights_path, &Device::Cpu).map_err(|_| {
-                LoraError::Unreadable {
-                    path: weights_path.clone(),
-                    reason: "not a readable safetensors file".into(),
-                }
-            })?;
-        let mut halves: BTreeMap<(usize, Module), Halves> = BTreeMap::new();
-        for (tname, t) in &tensors {
-            let (layer, module, is_a) =
-                parse_name(tname, base.n_layer).ok_or_else(|| LoraError::UnknownTensor {
-                    name: tname.clone(),
-                })?;
-            let (inp, out) = module.dims(base);
-            let want = if is_a {
-                vec![cfg.r, inp]
-            } else {
-                vec![out, cfg.r]
-            };
-            if t.dims() != want.as_slice() {
-                return Err(LoraError::Shape {
-                    name: tname.clone(),
-                    got: t.dims().to_vec(),
-                    want,
-                });
-            }
-            let data = t
-                .to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| LoraError::Unreadable {
-                    path: weights_path.clone(),
-                    reason: format!("tensor `{tname}`: {}", crate::gguf::error_message(&e)),
-                })?;
-            if data.iter().any(|v| !v.is_finite()) {
-                return Err(LoraError::Config {
-                    path: weights_path.clone(),
-                    reason: format!("tensor `{tname}` holds a NaN or infinity"),
-                });
-            }
-            let slot = halves.entry((layer, module)).or_default();
-            if is_a {
-                slot.0 = Some(data);
-            } else {
-                slot.1 = Some(data);
-            }
-        }
+        let cfg = PeftConfig::read(&config_path, max_rank)?;
+        let halves = peft_halves(&weights_path, base, cfg.r)?;
         let r = cfg.r;
         let pairs = pair_up(
             halves,
@@ -448,7 +327,7 @@ impl LoraAdapter {
             id: 0,
             path: dir.to_path_buf(),
             rank: cfg.r,
-            scale,
+            scale: cfg.scale(),
             pairs,
         })
     }
@@ -499,10 +378,204 @@ impl LoraAdapter {
     }
 }
 
+/// Opens a llama.cpp adapter file and checks that it is a LoRA adapter for a llama model.
+fn open_gguf_adapter(path: &Path) -> Result<GgufFile, LoraError> {
+    // The reason stays out of the answer: a GGUF reader's message can quote the
+    // file's first bytes (its "magic").
+    let file = GgufFile::open(path).map_err(|e| LoraError::Unreadable {
+        path: path.to_path_buf(),
+        reason: match e {
+            crate::gguf::ModelError::NotGguf { .. } => "not a GGUF file".into(),
+            _ => "the file cannot be opened".into(),
+        },
+    })?;
+    let md = file.metadata();
+    let bad = |reason: String| LoraError::Config {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if metadata_str(md, "general.type") != Some("adapter")
+        || metadata_str(md, "adapter.type") != Some("lora")
+    {
+        return Err(bad(
+            "not a LoRA adapter (general.type must be `adapter`, adapter.type `lora`)".into(),
+        ));
+    }
+    if let Some(arch) = metadata_str(md, "general.architecture") {
+        if arch != "llama" {
+            return Err(bad(format!(
+                "an adapter for `{arch}`, not for a llama model"
+            )));
+        }
+    }
+    Ok(file)
+}
+
+/// `adapter.lora.alpha` (0 when absent), which must be a finite number.
+fn gguf_alpha(md: &HashMap<String, Value>, path: &Path) -> Result<f64, LoraError> {
+    let bad = |reason: String| LoraError::Config {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let alpha = match md.get("adapter.lora.alpha") {
+        None => 0.0,
+        Some(Value::F32(a)) => f64::from(*a),
+        Some(Value::F64(a)) => *a,
+        Some(other) => return Err(bad(format!("adapter.lora.alpha is {other:?}"))),
+    };
+    if !alpha.is_finite() {
+        return Err(bad("adapter.lora.alpha must be a finite number".into()));
+    }
+    Ok(alpha)
+}
+
+/// Every `A` and `B` of a llama.cpp adapter in f32, and the rank: the first tensor's, which
+/// every other must have too (its shape is checked at that rank).
+fn gguf_halves(
+    file: &mut GgufFile,
+    path: &Path,
+    base: &ModelConfig,
+    max_rank: usize,
+) -> Result<(HalvesByTarget, usize), LoraError> {
+    let unreadable = |reason: String| LoraError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let names: Vec<String> = file.content.tensor_infos.keys().cloned().collect();
+    let mut halves = BTreeMap::new();
+    let mut rank = None;
+    for tname in names {
+        let (layer, module, is_a) =
+            parse_gguf_name(&tname, base.n_layer).ok_or_else(|| LoraError::UnknownTensor {
+                name: tname.clone(),
+            })?;
+        let dims = file.content.tensor_infos[&tname].shape.dims().to_vec();
+        let r = match (is_a, dims.as_slice()) {
+            (true, [r, _]) | (false, [_, r]) => *r,
+            _ => 0,
+        };
+        if r == 0 {
+            return Err(LoraError::Shape {
+                name: tname,
+                got: dims,
+                want: vec![],
+            });
+        }
+        let r = *rank.get_or_insert(r);
+        if r > max_rank {
+            return Err(LoraError::RankTooLarge {
+                rank: r,
+                max: max_rank,
+            });
+        }
+        let want = half_shape(module, base, r, is_a);
+        let t = file.tensor(&tname, &want).map_err(|e| {
+            if dims != want {
+                LoraError::Shape {
+                    name: tname.clone(),
+                    got: dims.clone(),
+                    want: want.clone(),
+                }
+            } else {
+                unreadable(e.to_string())
+            }
+        })?;
+        let data = t
+            .dequantize(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| unreadable(format!("tensor `{tname}`: {e}")))?;
+        add_half(&mut halves, path, &tname, (layer, module, is_a), data)?;
+    }
+    let rank = rank.ok_or(LoraError::Empty)?;
+    Ok((halves, rank))
+}
+
+/// Every `A` and `B` of a PEFT adapter's safetensors file in f32, each checked against
+/// the base model at rank `r`.
+fn peft_halves(
+    weights_path: &Path,
+    base: &ModelConfig,
+    r: usize,
+) -> Result<HalvesByTarget, LoraError> {
+    let tensors = candle_core::safetensors::load(weights_path, &Device::Cpu).map_err(|_| {
+        LoraError::Unreadable {
+            path: weights_path.to_path_buf(),
+            reason: "not a readable safetensors file".into(),
+        }
+    })?;
+    let mut halves = BTreeMap::new();
+    for (tname, t) in &tensors {
+        let (layer, module, is_a) =
+            parse_name(tname, base.n_layer).ok_or_else(|| LoraError::UnknownTensor {
+                name: tname.clone(),
+            })?;
+        let want = half_shape(module, base, r, is_a);
+        if t.dims() != want.as_slice() {
+            return Err(LoraError::Shape {
+                name: tname.clone(),
+                got: t.dims().to_vec(),
+                want,
+            });
+        }
+        let data = t
+            .to_dtype(DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| LoraError::Unreadable {
+                path: weights_path.to_path_buf(),
+                reason: format!("tensor `{tname}`: {}", crate::gguf::error_message(&e)),
+            })?;
+        add_half(
+            &mut halves,
+            weights_path,
+            tname,
+            (layer, module, is_a),
+            data,
+        )?;
+    }
+    Ok(halves)
+}
+
+/// The shape one half of `module` must have at rank `r`: `A` is `[r, in]`, `B` `[out, r]`.
+fn half_shape(module: Module, base: &ModelConfig, r: usize, is_a: bool) -> Vec<usize> {
+    let (inp, out) = module.dims(base);
+    if is_a {
+        vec![r, inp]
+    } else {
+        vec![out, r]
+    }
+}
+
+/// Files `data` as the `A` (`is_a`) or `B` of its projection, refusing a NaN or infinity
+/// (`file` is the file it was read from, named in that error).
+fn add_half(
+    halves: &mut HalvesByTarget,
+    file: &Path,
+    tname: &str,
+    (layer, module, is_a): (usize, Module, bool),
+    data: Vec<f32>,
+) -> Result<(), LoraError> {
+    if data.iter().any(|v| !v.is_finite()) {
+        return Err(LoraError::Config {
+            path: file.to_path_buf(),
+            reason: format!("tensor `{tname}` holds a NaN or infinity"),
+        });
+    }
+    let slot = halves.entry((layer, module)).or_default();
+    if is_a {
+        slot.0 = Some(data);
+    } else {
+        slot.1 = Some(data);
+    }
+    Ok(())
+}
+
 /// Matches each projection's `A` with its `B` (`stem` names the tensors in errors;
 /// `fix_b` moves `B`'s rows into the engine's order); an empty adapter is an error.
 fn pair_up(
-    halves: BTreeMap<(usize, Module), Halves>,
+    halves: HalvesByTarget,
     base: &ModelConfig,
     stem: impl Fn(usize, Module) -> String,
     fix_b: impl Fn(Module, Vec<f32>) -> Vec<f32>,

@@ -37,12 +37,7 @@ pub(super) async fn read_body(
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, state.max_body_bytes)
         .await
-        .map_err(|_| {
-            ApiError::too_large(format!(
-                "The request body exceeds the limit of {} bytes.",
-                state.max_body_bytes
-            ))
-        })?;
+        .map_err(|_| ApiError::body_too_large(state.max_body_bytes))?;
     Ok((parts.headers, bytes))
 }
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc::{Receiver, Sender};
 
@@ -14,7 +14,7 @@ use super::kv_state::{KvState, EVICTED_QUEUE};
 use super::state::AppState;
 use crate::auth::{Gate, ADMIN_ROUTES};
 use crate::chat_template::ChatTemplate;
-use crate::engine::{self, EngineConfig};
+use crate::engine;
 use crate::generation_config::GenerationDefaults;
 use crate::gguf::{GgufFile, ModelError};
 use crate::kv::cache::{KvCache, KvDtype};
@@ -33,12 +33,10 @@ pub struct Loaded {
     pub engine_thread: std::thread::JoinHandle<()>,
 }
 
-/// Loads the model, tokenizer and template from the GGUF and starts the engine thread.
-pub fn load(
-    model_path: &Path,
-    model_name: &str,
-    opts: &EngineOptions,
-) -> Result<Loaded, ServerError> {
+/// Loads the model, tokenizer and template from the GGUF at `opts.model_path` and starts
+/// the engine thread, serving it as `opts.model_name`.
+pub fn load(opts: &EngineOptions) -> Result<Loaded, ServerError> {
+    let (model_path, model_name) = (opts.model_path.as_path(), opts.model_name.as_str());
     if opts.block_size == 0 || opts.max_num_seqs == 0 || opts.max_num_batched_tokens == 0 {
         return Err(ServerError::Option(
             "block size, max-num-seqs and max-num-batched-tokens must be positive".into(),
@@ -76,7 +74,8 @@ pub fn load(
     let (handle, engine_thread) = engine::start(
         Arc::new(read.model),
         tokenizer.clone(),
-        engine_config(model_path, opts, &cache),
+        opts,
+        cache.num_blocks,
         metrics.clone(),
         kv_events,
         evicted_tx,
@@ -168,9 +167,7 @@ struct CacheSize {
 /// says which option to raise.
 fn size_cache(model: &Llama, opts: &EngineOptions) -> Result<CacheSize, ServerError> {
     let cfg = &model.config;
-    let kv_dtype = opts
-        .kv_cache_dtype
-        .unwrap_or_else(|| model.default_kv_dtype());
+    let kv_dtype = opts.kv_dtype(model);
     let bytes_per_block = KvCache::bytes_per_block(
         cfg.n_layer,
         opts.block_size,
@@ -233,27 +230,6 @@ fn evicted_channel(
             (None, None)
         }
         None => (None, None),
-    }
-}
-
-fn engine_config(model_path: &Path, opts: &EngineOptions, cache: &CacheSize) -> EngineConfig {
-    EngineConfig {
-        block_size: opts.block_size,
-        num_blocks: cache.num_blocks,
-        kv_dtype: cache.kv_dtype,
-        max_num_seqs: opts.max_num_seqs,
-        max_num_batched_tokens: opts.max_num_batched_tokens,
-        max_waiting: opts.max_waiting,
-        policy: opts.policy,
-        seed: opts.seed,
-        prefix_caching: opts.prefix_caching,
-        hash_seed: opts.prefix_caching_hash_seed.clone(),
-        speculative: opts.speculative,
-        max_loras: opts.lora.as_ref().map(|l| l.max_loras),
-        step_time_budget: (opts.step_time_budget_ms > 0)
-            .then(|| Duration::from_millis(opts.step_time_budget_ms)),
-        pin_timeout: opts.kv_pin_timeout,
-        weights_path: Some(model_path.to_path_buf()),
     }
 }
 

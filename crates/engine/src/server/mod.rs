@@ -53,7 +53,7 @@ mod stream;
 mod submit;
 mod tokenize;
 
-pub use crate::options::{EngineOptions, KvRole, ServerConfig, DEFAULT_HASH_SEED};
+pub use crate::options::{EngineOptions, KvRole, DEFAULT_HASH_SEED};
 pub use crate::serve::ServerError;
 pub use disagg::{start_kv_services, KvServices};
 pub use events::to_kv_events;
@@ -124,14 +124,14 @@ async fn embeddings(State(state): State<Arc<AppState>>, req: Request) -> http::A
     .into())
 }
 
-/// Serves until Ctrl-C or SIGTERM, then drains in-flight requests for at most
-/// `shutdown_grace` (`--shutdown-grace-secs`), aborts what is left, and returns.
-pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+/// Serves `opts.model_path` on `opts.addr` until Ctrl-C or SIGTERM, then drains in-flight
+/// requests for at most `shutdown_grace` (`--shutdown-grace-secs`), aborts what is left,
+/// and returns.
+pub async fn run(mut opts: EngineOptions) -> Result<(), ServerError> {
     // An encoder directory (e.g. all-minilm-l6-v2) is served by the embeddings server.
-    if crate::embed::is_encoder_model(&config.model_path) {
-        return crate::embed::server::run(config).await;
+    if crate::embed::is_encoder_model(&opts.model_path) {
+        return crate::embed::server::run(opts).await;
     }
-    let mut opts = config.options.clone();
     if opts.kv_role == KvRole::Prefill && opts.kv_transfer_port == 0 {
         return Err(ServerError::Option(
             "--kv-role prefill needs --kv-transfer-port: decode engines pull the prompt's KV \
@@ -140,41 +140,36 @@ pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
         ));
     }
     if opts.kv_events_topic.is_none() {
-        opts.kv_events_topic = Some(kv_events::topic(
-            &config.addr.to_string(),
-            &config.model_name,
-        ));
+        opts.kv_events_topic = Some(kv_events::topic(&opts.addr.to_string(), &opts.model_name));
     }
-    let path = config.model_path.clone();
-    let name = config.model_name.clone();
-    let loaded = tokio::task::spawn_blocking(move || load(&path, &name, &opts))
+    let load_opts = opts.clone();
+    let loaded = tokio::task::spawn_blocking(move || load(&load_opts))
         .await
         .map_err(|e| ServerError::Option(format!("model loading panicked: {e}")))??;
-    let listener = bind(config.addr).await?;
+    let listener = bind(opts.addr).await?;
     let local = listener.local_addr().map_err(ServerError::Serve)?;
-    auth::warn_if_open(&config.options.auth, local);
-    if config.options.kv_peers == KvPeers::Any {
+    auth::warn_if_open(&opts.auth, local);
+    if opts.kv_peers == KvPeers::Any {
         tracing::warn!("--kv-peers any: requests may name any host and port for KV transfer");
     }
-    let transfer = match config.options.kv_transfer_port {
+    let transfer = match opts.kv_transfer_port {
         0 => None,
-        port => Some(bind(SocketAddr::new(config.addr.ip(), port)).await?),
+        port => Some(bind(SocketAddr::new(opts.addr.ip(), port)).await?),
     };
-    let advertise = config
-        .options
+    let advertise = opts
         .kv_transfer_host
         .clone()
-        .unwrap_or_else(|| advertised_host(config.addr.ip()));
+        .unwrap_or_else(|| advertised_host(opts.addr.ip()));
     let services =
         start_kv_services(&loaded.state, transfer, &advertise).map_err(ServerError::Serve)?;
-    tracing::info!(addr = %local, model = %config.model_name, kv_role = %config.options.kv_role, "serving");
+    tracing::info!(addr = %local, model = %opts.model_name, kv_role = %opts.kv_role, "serving");
     let engine = loaded.state.clone();
     let draining = loaded.state.clone();
     let served = serve_with_drain(
         listener,
         router(loaded.state.clone()),
-        config.options.http.clone(),
-        config.options.shutdown_grace,
+        opts.http.clone(),
+        opts.shutdown_grace,
         move || draining.engine.start_draining(),
         move || engine.engine.in_flight(),
     )

@@ -102,6 +102,7 @@ pub enum VocabType {
 
 /// GPT-2's split regex (llama.cpp's form: no trailing `|\s+`).
 mod bpe;
+mod build;
 mod byte_level;
 mod incremental;
 mod metadata;
@@ -112,11 +113,8 @@ mod spm;
 pub use incremental::IncrementalDecoder;
 
 use bpe::build_bpe;
-use byte_level::{byte_level_alphabet, byte_level_decode, parse_byte_token};
 use incremental::StripState;
-use metadata::{get_array, get_bool, get_id, get_str, value_as_f32, value_as_i64};
-use pre_tokenizer::pre_tokenizer_spec;
-use special::{END_OF_TURN_TEXTS, EOT_TEXTS};
+use metadata::{get_str, value_as_f32, value_as_i64};
 
 const SPM_SPACE: char = '\u{2581}';
 
@@ -192,225 +190,40 @@ impl Tokenizer {
     /// Defaults follow llama.cpp, except that a BPE vocabulary without
     /// `bos_token_id`/`eos_token_id` has no BOS/EOS (llama.cpp assumes id 11).
     pub fn from_metadata(md: &HashMap<String, Value>) -> Result<Self> {
-        let model = get_str(md, "tokenizer.ggml.model")?
-            .ok_or_else(|| TokenizerError::MissingKey("tokenizer.ggml.model".into()))?;
-        let vocab_type = match model {
-            "gpt2" => VocabType::Bpe,
-            "llama" => VocabType::Spm,
-            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
-        };
+        let vocab_type = build::vocab_type(md)?;
         let pre = get_str(md, "tokenizer.ggml.pre")?.map(str::to_string);
-
-        // Vocabulary.
-        let token_values = get_array(md, "tokenizer.ggml.tokens")?
-            .ok_or_else(|| TokenizerError::MissingKey("tokenizer.ggml.tokens".into()))?;
-        if token_values.is_empty() {
-            return Err(TokenizerError::InvalidVocab("empty token list".into()));
-        }
-        if u32::try_from(token_values.len()).is_err() {
-            return Err(TokenizerError::InvalidVocab("too many tokens".into()));
-        }
-        let mut tokens = Vec::with_capacity(token_values.len());
-        for (i, v) in token_values.iter().enumerate() {
-            match v {
-                Value::String(s) if s.is_empty() => tokens.push(format!("[EMPTY_{i}]")),
-                Value::String(s) => tokens.push(s.clone()),
-                _ => {
-                    return Err(TokenizerError::BadType {
-                        key: "tokenizer.ggml.tokens".into(),
-                        expected: "array of strings",
-                    })
-                }
-            }
-        }
+        let tokens = build::read_tokens(md)?;
         let n = tokens.len();
-
-        let mut types = vec![TokenType::Normal; n];
-        if let Some(arr) = get_array(md, "tokenizer.ggml.token_type")? {
-            if arr.len() != n {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "tokenizer.ggml.token_type has {} entries for {n} tokens",
-                    arr.len()
-                )));
-            }
-            for (slot, v) in types.iter_mut().zip(arr) {
-                let code = value_as_i64(v).ok_or_else(|| TokenizerError::BadType {
-                    key: "tokenizer.ggml.token_type".into(),
-                    expected: "array of integers",
-                })?;
-                *slot = TokenType::from_code(code);
-            }
-        }
-
-        let mut scores = vec![0.0f32; n];
-        if let Some(arr) = get_array(md, "tokenizer.ggml.scores")? {
-            if arr.len() != n {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "tokenizer.ggml.scores has {} entries for {n} tokens",
-                    arr.len()
-                )));
-            }
-            for (slot, v) in scores.iter_mut().zip(arr) {
-                *slot = value_as_f32(v).ok_or_else(|| TokenizerError::BadType {
-                    key: "tokenizer.ggml.scores".into(),
-                    expected: "array of floats",
-                })?;
-            }
-        }
-
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            // Later duplicates win, as in llama.cpp.
-            token_to_id.insert(t.clone(), i as u32);
-        }
-
-        // Model-dependent defaults.
-        let mut spec = None;
-        let (mut bos, mut eos, mut unk, mut add_bos, mut add_space_prefix) = match vocab_type {
-            VocabType::Spm => (Some(1i64), Some(2i64), Some(0i64), true, true),
-            VocabType::Bpe => {
-                let name = pre.as_deref().unwrap_or("default");
-                let s = pre_tokenizer_spec(name)
-                    .ok_or_else(|| TokenizerError::UnknownPreTokenizer(name.to_string()))?;
-                let add_bos = s.add_bos;
-                spec = Some(s);
-                (None, None, None, add_bos, false)
-            }
+        let mut types = build::per_token(
+            md,
+            "tokenizer.ggml.token_type",
+            n,
+            TokenType::Normal,
+            "array of integers",
+            |v| value_as_i64(v).map(TokenType::from_code),
+        )?;
+        let scores = build::per_token(
+            md,
+            "tokenizer.ggml.scores",
+            n,
+            0.0f32,
+            "array of floats",
+            value_as_f32,
+        )?;
+        let token_to_id = build::index_tokens(&tokens);
+        let spec = match vocab_type {
+            VocabType::Bpe => Some(build::bpe_pre_tokenizer(pre.as_deref())?),
+            VocabType::Spm => None,
         };
-        let mut add_eos = false;
-        if let Some(v) = get_bool(md, "tokenizer.ggml.add_space_prefix")? {
-            add_space_prefix = v;
-        }
-        let in_range = |id: i64| id >= 0 && (id as u64) < n as u64;
-        let read_id = |key: &str, default: Option<i64>| -> Result<Option<i64>> {
-            // An out-of-range id in the file is ignored (llama.cpp keeps its default).
-            Ok(match get_id(md, key)? {
-                Some(id) if in_range(id) => Some(id),
-                _ => default,
-            })
+        let specials = build::FileSpecials::read(md, vocab_type, spec.as_ref(), n)?
+            .settle(&token_to_id, &mut types);
+        let pieces = build::token_pieces(vocab_type, &tokens, &types);
+        let special_order = build::special_order(&tokens, &types);
+        let rstrip = build::rstrip_tokens(md, &special_order, &token_to_id)?;
+        let bpe = match &spec {
+            Some(spec) => Some(build_bpe(md, &tokens, spec)?),
+            None => None,
         };
-        bos = read_id("tokenizer.ggml.bos_token_id", bos)?;
-        if spec.as_ref().is_some_and(|s| s.no_default_bos)
-            && get_id(md, "tokenizer.ggml.bos_token_id")?.is_none()
-        {
-            bos = None;
-        }
-        eos = read_id("tokenizer.ggml.eos_token_id", eos)?;
-        unk = read_id("tokenizer.ggml.unknown_token_id", unk)?;
-        let mut eot = read_id("tokenizer.ggml.eot_token_id", None)?;
-        let mut eom = read_id("tokenizer.ggml.eom_token_id", None)?;
-        let pad = read_id("tokenizer.ggml.padding_token_id", None)?;
-        if let Some(v) = get_bool(md, "tokenizer.ggml.add_bos_token")? {
-            add_bos = v;
-        }
-        if let Some(v) = get_bool(md, "tokenizer.ggml.add_eos_token")? {
-            add_eos = v;
-        }
-        let to_id = |x: Option<i64>| x.filter(|&i| in_range(i)).map(|i| i as u32);
-
-        // End-of-turn tokens found by text, as llama.cpp does.
-        let mut stop = Vec::new();
-        let found = |texts: &[&str]| -> Vec<u32> {
-            texts
-                .iter()
-                .filter_map(|t| token_to_id.get(*t).copied())
-                .collect()
-        };
-        if eot.is_none() {
-            // llama.cpp takes the first match in its (unordered) map; take the
-            // first in list order for determinism.
-            eot = found(EOT_TEXTS).first().map(|&i| i64::from(i));
-        }
-        if eom.is_none() {
-            eom = token_to_id.get("<|eom_id|>").map(|&i| i64::from(i));
-        }
-        let mut end_of_turn = found(END_OF_TURN_TEXTS);
-        // gpt-oss: `<|end|>` separates messages when `<|return|>`/`<|call|>` exist.
-        if token_to_id.contains_key("<|return|>") && token_to_id.contains_key("<|call|>") {
-            if let Some(&end) = token_to_id.get("<|end|>") {
-                end_of_turn.retain(|&i| i != end);
-                if eot == Some(i64::from(end)) {
-                    eot = None;
-                }
-            }
-        }
-        for &id in &end_of_turn {
-            types[id as usize] = TokenType::Control;
-        }
-        for id in [eot, eom].into_iter().flatten() {
-            if let Some(t) = types.get_mut(id as usize) {
-                *t = TokenType::Control;
-            }
-        }
-        stop.extend(end_of_turn);
-        let (bos, eos, eot, eom, unk, pad) = (
-            to_id(bos),
-            to_id(eos),
-            to_id(eot),
-            to_id(eom),
-            to_id(unk),
-            to_id(pad),
-        );
-        stop.extend([eos, eot, eom].into_iter().flatten());
-        stop.sort_unstable();
-        stop.dedup();
-
-        // Bytes per token.
-        let pieces: Vec<Vec<u8>> = match vocab_type {
-            VocabType::Bpe => {
-                let alphabet = byte_level_alphabet();
-                let reverse: HashMap<char, u8> = alphabet
-                    .iter()
-                    .enumerate()
-                    .map(|(b, &c)| (c, b as u8))
-                    .collect();
-                tokens
-                    .iter()
-                    .zip(&types)
-                    .map(|(t, ty)| match ty {
-                        TokenType::Normal => byte_level_decode(t, &reverse),
-                        TokenType::Unused | TokenType::Undefined | TokenType::Byte => Vec::new(),
-                        _ => t.as_bytes().to_vec(),
-                    })
-                    .collect()
-            }
-            VocabType::Spm => tokens
-                .iter()
-                .zip(&types)
-                .map(|(t, ty)| match ty {
-                    TokenType::Normal => t.replace(SPM_SPACE, " ").into_bytes(),
-                    TokenType::Byte => parse_byte_token(t).map(|b| vec![b]).unwrap_or_default(),
-                    TokenType::Unused | TokenType::Undefined => Vec::new(),
-                    _ => t.as_bytes().to_vec(),
-                })
-                .collect(),
-        };
-
-        let mut special_order: Vec<u32> = types
-            .iter()
-            .enumerate()
-            .filter(|(_, ty)| {
-                matches!(
-                    ty,
-                    TokenType::Control | TokenType::UserDefined | TokenType::Unknown
-                )
-            })
-            .map(|(i, _)| i as u32)
-            .collect();
-        special_order.sort_by(|&a, &b| {
-            tokens[b as usize]
-                .len()
-                .cmp(&tokens[a as usize].len())
-                .then(a.cmp(&b))
-        });
-
-        let rstrip = rstrip_tokens(md, &special_order, &token_to_id)?;
-
-        let bpe = match (&spec, vocab_type) {
-            (Some(spec), VocabType::Bpe) => Some(build_bpe(md, &tokens, spec)?),
-            _ => None,
-        };
-
         Ok(Self {
             vocab_type,
             pre,
@@ -422,16 +235,16 @@ impl Tokenizer {
             special_order,
             rstrip,
             bpe,
-            bos,
-            eos,
-            eot,
-            eom,
-            unk,
-            pad,
-            add_bos,
-            add_eos,
-            add_space_prefix: add_space_prefix && vocab_type == VocabType::Spm,
-            stop_ids: stop,
+            bos: specials.bos,
+            eos: specials.eos,
+            eot: specials.eot,
+            eom: specials.eom,
+            unk: specials.unk,
+            pad: specials.pad,
+            add_bos: specials.add_bos,
+            add_eos: specials.add_eos,
+            add_space_prefix: specials.add_space_prefix && vocab_type == VocabType::Spm,
+            stop_ids: specials.stop,
         })
     }
 
@@ -693,27 +506,4 @@ mod tests;
 /// C's `isspace` over ASCII: what llama.cpp strips next to a special token.
 fn is_c_space(c: char) -> bool {
     matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
-}
-
-/// The special tokens that strip the whitespace after them: llama.cpp gives every special
-/// token of a model whose `general.name` says Phi-3 (and `</s>`) that attribute, except
-/// `<unk>`, `<s>` and `<|endoftext|>` (Phi-3's tokenizer marks its added tokens so).
-fn rstrip_tokens(
-    md: &HashMap<String, Value>,
-    special: &[u32],
-    token_to_id: &HashMap<String, u32>,
-) -> Result<std::collections::HashSet<u32>> {
-    let name = get_str(md, "general.name")?.unwrap_or("").to_lowercase();
-    let mut set = std::collections::HashSet::new();
-    if !(name.contains("phi-3") || name.contains("phi3")) {
-        return Ok(set);
-    }
-    set.extend(special.iter().copied());
-    set.extend(token_to_id.get("</s>").copied());
-    for keep in ["<unk>", "<s>", "<|endoftext|>"] {
-        if let Some(id) = token_to_id.get(keep) {
-            set.remove(id);
-        }
-    }
-    Ok(set)
 }

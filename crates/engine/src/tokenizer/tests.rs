@@ -1,3 +1,4 @@
+use super::byte_level::byte_level_alphabet;
 use super::*;
 
 fn s(x: &str) -> Value {

@@ -23,7 +23,12 @@ pub struct Engine {
 /// Loads the default model with `opts` and serves it on a runtime thread of its own, with a
 /// transfer endpoint on a loopback port when `endpoint` is set.
 pub fn start(opts: EngineOptions, endpoint: bool) -> Engine {
-    let loaded = server::load(&model_path(), MODEL, &opts).expect("load the model");
+    let loaded = server::load(&EngineOptions {
+        model_path: model_path(),
+        model_name: MODEL.into(),
+        ..opts
+    })
+    .expect("load the model");
     let state = loaded.state.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let st = state.clone();

@@ -36,7 +36,12 @@ pub fn serve_model(
     opts: &strata_engine::server::EngineOptions,
 ) -> std::net::SocketAddr {
     use strata_engine::server;
-    let loaded = server::load(model, "smollm2-135m-instruct", opts).expect("load the model");
+    let loaded = server::load(&server::EngineOptions {
+        model_path: model.to_path_buf(),
+        model_name: "smollm2-135m-instruct".into(),
+        ..opts.clone()
+    })
+    .expect("load the model");
     serve_app(server::router(loaded.state.clone()), loaded.state)
 }
 
@@ -46,25 +51,7 @@ pub fn serve_app<S: Send + Sync + 'static>(
     app: axum::Router,
     state: std::sync::Arc<S>,
 ) -> std::net::SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            tx.send(listener.local_addr().expect("addr"))
-                .expect("send addr");
-            let _keep = state;
-            axum::serve(listener, app).await.expect("serve");
-        });
-    });
-    rx.recv_timeout(std::time::Duration::from_secs(60))
-        .expect("server address")
+    strata_mock::serve_on_thread(app, state).expect("serve on a thread of its own")
 }
 
 /// How long a test waits for an answer before calling the server hung (a long generation

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -60,18 +61,9 @@ pub(crate) async fn admit(
     req: Request,
 ) -> Result<(Admitted, Settle), Refusal> {
     let (parts, body) = req.into_parts();
-    // A route that authenticated the caller already hands it on (`super::Authenticated`).
-    let key = match parts.extensions.get::<super::Authenticated>() {
-        Some(done) => done.0.key.clone(),
-        None => authenticate_caller(gw, &parts.headers).await?.key,
-    };
+    let key = caller_key(gw, &parts).await?;
     let resolved = gw.config.get();
-    let limit = if route.multipart() {
-        resolved.config.server.max_audio_bytes
-    } else {
-        resolved.config.server.max_body_bytes
-    };
-    let bytes = read_body(&parts.headers, body, limit).await?;
+    let bytes = read_body(&parts.headers, body, body_limit(&resolved, route)).await?;
     let Ask {
         mut body,
         requested,
@@ -92,16 +84,7 @@ pub(crate) async fn admit(
     if let Some(msg) = gw.budget_exhausted(&key) {
         return Err(Refusal::BudgetExceeded(msg));
     }
-    let prompt_estimate = if route.free() {
-        0
-    } else {
-        (chars as u64).div_ceil(4).max(1)
-    };
-    let output_estimate = if !route.generates() {
-        0
-    } else {
-        max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE) * n_choices
-    };
+    let (prompt_estimate, output_estimate) = token_estimates(route, chars, max_tokens, n_choices);
     let estimate = prompt_estimate + output_estimate;
     let ledger_id = gw.next_request_id();
     // The dearest try the plan may make (a fallback provider may cost more).
@@ -158,6 +141,46 @@ pub(crate) async fn admit(
         },
         settle,
     ))
+}
+
+/// The caller's key: handed on by a route that authenticated the caller already
+/// (`super::Authenticated`), or authenticated here.
+async fn caller_key(gw: &Gateway, parts: &Parts) -> Result<Arc<KeyEntry>, Refusal> {
+    Ok(match parts.extensions.get::<super::Authenticated>() {
+        Some(done) => done.0.key.clone(),
+        None => authenticate_caller(gw, &parts.headers).await?.key,
+    })
+}
+
+/// The largest body the route takes (an audio upload's limit is its own).
+fn body_limit(resolved: &Resolved, route: Route) -> usize {
+    if route.multipart() {
+        resolved.config.server.max_audio_bytes
+    } else {
+        resolved.config.server.max_body_bytes
+    }
+}
+
+/// The tokens a request is estimated at before it runs, prompt and output: about four
+/// characters a token for the prompt (none on a free route), and `max_tokens` (or
+/// [`DEFAULT_OUTPUT_ESTIMATE`]) for each choice on a generating route.
+fn token_estimates(
+    route: Route,
+    chars: usize,
+    max_tokens: Option<u64>,
+    n_choices: u64,
+) -> (u64, u64) {
+    let prompt = if route.free() {
+        0
+    } else {
+        (chars as u64).div_ceil(4).max(1)
+    };
+    let output = if !route.generates() {
+        0
+    } else {
+        max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE) * n_choices
+    };
+    (prompt, output)
 }
 
 /// The body, refused by its `Content-Length` before reading when possible.

@@ -37,13 +37,7 @@ pub(crate) async fn try_cascade(
         prompt_chars: req.prompt_chars,
         last_user: &last_user,
     });
-    // The logprob check needs logprobs from the earlier models; the client did not
-    // necessarily ask for them, so they are asked for here and removed again.
-    let client_logprobs = req
-        .body
-        .get("logprobs")
-        .is_some_and(|v| v != &Value::Bool(false));
-    let add_logprobs = policy.min_mean_logprob.is_some() && !req.stream && !client_logprobs;
+    let add_logprobs = adds_logprobs(req, policy);
     let resolved = req.resolved.clone();
     let last = policy.models.len() - 1;
     loop {
@@ -52,14 +46,7 @@ pub(crate) async fn try_cascade(
             return Err(Refusal::UnknownModel(policy.models[stage].clone()));
         };
         if add_logprobs {
-            if let Some(obj) = req.body.as_object_mut() {
-                if is_last {
-                    obj.remove("logprobs");
-                } else {
-                    obj.insert("logprobs".into(), Value::Bool(true));
-                }
-                req.rewritten = true;
-            }
+            ask_logprobs(req, !is_last);
         }
         let tries = {
             let mut rng = gw.rng.lock();
@@ -72,15 +59,13 @@ pub(crate) async fn try_cascade(
                     needed: req.estimate,
                 });
             }
-            escalate(gw, &policy.models[stage], CascadeReason::Failed);
-            (stage, reason) = (stage + 1, CascadeReason::Failed);
+            (stage, reason) = escalate(gw, policy, stage, CascadeReason::Failed);
             continue;
         }
         let tried = try_plan(gw, req, &tries, started, deadline).await;
         let tried = match tried {
             Tried::Failed(_) if !is_last && Instant::now() < deadline => {
-                escalate(gw, &policy.models[stage], CascadeReason::Failed);
-                (stage, reason) = (stage + 1, CascadeReason::Failed);
+                (stage, reason) = escalate(gw, policy, stage, CascadeReason::Failed);
                 continue;
             }
             Tried::Whole {
@@ -90,62 +75,90 @@ pub(crate) async fn try_cascade(
                 served,
             } if !is_last => {
                 let answer = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
-                match policy.judge(stage, &answer_facts(&answer)) {
-                    Verdict::Escalate(why) => {
-                        let att = &served.attempt;
-                        settle
-                            .charge_extra_try(
-                                usage_from_json(&bytes),
-                                &att.upstream,
-                                &att.model,
-                                att.price,
-                            )
-                            .await;
-                        escalate(gw, &policy.models[stage], why);
-                        (stage, reason) = (stage + 1, why);
-                        continue;
-                    }
-                    Verdict::Accept => {
-                        let bytes = if add_logprobs {
-                            without_logprobs(answer).unwrap_or(bytes)
-                        } else {
-                            bytes
-                        };
-                        Tried::Whole {
-                            status,
-                            content_type,
-                            bytes,
-                            served,
-                        }
-                    }
+                if let Verdict::Escalate(why) = policy.judge(stage, &answer_facts(&answer)) {
+                    let att = &served.attempt;
+                    let usage = usage_from_json(&bytes);
+                    settle
+                        .charge_extra_try(usage, &att.upstream, &att.model, att.price)
+                        .await;
+                    (stage, reason) = escalate(gw, policy, stage, why);
+                    continue;
+                }
+                let bytes = if add_logprobs {
+                    without_logprobs(answer).unwrap_or(bytes)
+                } else {
+                    bytes
+                };
+                Tried::Whole {
+                    status,
+                    content_type,
+                    bytes,
+                    served,
                 }
             }
             other => other,
         };
         if !matches!(tried, Tried::Failed(_)) {
-            let answered = &policy.models[stage];
-            req.extra.insert(
-                CASCADE_HEADER,
-                hv(format!("{answered};{}", reason.as_str())),
-            );
-            gw.metrics
-                .cascade
-                .get_or_create(&vec![
-                    ("model", answered.clone()),
-                    ("reason", reason.as_str().to_string()),
-                ])
-                .inc();
+            mark_answered(gw, req, &policy.models[stage], reason);
         }
         return Ok(tried);
     }
 }
 
-fn escalate(gw: &Gateway, from: &str, why: CascadeReason) {
+/// Whether the gateway asks the earlier models for logprobs on the client's behalf: the
+/// logprob check needs them, and the client did not necessarily ask for them (they are
+/// removed again from the answer sent).
+fn adds_logprobs(req: &Admitted, policy: &CascadePolicy) -> bool {
+    let client_logprobs = req
+        .body
+        .get("logprobs")
+        .is_some_and(|v| v != &Value::Bool(false));
+    policy.min_mean_logprob.is_some() && !req.stream && !client_logprobs
+}
+
+/// Asks the model for logprobs (`on`), or not (the last model, whose answer is not
+/// judged).
+fn ask_logprobs(req: &mut Admitted, on: bool) {
+    if let Some(obj) = req.body.as_object_mut() {
+        if on {
+            obj.insert("logprobs".into(), Value::Bool(true));
+        } else {
+            obj.remove("logprobs");
+        }
+        req.rewritten = true;
+    }
+}
+
+/// Counts an escalation away from model `stage` and returns the next stage with its
+/// reason.
+fn escalate(
+    gw: &Gateway,
+    policy: &CascadePolicy,
+    stage: usize,
+    why: CascadeReason,
+) -> (usize, CascadeReason) {
     gw.metrics
         .cascade_escalations
         .get_or_create(&vec![
-            ("from", from.to_string()),
+            ("from", policy.models[stage].clone()),
             ("reason", why.as_str().to_string()),
+        ])
+        .inc();
+    (stage + 1, why)
+}
+
+/// Names the model that answered and why it was asked in `x-strata-cascade`, and counts
+/// the answer.
+fn mark_answered(gw: &Gateway, req: &mut Admitted, answered: &str, reason: CascadeReason) {
+    req.extra.insert(
+        CASCADE_HEADER,
+        hv(format!("{answered};{}", reason.as_str())),
+    );
+    gw.metrics
+        .cascade
+        .get_or_create(&vec![
+            ("model", answered.to_string()),
+            ("reason", reason.as_str().to_string()),
         ])
         .inc();
 }

@@ -94,9 +94,7 @@ impl Refusal {
                 ApiError::unauthorized(format!("Invalid bearer token: {why}."))
                     .with_code("invalid_token")
             }
-            Refusal::BodyTooLarge { limit } => {
-                ApiError::too_large(format!("Request body exceeds {limit} bytes."))
-            }
+            Refusal::BodyTooLarge { limit } => ApiError::body_too_large(*limit),
             Refusal::BadShape(e) => e.clone(),
             Refusal::MissingModel => {
                 ApiError::invalid("model", "You must provide a `model` parameter.")

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use http_body_util::BodyExt;
 use strata_router::scheduling::SchedRequest;
-use strata_router::{Lease, Router};
+use strata_router::{Lease, Picked, Router};
 
 use super::headers::REQUEST_ID_HEADER;
 use super::route::Route;
@@ -142,6 +142,46 @@ pub(crate) async fn send_via_router(
     ask: &RouterAsk<'_>,
     try_deadline: Instant,
 ) -> Result<UpstreamReply, Failure> {
+    // Flow control counts the request as in transit until it is picked (dropped below).
+    let admitted = admit_to_router(router, ask, payload, try_deadline).await?;
+    let picked = pick_replicas(router, ask)?;
+    drop(admitted);
+    let one = ReplicaTry {
+        gw,
+        route,
+        payload,
+        request_id,
+        ask,
+        try_deadline,
+    };
+    let max_attempts = router.config().max_retries + 1;
+    let mut attempts = 0;
+    let mut last = Failure::Status(503, "router: no replica could take the request".into());
+    for (id, url) in &picked.ranked {
+        if attempts >= max_attempts {
+            break;
+        }
+        let Some(lease) = router.lease(*id, url) else {
+            continue;
+        };
+        attempts += 1;
+        match one.send(lease, url).await {
+            Sent::Answer(reply) => return Ok(reply),
+            Sent::Stop(failure) => return Err(failure),
+            Sent::Next(failure) => last = failure,
+        }
+    }
+    Err(last)
+}
+
+/// The router's admission (flow control) for the request, waited for at most until the
+/// try's deadline.
+async fn admit_to_router(
+    router: &Router,
+    ask: &RouterAsk<'_>,
+    payload: &Bytes,
+    try_deadline: Instant,
+) -> Result<strata_router::admission::Admitted, Failure> {
     let left = try_deadline.saturating_duration_since(Instant::now());
     let ticket = strata_router::admission::Ticket {
         priority: ask.priority,
@@ -149,12 +189,15 @@ pub(crate) async fn send_via_router(
         bytes: payload.len() as u64,
         ttl: Some(left),
     };
-    // Flow control counts the request as in transit until it is picked (dropped below).
-    let admitted = match tokio::time::timeout(left, router.admit_flow(&ticket)).await {
-        Err(_) => return Err(Failure::Timeout),
-        Ok(Err(e)) => return Err(Failure::Status(503, e.to_string())),
-        Ok(Ok(a)) => a,
-    };
+    match tokio::time::timeout(left, router.admit_flow(&ticket)).await {
+        Err(_) => Err(Failure::Timeout),
+        Ok(Err(e)) => Err(Failure::Status(503, e.to_string())),
+        Ok(Ok(a)) => Ok(a),
+    }
+}
+
+/// The router's ranked replicas for the request, the pick traced in its own span.
+fn pick_replicas(router: &Router, ask: &RouterAsk<'_>) -> Result<Picked, Failure> {
     let config = router.config();
     let mut sreq = SchedRequest {
         model: ask.model.to_string(),
@@ -180,56 +223,57 @@ pub(crate) async fn send_via_router(
         pick_span.record("endpoint", &**url);
     }
     pick_span.record("candidates", picked.ranked.len());
-    drop(pick_span);
-    drop(admitted);
-    let max_attempts = config.max_retries + 1;
-    let mut attempts = 0;
-    let mut last = Failure::Status(503, "router: no replica could take the request".into());
-    for (id, url) in &picked.ranked {
-        if attempts >= max_attempts {
-            break;
-        }
-        let Some(mut lease) = router.lease(*id, url) else {
-            continue;
-        };
-        attempts += 1;
-        let left = try_deadline.saturating_duration_since(Instant::now());
+    Ok(picked)
+}
+
+/// How one replica's try ended.
+enum Sent {
+    /// An answer below 500, with the replica's lease.
+    Answer(UpstreamReply),
+    /// A failure that ends the request's try (its deadline passed).
+    Stop(Failure),
+    /// A failure the next replica may make up for.
+    Next(Failure),
+}
+
+/// What every replica's try of one request shares.
+struct ReplicaTry<'a> {
+    gw: &'a Gateway,
+    route: Route,
+    payload: &'a Bytes,
+    request_id: &'a HeaderValue,
+    ask: &'a RouterAsk<'a>,
+    try_deadline: Instant,
+}
+
+impl ReplicaTry<'_> {
+    /// Sends the request to the replica at `url` (its lease taken), reporting a failure
+    /// to its circuit breaker; a 5xx answer's body is read for the failure's text. A
+    /// URL that does not parse fails quietly: nothing was sent.
+    async fn send(&self, mut lease: Lease, url: &str) -> Sent {
+        let left = self.try_deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Failure::Timeout);
+            return Sent::Stop(Failure::Timeout);
         }
-        let Ok(uri) = format!("{url}{}", route.path()).parse::<axum::http::Uri>() else {
+        let Ok(uri) = format!("{url}{}", self.route.path()).parse::<axum::http::Uri>() else {
             lease.failure();
-            last = Failure::Connect;
-            continue;
+            return Sent::Next(Failure::Connect);
         };
-        let send = gw.client.post(
+        let send = self.gw.client.post(
             &uri,
-            payload.clone(),
-            ask.content_type,
-            (REQUEST_ID_HEADER, request_id),
+            self.payload.clone(),
+            self.ask.content_type,
+            (REQUEST_ID_HEADER, self.request_id),
             &[],
-            ask.traceparent,
+            self.ask.traceparent,
         );
-        match tokio::time::timeout(left, send).await {
+        let failure = match tokio::time::timeout(left, send).await {
             Err(_) => {
                 lease.failure();
-                return Err(Failure::Timeout);
+                return Sent::Stop(Failure::Timeout);
             }
-            Ok(Err(e)) => {
-                lease.failure();
-                last = classify_send_error(&e);
-            }
-            Ok(Ok(resp)) if resp.status().is_server_error() => {
-                lease.failure();
-                let status = resp.status().as_u16();
-                let text = match read_limited(resp, ERROR_BODY_LIMIT, try_deadline).await {
-                    Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
-                    Err(_) => String::new(),
-                };
-                last = Failure::Status(status, text);
-            }
-            Ok(Ok(resp)) => {
-                return Ok(UpstreamReply {
+            Ok(Ok(resp)) if !resp.status().is_server_error() => {
+                return Sent::Answer(UpstreamReply {
                     resp,
                     lease: Some(Replica {
                         lease,
@@ -237,10 +281,23 @@ pub(crate) async fn send_via_router(
                     }),
                 });
             }
-        }
-        tracing::debug!(endpoint = %url, failure = ?last, "replica failed before answering; next");
+            Ok(Err(e)) => {
+                lease.failure();
+                classify_send_error(&e)
+            }
+            Ok(Ok(resp)) => {
+                lease.failure();
+                let status = resp.status().as_u16();
+                let text = match read_limited(resp, ERROR_BODY_LIMIT, self.try_deadline).await {
+                    Ok((_, _, b)) => String::from_utf8_lossy(&b).into_owned(),
+                    Err(_) => String::new(),
+                };
+                Failure::Status(status, text)
+            }
+        };
+        tracing::debug!(endpoint = %url, failure = ?failure, "replica failed before answering; next");
+        Sent::Next(failure)
     }
-    Err(last)
 }
 
 /// Reads a whole upstream body, bounded in size and time. A body that arrives in one

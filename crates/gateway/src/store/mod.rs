@@ -2,16 +2,21 @@
 //!
 //! [`Store`] is a synchronous trait with two implementations: the embedded SQLite one
 //! ([`sqlite::SqliteStore`], the default, one gateway) and PostgreSQL
-//! ([`postgres::PgStore`], several gateway replicas sharing one truth). Callers on async
+//! ([`postgres::PgStore`], several gateway replicas sharing one truth). Both are a
+//! [`backend::SqlStore`]: the statements and row readings are written once
+//! (`queries.rs`, in [`stmt`]'s terms), and each backend says how it runs them. Callers on async
 //! paths use it from `spawn_blocking` or from the usage writer thread. Keys and spend are
 //! mirrored in memory by [`crate::state`]; the request path waits on the store only to
 //! hold budget in a shared store ([`Store::hold_budget`]).
 //!
 //! Money is integer micro-dollars (1e-6 USD) everywhere, so sums never drift.
 
+pub mod backend;
 pub mod postgres;
+mod queries;
 pub mod responses;
 pub mod sqlite;
+pub mod stmt;
 
 pub use responses::StoredResponse;
 

@@ -1,25 +1,25 @@
 //! The embedded store: one SQLite file in WAL mode, schema managed by numbered migrations
-//! recorded in `PRAGMA user_version`.
+//! recorded in `PRAGMA user_version`. The statements it runs are the shared ones
+//! (`queries.rs`); this file holds how SQLite runs them, its schema and its
+//! ledger insert.
 //!
 //! One connection behind a mutex: the gateway writes in batches from one thread and reads
 //! rarely (admin API, key refresh), so a pool would buy nothing.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::types::{Null, ToSqlOutput};
+use rusqlite::{params, params_from_iter, Connection};
 
-use super::{
-    period_increments, AuditEntry, Holder, KeyRecord, PeriodSpend, Store, StoreError,
-    StoredResponse, TenantRecord, UsageEvent, UsageFilter, UsageRow, UserRecord,
-};
-use crate::budget::{Period, Window};
-use crate::config::RateLimits;
-use crate::role::Role;
+use super::backend::{Backend, SqlStore};
+use super::queries::{self, to_i64};
+use super::stmt::{Query, Row, Stmt, Value};
+use super::{StoreError, UsageEvent};
 
 /// Schema steps, applied in order; entry `i` moves the database to version `i + 1`.
-/// Never edit a released step: append a new one.
+/// Never edit a released step: append a new one. Not shared with Postgres: the column
+/// types differ, and Postgres's ledger keeps an event id and its budget holds a table.
 const MIGRATIONS: &[&str] = &[
     // 1: keys, tenants, usage ledger, audit log.
     "CREATE TABLE tenants (
@@ -103,9 +103,13 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX responses_expiry ON responses (tenant, expires_at);",
 ];
 
-pub struct SqliteStore {
+/// SQLite's side of [`SqliteStore`]: its one connection.
+pub struct Sqlite {
     conn: Mutex<Connection>,
 }
+
+/// The embedded store.
+pub type SqliteStore = SqlStore<Sqlite>;
 
 impl SqliteStore {
     /// Opens (creating when absent) the database at `path` and migrates it.
@@ -131,14 +135,17 @@ impl SqliteStore {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate(&mut conn)?;
-        Ok(SqliteStore {
-            conn: Mutex::new(conn),
+        Ok(SqlStore {
+            db: Sqlite {
+                conn: Mutex::new(conn),
+            },
         })
     }
 
     /// The schema version after migration.
     pub fn schema_version(&self) -> Result<i64, StoreError> {
         Ok(self
+            .db
             .conn
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))?)
@@ -163,439 +170,116 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.and_then(|x| u64::try_from(x).ok())
-}
-
-fn opt_i64(v: Option<u64>) -> Option<i64> {
-    v.map(|x| i64::try_from(x).unwrap_or(i64::MAX))
-}
-
-const KEY_COLUMNS: &str = "id, tenant, name, salt, hash, allowed_models, rpm, tpm, budget_micros, \
-                           spend_micros, created_at, revoked_at, user_name, role, budget_period";
-
-/// A stored period name; an unknown one (a newer build's) reads as a lifetime budget.
-fn period(v: Option<String>) -> Option<Period> {
-    v.as_deref().and_then(Period::parse)
-}
-
-fn period_text(p: Option<Period>) -> Option<&'static str> {
-    p.map(Period::as_str)
-}
-
-fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<(KeyRecord, String)> {
-    let models: String = row.get(5)?;
-    let role: String = row.get(13)?;
-    Ok((
-        KeyRecord {
-            id: row.get(0)?,
-            tenant: row.get(1)?,
-            name: row.get(2)?,
-            salt_hex: row.get(3)?,
-            hash_hex: row.get(4)?,
-            allowed_models: Vec::new(),
-            limits: RateLimits {
-                rpm: opt_u64(row.get(6)?),
-                tpm: opt_u64(row.get(7)?),
-            },
-            budget_micros: row.get(8)?,
-            budget_period: period(row.get(14)?),
-            spend_micros: row.get(9)?,
-            created_at: row.get(10)?,
-            revoked_at: row.get(11)?,
-            user: row.get(12)?,
-            role: Role::parse(&role).unwrap_or_default(),
-        },
-        models,
-    ))
-}
-
-fn finish_key((mut k, models): (KeyRecord, String)) -> Result<KeyRecord, StoreError> {
-    k.allowed_models = serde_json::from_str(&models)
-        .map_err(|e| StoreError::Corrupt(format!("allowed_models of key {}: {e}", k.id)))?;
-    Ok(k)
-}
-
-impl Store for SqliteStore {
-    fn insert_key(&self, k: &KeyRecord) -> Result<(), StoreError> {
-        let models = serde_json::to_string(&k.allowed_models)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+impl Backend for Sqlite {
+    fn execute(&self, stmts: &[Stmt<'_>]) -> Result<u64, StoreError> {
         let conn = self.conn.lock();
-        conn.execute(
-            &format!("INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
-            params![
-                k.id,
-                k.tenant,
-                k.name,
-                k.salt_hex,
-                k.hash_hex,
-                models,
-                opt_i64(k.limits.rpm),
-                opt_i64(k.limits.tpm),
-                k.budget_micros,
-                k.spend_micros,
-                k.created_at,
-                k.revoked_at,
-                k.user,
-                k.role.as_str(),
-                period_text(k.budget_period)
-            ],
-        )?;
-        conn.execute(
-            "INSERT OR IGNORE INTO tenants (name) VALUES (?1)",
-            params![k.tenant],
-        )?;
-        Ok(())
-    }
-
-    fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"
-        ))?;
-        let rows = stmt.query_map([], key_from_row)?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.push(finish_key(r?)?);
+        let mut changed = 0;
+        for s in stmts {
+            changed += run(&conn, s)? as u64;
         }
-        Ok(out)
+        Ok(changed)
     }
 
-    fn get_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let row = conn
-            .query_row(
-                &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
-                params![id],
-                key_from_row,
-            )
-            .optional()?;
-        row.map(finish_key).transpose()
-    }
-
-    fn revoke_key(&self, id: &str, now: i64) -> Result<bool, StoreError> {
-        let n = self.conn.lock().execute(
-            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
-            params![id, now],
-        )?;
-        Ok(n > 0)
-    }
-
-    fn update_key(
-        &self,
-        id: &str,
-        limits: RateLimits,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-        allowed_models: &[String],
-    ) -> Result<bool, StoreError> {
-        let models = serde_json::to_string(allowed_models)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let n = self.conn.lock().execute(
-            "UPDATE api_keys SET rpm = ?2, tpm = ?3, budget_micros = ?4, allowed_models = ?5, \
-             budget_period = ?6 WHERE id = ?1",
-            params![
-                id,
-                opt_i64(limits.rpm),
-                opt_i64(limits.tpm),
-                budget_micros,
-                models,
-                period_text(budget_period)
-            ],
-        )?;
-        Ok(n > 0)
-    }
-
-    fn upsert_tenant(
-        &self,
-        name: &str,
-        limits: RateLimits,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-    ) -> Result<(), StoreError> {
-        self.conn.lock().execute(
-            "INSERT INTO tenants (name, rpm, tpm, budget_micros, budget_period) \
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET rpm = ?2, tpm = ?3, \
-             budget_micros = ?4, budget_period = ?5",
-            params![
-                name,
-                opt_i64(limits.rpm),
-                opt_i64(limits.tpm),
-                budget_micros,
-                period_text(budget_period)
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn upsert_user(
-        &self,
-        tenant: &str,
-        name: &str,
-        (budget_micros, budget_period): (Option<i64>, Option<Period>),
-    ) -> Result<(), StoreError> {
-        self.conn.lock().execute(
-            "INSERT INTO users (tenant, name, budget_micros, budget_period) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT(tenant, name) DO UPDATE SET budget_micros = ?3, budget_period = ?4",
-            params![tenant, name, budget_micros, period_text(budget_period)],
-        )?;
-        Ok(())
-    }
-
-    fn list_users(&self) -> Result<Vec<UserRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let mut stmt = conn.prepare(
-            "SELECT tenant, name, budget_micros, budget_period, spend_micros FROM users \
-             ORDER BY tenant, name",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok(UserRecord {
-                tenant: r.get(0)?,
-                name: r.get(1)?,
-                budget_micros: r.get(2)?,
-                budget_period: period(r.get(3)?),
-                spend_micros: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    fn list_period_spend(&self) -> Result<Vec<PeriodSpend>, StoreError> {
-        let conn = self.conn.lock();
-        let mut stmt =
-            conn.prepare("SELECT holder, tenant, name, period, start, micros FROM period_spend")?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, i64>(4)?,
-                r.get::<_, i64>(5)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (holder, tenant, name, p, start, micros) = row?;
-            if let (Some(holder), Some(period)) = (Holder::parse(&holder), Period::parse(&p)) {
-                out.push(PeriodSpend {
-                    holder,
-                    tenant,
-                    name,
-                    period,
-                    window: Window { start, micros },
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    fn list_tenants(&self) -> Result<Vec<TenantRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let mut stmt = conn.prepare(
-            "SELECT name, rpm, tpm, budget_micros, spend_micros, budget_period FROM tenants \
-             ORDER BY name",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok(TenantRecord {
-                name: r.get(0)?,
-                limits: RateLimits {
-                    rpm: opt_u64(r.get(1)?),
-                    tpm: opt_u64(r.get(2)?),
-                },
-                budget_micros: r.get(3)?,
-                budget_period: period(r.get(5)?),
-                spend_micros: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError> {
-        if events.is_empty() {
-            return Ok(());
-        }
+    fn execute_atomic(&self, stmts: &[Stmt<'_>]) -> Result<(), StoreError> {
         let mut conn = self.conn.lock();
         let tx = conn.transaction()?;
-        {
-            let mut ins = tx.prepare_cached(
-                "INSERT INTO usage (ts, key_id, tenant, model, upstream, input_tokens, \
-                 output_tokens, cost_micros, cached, status, user_name) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
-            )?;
-            let mut user_spend = tx.prepare_cached(
-                "INSERT INTO users (tenant, name, spend_micros) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT(tenant, name) DO UPDATE SET spend_micros = spend_micros + ?3",
-            )?;
-            let mut window = tx.prepare_cached(
-                "INSERT INTO period_spend (holder, tenant, name, period, start, micros) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-                 ON CONFLICT(holder, tenant, name, period) DO UPDATE SET \
-                 micros = CASE WHEN excluded.start = period_spend.start \
-                                 THEN period_spend.micros + excluded.micros \
-                               WHEN excluded.start > period_spend.start THEN excluded.micros \
-                               ELSE period_spend.micros END, \
-                 start = MAX(period_spend.start, excluded.start)",
-            )?;
-            let mut key_spend = tx.prepare_cached(
-                "UPDATE api_keys SET spend_micros = spend_micros + ?2 WHERE id = ?1",
-            )?;
-            let mut tenant_spend = tx.prepare_cached(
-                "INSERT INTO tenants (name, spend_micros) VALUES (?1, ?2) \
-                 ON CONFLICT(name) DO UPDATE SET spend_micros = spend_micros + ?2",
-            )?;
-            // Spend is summed per key and tenant first: one UPDATE each per batch
-            // rather than two per row.
-            let mut keys: HashMap<&str, i64> = HashMap::new();
-            let mut tenants: HashMap<&str, i64> = HashMap::new();
-            let mut users: HashMap<(&str, &str), i64> = HashMap::new();
-            for e in events {
-                ins.execute(params![
-                    e.ts,
-                    e.key_id,
-                    e.tenant,
-                    e.model,
-                    e.upstream,
-                    opt_i64(Some(e.input_tokens)),
-                    opt_i64(Some(e.output_tokens)),
-                    e.cost_micros,
-                    e.cached,
-                    e.status,
-                    e.user
-                ])?;
-                if e.cost_micros != 0 {
-                    *keys.entry(&e.key_id).or_default() += e.cost_micros;
-                    *tenants.entry(&e.tenant).or_default() += e.cost_micros;
-                    if !e.user.is_empty() {
-                        *users.entry((&e.tenant, &e.user)).or_default() += e.cost_micros;
-                    }
-                }
-            }
-            for ((tenant, name), cost) in users {
-                user_spend.execute(params![tenant, name, cost])?;
-            }
-            for w in period_increments(events) {
-                window.execute(params![
-                    w.holder.as_str(),
-                    w.tenant,
-                    w.name,
-                    w.period.as_str(),
-                    w.window.start,
-                    w.window.micros
-                ])?;
-            }
-            for (id, cost) in keys {
-                key_spend.execute(params![id, cost])?;
-            }
-            for (name, cost) in tenants {
-                tenant_spend.execute(params![name, cost])?;
-            }
+        for s in stmts {
+            run(&tx, s)?;
         }
         tx.commit()?;
         Ok(())
     }
 
-    fn usage(&self, f: &UsageFilter) -> Result<Vec<UsageRow>, StoreError> {
+    fn query<T: Send + 'static>(&self, q: Query<'_, T>) -> Result<Vec<T>, StoreError> {
         let conn = self.conn.lock();
-        let mut stmt = conn.prepare(
-            "SELECT tenant, key_id, model, COUNT(*), SUM(input_tokens), SUM(output_tokens), \
-             SUM(cost_micros), user_name FROM usage \
-             WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR key_id = ?2) \
-               AND (?3 IS NULL OR ts >= ?3) AND (?4 IS NULL OR user_name = ?4) \
-             GROUP BY tenant, key_id, user_name, model ORDER BY tenant, key_id, user_name, model",
-        )?;
-        let rows = stmt.query_map(params![f.tenant, f.key_id, f.since, f.user], |r| {
-            let cost: i64 = r.get(6)?;
-            Ok(UsageRow {
-                tenant: r.get(0)?,
-                key_id: r.get(1)?,
-                user: r.get(7)?,
-                model: r.get(2)?,
-                requests: opt_u64(r.get(3)?).unwrap_or(0),
-                input_tokens: opt_u64(r.get(4)?).unwrap_or(0),
-                output_tokens: opt_u64(r.get(5)?).unwrap_or(0),
-                cost_micros: cost,
-                cost_usd: cost as f64 / 1e6,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut stmt = conn.prepare_cached(&q.stmt.sqlite_text())?;
+        let mut rows = stmt.query(params_from_iter(&q.stmt.values))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push((q.read)(row)?);
+        }
+        Ok(out)
     }
 
-    fn audit(&self, e: &AuditEntry) -> Result<(), StoreError> {
-        self.conn.lock().execute(
-            "INSERT INTO audit (ts, actor, action, target, detail) VALUES (?1,?2,?3,?4,?5)",
-            params![e.ts, e.actor, e.action, e.target, e.detail],
-        )?;
+    fn record_usage(&self, events: &[UsageEvent]) -> Result<(), StoreError> {
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction()?;
+        insert_ledger_rows(&tx, events)?;
+        for s in queries::add_spend(events) {
+            run(&tx, &s)?;
+        }
+        tx.commit()?;
         Ok(())
     }
+}
 
-    fn put_response(&self, r: &StoredResponse) -> Result<(), StoreError> {
-        let conn = self.conn.lock();
-        conn.execute(
-            "DELETE FROM responses WHERE tenant = ?1 AND expires_at <= ?2",
-            params![r.tenant, r.created_at],
-        )?;
-        conn.execute(
-            "INSERT OR REPLACE INTO responses (tenant, id, created_at, expires_at, body, \
-             conversation) VALUES (?1,?2,?3,?4,?5,?6)",
-            params![
-                r.tenant,
-                r.id,
-                r.created_at,
-                r.expires_at,
-                r.body,
-                r.conversation
-            ],
-        )?;
-        Ok(())
+/// Runs one statement (prepared once per connection); the rows it changed.
+fn run(conn: &Connection, s: &Stmt<'_>) -> Result<usize, StoreError> {
+    let mut stmt = conn.prepare_cached(&s.sqlite_text())?;
+    Ok(stmt.execute(params_from_iter(&s.values))?)
+}
+
+/// Appends the ledger rows, one statement each (one process writes this ledger, so a
+/// row never comes twice).
+fn insert_ledger_rows(conn: &Connection, events: &[UsageEvent]) -> Result<(), StoreError> {
+    let mut ins = conn.prepare_cached(
+        "INSERT INTO usage (ts, key_id, tenant, model, upstream, input_tokens, \
+         output_tokens, cost_micros, cached, status, user_name) \
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+    )?;
+    for e in events {
+        ins.execute(params![
+            e.ts,
+            e.key_id,
+            e.tenant,
+            e.model,
+            e.upstream,
+            to_i64(e.input_tokens),
+            to_i64(e.output_tokens),
+            e.cost_micros,
+            e.cached,
+            e.status,
+            e.user
+        ])?;
+    }
+    Ok(())
+}
+
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Value::Int(Some(v)) => ToSqlOutput::from(*v),
+            Value::Text(Some(v)) => ToSqlOutput::from(v.as_ref()),
+            Value::Int(None) | Value::Text(None) => ToSqlOutput::from(Null),
+        })
+    }
+}
+
+impl Row for rusqlite::Row<'_> {
+    fn int(&self, i: usize) -> Result<i64, StoreError> {
+        Ok(self.get(i)?)
     }
 
-    fn get_response(
-        &self,
-        tenant: &str,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<StoredResponse>, StoreError> {
-        Ok(self
-            .conn
-            .lock()
-            .query_row(
-                "SELECT tenant, id, created_at, expires_at, body, conversation FROM responses \
-                 WHERE tenant = ?1 AND id = ?2 AND expires_at > ?3",
-                params![tenant, id, now],
-                |r| {
-                    Ok(StoredResponse {
-                        tenant: r.get(0)?,
-                        id: r.get(1)?,
-                        created_at: r.get(2)?,
-                        expires_at: r.get(3)?,
-                        body: r.get(4)?,
-                        conversation: r.get(5)?,
-                    })
-                },
-            )
-            .optional()?)
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        Ok(self.get(i)?)
     }
 
-    fn list_audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-        let conn = self.conn.lock();
-        let mut stmt = conn.prepare(
-            "SELECT ts, actor, action, target, detail FROM audit ORDER BY id DESC LIMIT ?1",
-        )?;
-        let rows = stmt.query_map(params![limit], |r| {
-            Ok(AuditEntry {
-                ts: r.get(0)?,
-                actor: r.get(1)?,
-                action: r.get(2)?,
-                target: r.get(3)?,
-                detail: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        Ok(self.get(i)?)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        Ok(self.get(i)?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::{Period, Window};
+    use crate::config::RateLimits;
+    use crate::role::Role;
+    use crate::store::{AuditEntry, Holder, KeyRecord, Store, UsageFilter};
 
     fn key(id: &str, tenant: &str) -> KeyRecord {
         KeyRecord {

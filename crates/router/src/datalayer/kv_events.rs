@@ -220,127 +220,26 @@ pub(crate) async fn run<F: PoolFeed>(
         };
         let replay_timeout = inner.config().kv_replay_timeout();
         drop(inner);
-        let mut sub = SubSocket::new();
-        let connected = async {
-            sub.subscribe(TOPIC_PREFIX).await?;
-            sub.connect(&addr).await
+        let mut sub = match subscribe(&addr).await {
+            Ok(sub) => sub,
+            Err(e) => {
+                tracing::debug!(endpoint = %url, %addr, error = %e, "KV events: connect failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
         };
-        if let Err(e) = connected.await {
-            tracing::debug!(endpoint = %url, %addr, error = %e, "KV events: connect failed");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-            continue;
-        }
         backoff = Duration::from_millis(50);
         tracing::info!(endpoint = %url, %addr, "KV events: subscribed");
         seqs.reconnected();
-        loop {
-            let msg = match sub.recv().await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(endpoint = %url, error = %e, "KV events: connection lost");
-                    break;
-                }
-            };
-            let Some(inner) = live(&weak, id, &url) else {
-                return;
-            };
-            let frames = msg.into_vec();
-            let decoded = match frames.as_slice() {
-                [_, seq, payload] => parse_seq(seq)
-                    .ok()
-                    .and_then(|s| decode_batch(payload).ok().map(|b| (s, b))),
-                _ => None,
-            };
-            let Some((seq, batch)) = decoded else {
-                tracing::warn!(endpoint = %url, "KV events: undecodable message; resetting mirror");
-                clear(&*inner, id);
-                seqs.reset();
-                continue;
-            };
-            let step = seqs.on_live(seq);
-            let missing = match step {
-                Live::Apply => None,
-                Live::Gap { from } => Some(Some(from)),
-                Live::Fresh => Some(None),
-                Live::Restart => {
-                    tracing::warn!(endpoint = %url, seq, "KV events: sequence went back; resetting mirror");
-                    clear(&*inner, id);
-                    seqs.reset();
-                    Some(None)
-                }
-            };
-            let mut before = Vec::new();
-            if let Some(from) = missing {
-                let filled = match (&replay_addr, seq) {
-                    // An empty mirror before message 0 misses nothing.
-                    (_, 0) if from.is_none() => Some(Vec::new()),
-                    (Some(raddr), _) => {
-                        inner
-                            .metrics()
-                            .kv_replays
-                            .get_or_create(&RouterMetrics::endpoint(&url))
-                            .inc();
-                        match replay(raddr, from.unwrap_or(0), Some(seq), replay_timeout).await {
-                            Ok(frames) => fill(from, seq, frames),
-                            Err(e) => {
-                                tracing::warn!(endpoint = %url, error = %e, "KV events: replay failed");
-                                None
-                            }
-                        }
-                    }
-                    (None, _) if from.is_none() => Some(Vec::new()),
-                    (None, _) => None,
-                };
-                match filled {
-                    Some(batches) => before = batches,
-                    None => {
-                        tracing::warn!(endpoint = %url, seq, "KV events: gap replay could not fill; resetting mirror");
-                        inner
-                            .metrics()
-                            .kv_replay_failures
-                            .get_or_create(&RouterMetrics::endpoint(&url))
-                            .inc();
-                        clear(&*inner, id);
-                        seqs.reset();
-                    }
-                }
-            }
-            let event_block_size = before
-                .iter()
-                .map(|(_, b)| b)
-                .chain(std::iter::once(&batch))
-                .flat_map(|b| &b.events)
-                .find_map(|ev| match ev {
-                    strata_api::kv_events::KvEvent::BlockStored { block_size, .. } => {
-                        Some(*block_size)
-                    }
-                    _ => None,
-                });
-            if let Some(bs) = event_block_size {
-                inner.note_kv_block_size(id, &url, u32::try_from(bs).unwrap_or(0));
-            }
-            let mut index = inner.precise().write().unwrap_or_else(|e| e.into_inner());
-            let mut events = 0;
-            for (s, b) in before.iter().chain(std::iter::once(&(seq, batch))) {
-                for ev in &b.events {
-                    index.apply(id, ev);
-                }
-                events += b.events.len();
-                seqs.applied(*s);
-            }
-            let len = index.len();
-            drop(index);
-            inner
-                .metrics()
-                .kv_events
-                .get_or_create(&RouterMetrics::endpoint(&url))
-                .inc_by(events as u64);
-            inner
-                .metrics()
-                .index_blocks
-                .get_or_create(&RouterMetrics::index("precise"))
-                .set(len as i64);
+        let ep = Subscription {
+            id,
+            url: &url,
+            replay_addr: replay_addr.as_deref(),
+            replay_timeout,
+        };
+        if follow(&weak, &ep, &mut sub, &mut seqs).await == Followed::Gone {
+            return;
         }
         // With a replay socket the mirror is kept: the first message of the next
         // connection finds the gap and the replay fills it. Without one, what was missed
@@ -353,6 +252,195 @@ pub(crate) async fn run<F: PoolFeed>(
         }
         tokio::time::sleep(backoff).await;
     }
+}
+
+/// One endpoint's publisher, as one connection's subscriber sees it.
+struct Subscription<'a> {
+    id: EndpointId,
+    url: &'a str,
+    replay_addr: Option<&'a str>,
+    replay_timeout: Duration,
+}
+
+/// How following one connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Followed {
+    /// The connection broke: reconnect.
+    Lost,
+    /// The router dropped the endpoint: stop.
+    Gone,
+}
+
+/// A SUB socket on `addr`, subscribed to the KV-event topics.
+async fn subscribe(addr: &str) -> Result<SubSocket, zeromq::ZmqError> {
+    let mut sub = SubSocket::new();
+    sub.subscribe(TOPIC_PREFIX).await?;
+    sub.connect(addr).await?;
+    Ok(sub)
+}
+
+/// Applies one connection's live messages, in sequence, until it breaks or the router
+/// drops the endpoint.
+async fn follow<F: PoolFeed>(
+    weak: &Weak<F>,
+    ep: &Subscription<'_>,
+    sub: &mut SubSocket,
+    seqs: &mut Sequencer,
+) -> Followed {
+    loop {
+        let msg = match sub.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(endpoint = %ep.url, error = %e, "KV events: connection lost");
+                return Followed::Lost;
+            }
+        };
+        let Some(inner) = live(weak, ep.id, ep.url) else {
+            return Followed::Gone;
+        };
+        let Some((seq, batch)) = decode(msg) else {
+            tracing::warn!(endpoint = %ep.url, "KV events: undecodable message; resetting mirror");
+            clear(&*inner, ep.id);
+            seqs.reset();
+            continue;
+        };
+        let before = catch_up(&*inner, ep, seqs, seq).await;
+        note_block_size(&*inner, ep, &before, &batch);
+        apply(&*inner, ep, seqs, before, (seq, batch));
+    }
+}
+
+/// A live message's sequence number and batch (`[topic, seq, payload]`), or `None` when
+/// it does not decode.
+fn decode(msg: ZmqMessage) -> Option<(u64, KvEventBatch)> {
+    let frames = msg.into_vec();
+    match frames.as_slice() {
+        [_, seq, payload] => parse_seq(seq)
+            .ok()
+            .and_then(|s| decode_batch(payload).ok().map(|b| (s, b))),
+        _ => None,
+    }
+}
+
+/// The batches to apply before the live message numbered `seq`: none when it is the
+/// next, else the replayed run that fills what is missing. When nothing can fill it (or
+/// the publisher restarted) the mirror is dropped first and rebuilds from here.
+async fn catch_up<F: PoolFeed + ?Sized>(
+    inner: &F,
+    ep: &Subscription<'_>,
+    seqs: &mut Sequencer,
+    seq: u64,
+) -> Vec<(u64, KvEventBatch)> {
+    let missing = match seqs.on_live(seq) {
+        Live::Apply => return Vec::new(),
+        Live::Gap { from } => Some(from),
+        Live::Fresh => None,
+        Live::Restart => {
+            tracing::warn!(endpoint = %ep.url, seq, "KV events: sequence went back; resetting mirror");
+            clear(inner, ep.id);
+            seqs.reset();
+            None
+        }
+    };
+    match replay_missing(inner, ep, missing, seq).await {
+        Some(batches) => batches,
+        None => {
+            tracing::warn!(endpoint = %ep.url, seq, "KV events: gap replay could not fill; resetting mirror");
+            inner
+                .metrics()
+                .kv_replay_failures
+                .get_or_create(&RouterMetrics::endpoint(ep.url))
+                .inc();
+            clear(inner, ep.id);
+            seqs.reset();
+            Vec::new()
+        }
+    }
+}
+
+/// The replayed batches numbered `from..until` (`from = None`: an empty mirror, which
+/// takes the hole-free run just before `until`, or nothing), or `None` when no replay can
+/// fill the gap.
+async fn replay_missing<F: PoolFeed + ?Sized>(
+    inner: &F,
+    ep: &Subscription<'_>,
+    from: Option<u64>,
+    until: u64,
+) -> Option<Vec<(u64, KvEventBatch)>> {
+    match (ep.replay_addr, until) {
+        // An empty mirror before message 0 misses nothing.
+        (_, 0) if from.is_none() => Some(Vec::new()),
+        (Some(raddr), _) => {
+            inner
+                .metrics()
+                .kv_replays
+                .get_or_create(&RouterMetrics::endpoint(ep.url))
+                .inc();
+            match replay(raddr, from.unwrap_or(0), Some(until), ep.replay_timeout).await {
+                Ok(frames) => fill(from, until, frames),
+                Err(e) => {
+                    tracing::warn!(endpoint = %ep.url, error = %e, "KV events: replay failed");
+                    None
+                }
+            }
+        }
+        (None, _) if from.is_none() => Some(Vec::new()),
+        (None, _) => None,
+    }
+}
+
+/// Tells the router the block size the endpoint's events carry (the first stored block
+/// of `before` and then `batch` says it), which its prompts are hashed with.
+fn note_block_size<F: PoolFeed + ?Sized>(
+    inner: &F,
+    ep: &Subscription<'_>,
+    before: &[(u64, KvEventBatch)],
+    batch: &KvEventBatch,
+) {
+    let event_block_size = before
+        .iter()
+        .map(|(_, b)| b)
+        .chain(std::iter::once(batch))
+        .flat_map(|b| &b.events)
+        .find_map(|ev| match ev {
+            strata_api::kv_events::KvEvent::BlockStored { block_size, .. } => Some(*block_size),
+            _ => None,
+        });
+    if let Some(bs) = event_block_size {
+        inner.note_kv_block_size(ep.id, ep.url, u32::try_from(bs).unwrap_or(0));
+    }
+}
+
+/// Applies `before`, then the live batch, to the precise index in order, marking each
+/// number applied, and counts the events and the index's size.
+fn apply<F: PoolFeed + ?Sized>(
+    inner: &F,
+    ep: &Subscription<'_>,
+    seqs: &mut Sequencer,
+    before: Vec<(u64, KvEventBatch)>,
+    live: (u64, KvEventBatch),
+) {
+    let mut index = inner.precise().write().unwrap_or_else(|e| e.into_inner());
+    let mut events = 0;
+    for (s, b) in before.iter().chain(std::iter::once(&live)) {
+        for ev in &b.events {
+            index.apply(ep.id, ev);
+        }
+        events += b.events.len();
+        seqs.applied(*s);
+    }
+    let len = index.len();
+    drop(index);
+    inner
+        .metrics()
+        .kv_events
+        .get_or_create(&RouterMetrics::endpoint(ep.url))
+        .inc_by(events as u64);
+    inner
+        .metrics()
+        .index_blocks
+        .get_or_create(&RouterMetrics::index("precise"))
+        .set(len as i64);
 }
 
 /// The router, while it still has this endpoint.

@@ -66,7 +66,7 @@ use crate::endpoint::EndpointId;
 use crate::headers::{MODEL_REWRITE, TEST_SELECTION};
 use crate::intake::{self, Api, Headers, Incoming, Intake};
 use crate::response_homes::ResponseIdScan;
-use crate::router::{Lease, Router};
+use crate::router::{Lease, Picked, Router};
 use crate::scheduling::SchedRequest;
 use crate::usage::UsageScan;
 use address::{address_allowed, address_of};
@@ -434,7 +434,7 @@ impl StreamState {
     async fn on_request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         let max = self.router.config().max_body_bytes;
         if self.body.len() + b.body.len() > max {
-            return self.fail(intake::too_large(max));
+            return self.fail(ApiError::body_too_large(max));
         }
         self.body.extend_from_slice(&b.body);
         if b.end_of_stream {
@@ -508,6 +508,42 @@ impl StreamState {
         body: Option<Bytes>,
         end_of_stream: bool,
     ) -> Vec<ProcessingResponse> {
+        let picked = match self.pick_allowed(&mut sreq, intake) {
+            Ok(p) => p,
+            Err(e) => return self.fail(e),
+        };
+        let destinations = self.take_lease(&picked);
+        if self.lease.is_none() {
+            return self.fail(ApiError::unavailable("No replica could take the request."));
+        }
+        // Header and metadata carry the same value: a data plane may read either.
+        let value = destinations.join(",");
+        let mut set = vec![
+            messages::set_header(DESTINATION, &value),
+            messages::set_header("x-request-id", &self.request_id),
+        ];
+        if let Some(b) = &body {
+            set.push(messages::set_header("content-length", &b.len().to_string()));
+        }
+        let prefiller = self.prefiller(&picked);
+        if let Some(p) = &prefiller {
+            set.push(messages::set_header(PREFILLER, p));
+        }
+        let remove = self.removed_headers(prefiller.is_some());
+        let metadata = messages::dynamic_metadata(LB_NAMESPACE, DESTINATION, &value);
+        let mut out = vec![messages::request_headers(set, remove, Some(metadata))];
+        if let Some(b) = body {
+            out.extend(messages::request_body_chunks(&b, end_of_stream));
+        }
+        self.metrics.picked.inc();
+        self.phase = Phase::Forwarded;
+        out
+    }
+
+    /// The pick among the endpoints the data plane allows (Envoy's subset hint and the
+    /// conformance selection header): the replica that holds the stored response the
+    /// request needs, when it is allowed, else a scheduling decision.
+    fn pick_allowed(&self, sreq: &mut SchedRequest, intake: &Intake) -> Result<Picked, ApiError> {
         let selection: Option<Vec<String>> = self.headers.header(TEST_SELECTION).map(|v| {
             v.split(',')
                 .map(str::trim)
@@ -517,7 +553,7 @@ impl StreamState {
         });
         let subset = self.subset.clone();
         if subset.as_ref().is_some_and(|s| s.is_empty()) {
-            return self.fail(ApiError::unavailable(
+            return Err(ApiError::unavailable(
                 "The gateway's endpoint subset is empty.",
             ));
         }
@@ -536,15 +572,16 @@ impl StreamState {
             .filter(|p| p.ranked.iter().all(|(_, url)| allow(url)));
         let picked = match home {
             Some(p) => Ok(p),
-            None if restricted => self.router.pick_within(&mut sreq, Some(&allow)),
-            None => self.router.pick(&mut sreq),
+            None if restricted => self.router.pick_within(sreq, Some(&allow)),
+            None => self.router.pick(sreq),
         };
-        let picked = match picked {
-            Ok(p) => p,
-            Err(e) => return self.fail(e.to_api_error()),
-        };
-        // The lease goes to the first endpoint whose circuit lets it through; the rest of
-        // the ranking, in order, are the fallbacks Envoy may try.
+        picked.map_err(|e| e.to_api_error())
+    }
+
+    /// Takes the lease on the first ranked endpoint whose circuit lets it through; the
+    /// rest of the ranking, in order, are the fallbacks Envoy may try. The destinations
+    /// (`host:port`): the leased pick, then up to `fallbacks` more.
+    fn take_lease(&mut self, picked: &Picked) -> Vec<String> {
         let mut destinations: Vec<String> = Vec::new();
         for (id, url) in &picked.ranked {
             if self.lease.is_none() {
@@ -563,28 +600,20 @@ impl StreamState {
                 break;
             }
         }
-        if self.lease.is_none() {
-            return self.fail(ApiError::unavailable("No replica could take the request."));
-        }
-        // Header and metadata carry the same value: a data plane may read either.
-        let value = destinations.join(",");
-        let mut set = vec![
-            messages::set_header(DESTINATION, &value),
-            messages::set_header("x-request-id", &self.request_id),
-        ];
-        if let Some(b) = &body {
-            set.push(messages::set_header("content-length", &b.len().to_string()));
-        }
-        // The prefill engine, when disaggregating: the decode side prefills there first.
-        // Its load is not counted here: this picker never sees phase 1 end.
+        destinations
+    }
+
+    /// The prefill engine (`host:port`), when disaggregating: the decode side prefills
+    /// there first. Its load is not counted here: this picker never sees phase 1 end. The
+    /// request's path through the prefill/decode pair is counted.
+    fn prefiller(&self, picked: &Picked) -> Option<String> {
         let prefiller = picked
             .prefill
             .as_ref()
             .and_then(|p| p.first())
             .map(|(_, url)| address_of(url).to_string());
         match (&prefiller, picked.pd) {
-            (Some(p), _) => {
-                set.push(messages::set_header(PREFILLER, p));
+            (Some(_), _) => {
                 self.router
                     .metrics()
                     .pd_path(crate::telemetry::PD_PATH_DISAGGREGATED);
@@ -599,10 +628,15 @@ impl StreamState {
             }
             (None, _) => {}
         }
-        // A client must not name its own destination, its prefill engine (any header of
-        // the prefill protocol), or claim who served.
+        prefiller
+    }
+
+    /// The request headers to remove: a client must not name its own destination, its
+    /// prefill engine (any header of the prefill protocol; [`PREFILLER`] stays when this
+    /// picker sets it), or claim who served.
+    fn removed_headers(&self, prefilling: bool) -> Vec<String> {
         let mut remove = vec![SERVED.to_string()];
-        if prefiller.is_none() {
+        if !prefilling {
             remove.push(PREFILLER.to_string());
         }
         for (name, _) in &self.headers {
@@ -610,14 +644,7 @@ impl StreamState {
                 remove.push(name.clone());
             }
         }
-        let metadata = messages::dynamic_metadata(LB_NAMESPACE, DESTINATION, &value);
-        let mut out = vec![messages::request_headers(set, remove, Some(metadata))];
-        if let Some(b) = body {
-            out.extend(messages::request_body_chunks(&b, end_of_stream));
-        }
-        self.metrics.picked.inc();
-        self.phase = Phase::Forwarded;
-        out
+        remove
     }
 
     fn on_response_headers(

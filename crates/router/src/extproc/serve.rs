@@ -122,6 +122,43 @@ pub async fn serve_tls(
         Some(files) => Some(Arc::new(ServerTls::load(files, &[b"h2"])?)),
         None => None,
     };
+    let (reporter, watcher) = report_health(&ext).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    spawn_ext_proc(
+        &mut tasks,
+        &ext,
+        &reporter,
+        listeners.ext_proc,
+        tls,
+        &stop_rx,
+    );
+    if let Some(l) = listeners.health {
+        spawn_health(&mut tasks, &reporter, l, &stop_rx);
+    }
+    if let Some(l) = listeners.metrics {
+        spawn_metrics(&mut tasks, &ext, l, &stop_rx);
+    }
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let result = first_to_stop(tasks).await;
+    watcher.abort();
+    result
+}
+
+/// The servers, each returning why it stopped.
+type Servers = tokio::task::JoinSet<Result<(), ServeError>>;
+
+/// Resolves once `stop` says to stop: a server's graceful shutdown.
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The health services: `liveness` SERVING from now on, the readiness names as the pool
+/// is, then re-checked every 250 ms by the returned task.
+async fn report_health(ext: &ExtProc) -> (HealthReporter, tokio::task::JoinHandle<()>) {
     let reporter = HealthReporter::new();
     reporter
         .set_service_status("liveness", ServingStatus::Serving)
@@ -142,91 +179,113 @@ pub async fn serve_tls(
             }
         })
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let mut tasks = tokio::task::JoinSet::new();
-    let health_svc = || HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
-    {
-        let router = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(ext.clone().into_service())
-            .add_service(health_svc());
-        let stop = stopped(stop_rx.clone());
-        match tls {
-            None => {
-                let incoming = TcpListenerStream::new(listeners.ext_proc);
-                tasks.spawn(async move {
-                    router
-                        .serve_with_incoming_shutdown(incoming, stop)
-                        .await
-                        .map_err(ServeError::from)
-                });
-            }
-            Some(tls) => {
-                let incoming = super::tls::incoming(listeners.ext_proc, tls);
-                tasks.spawn(async move {
-                    router
-                        .serve_with_incoming_shutdown(incoming, stop)
-                        .await
-                        .map_err(ServeError::from)
-                });
-            }
+    (reporter, watcher)
+}
+
+fn health_service(reporter: &HealthReporter) -> HealthServer<HealthService> {
+    HealthServer::new(HealthService::from_health_reporter(reporter.clone()))
+}
+
+/// The ext_proc port: the picker and the health services, over TLS when `tls` is set.
+fn spawn_ext_proc(
+    tasks: &mut Servers,
+    ext: &ExtProc,
+    reporter: &HealthReporter,
+    listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) {
+    let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ext.clone().into_service())
+        .add_service(health_service(reporter));
+    let stop = stopped(stop.clone());
+    match tls {
+        None => {
+            let incoming = TcpListenerStream::new(listener);
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop)
+                    .await
+                    .map_err(ServeError::from)
+            });
+        }
+        Some(tls) => {
+            let incoming = super::tls::incoming(listener, tls);
+            tasks.spawn(async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop)
+                    .await
+                    .map_err(ServeError::from)
+            });
         }
     }
-    if let Some(l) = listeners.health {
-        let health = health_svc();
-        let incoming = TcpListenerStream::new(l);
-        let stop = stopped(stop_rx.clone());
-        tasks.spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(health)
-                .serve_with_incoming_shutdown(incoming, stop)
-                .await
-                .map_err(ServeError::from)
-        });
-    }
-    if let Some(l) = listeners.metrics {
-        let ext = ext.clone();
-        let flows = ext.router().clone();
-        let app = axum::Router::new()
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let ext = ext.clone();
-                    async move {
-                        (
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            ext.encode_metrics(),
-                        )
-                            .into_response()
-                    }
-                }),
-            )
-            // Flow control's queues, as the HTTP front serves them.
-            .route(
-                "/debug/flows",
-                axum::routing::get(move || {
-                    let flows = flows.clone();
-                    async move { axum::Json(flows.flows_json()).into_response() }
-                }),
-            );
-        let stop = stopped(stop_rx.clone());
-        tasks.spawn(async move {
-            strata_api::edge::serve(l, app, strata_api::edge::EdgeLimits::default(), stop)
-                .await
-                .map_err(ServeError::from)
-        });
-    }
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+}
+
+/// The separate health port, plain gRPC (a kubelet's probe speaks no TLS).
+fn spawn_health(
+    tasks: &mut Servers,
+    reporter: &HealthReporter,
+    listener: TcpListener,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) {
+    let health = health_service(reporter);
+    let incoming = TcpListenerStream::new(listener);
+    let stop = stopped(stop.clone());
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(incoming, stop)
+            .await
+            .map_err(ServeError::from)
     });
-    // The first server to stop (shutdown, or an error) stops the others.
+}
+
+/// The metrics port: `/metrics` and flow control's `/debug/flows`, over plain HTTP.
+fn spawn_metrics(
+    tasks: &mut Servers,
+    ext: &ExtProc,
+    listener: TcpListener,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) {
+    let ext = ext.clone();
+    let flows = ext.router().clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let ext = ext.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        ext.encode_metrics(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        // Flow control's queues, as the HTTP front serves them.
+        .route(
+            "/debug/flows",
+            axum::routing::get(move || {
+                let flows = flows.clone();
+                async move { axum::Json(flows.flows_json()).into_response() }
+            }),
+        );
+    let stop = stopped(stop.clone());
+    tasks.spawn(async move {
+        strata_api::edge::serve(listener, app, strata_api::edge::EdgeLimits::default(), stop)
+            .await
+            .map_err(ServeError::from)
+    });
+}
+
+/// Waits for the servers: the first to stop (shutdown, or an error) stops the others.
+/// The first error is the result.
+async fn first_to_stop(mut tasks: Servers) -> Result<(), ServeError> {
     let mut result = Ok(());
     while let Some(joined) = tasks.join_next().await {
         if let Ok(Err(e)) = joined {
@@ -236,6 +295,5 @@ pub async fn serve_tls(
         }
         tasks.abort_all();
     }
-    watcher.abort();
     result
 }

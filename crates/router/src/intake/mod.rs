@@ -72,13 +72,6 @@ pub struct Intake {
     pub body: Bytes,
 }
 
-/// The 413 for a body over the bound.
-pub fn too_large(max: usize) -> ApiError {
-    ApiError::too_large(format!(
-        "The request body exceeds the limit of {max} bytes."
-    ))
-}
-
 fn missing_model() -> ApiError {
     ApiError::invalid("model", "The request body must name a `model`.")
 }

@@ -27,6 +27,8 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
@@ -308,6 +310,64 @@ fn describe(e: &kube::Error) -> String {
     }
 }
 
+/// One watch's events, as the API client streams them.
+type Events<K> = Pin<Box<dyn Stream<Item = Result<WatchEvent<K>, kube::Error>> + Send>>;
+
+/// [`Pace`]'s index of the pod watch.
+const POD_WATCH: usize = 0;
+/// [`Pace`]'s index of the pool watch.
+const POOL_WATCH: usize = 1;
+
+/// When each watch was (re)opened, and how many in a row ended at once: a server that
+/// ends watches as soon as they open must not be re-asked in a busy loop.
+struct Pace {
+    opened: [tokio::time::Instant; 2],
+    /// The last watch to end, and whether it ended within a second of opening; `None`
+    /// once accounted for.
+    ended: Option<bool>,
+    quick_ends: u32,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            opened: [tokio::time::Instant::now(); 2],
+            ended: None,
+            quick_ends: 0,
+        }
+    }
+
+    /// Watch `which` is being (re)opened now.
+    fn opened(&mut self, which: usize) {
+        self.opened[which] = tokio::time::Instant::now();
+    }
+
+    /// Watch `which` ended (or went quiet, or broke).
+    fn ended(&mut self, which: usize) {
+        self.ended = Some(self.opened[which].elapsed() < Duration::from_secs(1));
+    }
+
+    /// Before reopening: after a watch that ended at once, waits longer each time in a
+    /// row (up to `max_backoff`), and breaks for a relist after the sixth; a watch that
+    /// lasted resets the count.
+    async fn before_reopening(&mut self, max_backoff: Duration) -> ControlFlow<()> {
+        match self.ended.take() {
+            Some(true) => {
+                self.quick_ends += 1;
+                if self.quick_ends > 5 {
+                    tracing::warn!("watches keep ending at once; relisting");
+                    return ControlFlow::Break(());
+                }
+                let wait = Duration::from_millis(50 << self.quick_ends);
+                tokio::time::sleep(wait.min(max_backoff)).await;
+            }
+            Some(false) => self.quick_ends = 0,
+            None => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// Follows one InferencePool and keeps the router's endpoints equal to its serving pods
 /// (plus `fixed`, the endpoints given on the command line).
 pub struct Discovery {
@@ -418,29 +478,15 @@ impl Discovery {
             .timeout(self.cfg.watch_timeout_s);
         // A watch the server holds open longer than its own timeout (plus slack) is dead.
         let idle = Duration::from_secs(u64::from(self.cfg.watch_timeout_s) + 30);
-        let mut pods: Option<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> = None;
-        let mut pools: Option<std::pin::Pin<Box<dyn Stream<Item = _> + Send>>> = None;
-        // When each watch was (re)opened, and how many in a row ended at once: a server
-        // that ends watches as soon as they open must not be re-asked in a busy loop.
-        let mut opened = [tokio::time::Instant::now(); 2];
-        let mut ended: Option<bool> = None;
-        let mut quick_ends = 0u32;
+        let mut pods: Option<Events<Pod>> = None;
+        let mut pools: Option<Events<DynamicObject>> = None;
+        let mut pace = Pace::new();
         loop {
-            match ended.take() {
-                Some(true) => {
-                    quick_ends += 1;
-                    if quick_ends > 5 {
-                        tracing::warn!("watches keep ending at once; relisting");
-                        return;
-                    }
-                    let wait = Duration::from_millis(50 << quick_ends);
-                    tokio::time::sleep(wait.min(self.cfg.max_backoff)).await;
-                }
-                Some(false) => quick_ends = 0,
-                None => {}
+            if pace.before_reopening(self.cfg.max_backoff).await.is_break() {
+                return;
             }
             if pods.is_none() {
-                opened[0] = tokio::time::Instant::now();
+                pace.opened(POD_WATCH);
                 match self.call(self.pods.watch(&pod_params, &pods_rv)).await {
                     Ok(s) => pods = Some(Box::pin(s)),
                     Err(e) => {
@@ -450,7 +496,7 @@ impl Discovery {
                 }
             }
             if pools.is_none() {
-                opened[1] = tokio::time::Instant::now();
+                pace.opened(POOL_WATCH);
                 match self.call(self.pools.watch(&pool_params, &pool_rv)).await {
                     Ok(s) => pools = Some(Box::pin(s)),
                     Err(e) => {
@@ -465,73 +511,99 @@ impl Discovery {
             tokio::select! {
                 ev = tokio::time::timeout(idle, pod_stream.next()) => match ev {
                     Ok(Some(Ok(ev))) => {
-                        match &ev {
-                            WatchEvent::Error(e) => {
-                                tracing::info!(code = e.code, message = %e.message, "pod watch error; relisting");
-                                return;
-                            }
-                            WatchEvent::Bookmark(b) => pods_rv = b.metadata.resource_version.clone(),
-                            WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p) => {
-                                if let Some(rv) = &p.metadata.resource_version {
-                                    pods_rv = rv.clone();
-                                }
-                            }
+                        if self.on_pod_event(ev, &mut pods_rv).is_break() {
+                            return;
                         }
-                        self.view.apply(&ev);
-                        self.sync();
                     }
                     // Ended (server timeout, connection closed) or went quiet: resume.
                     Ok(None) | Err(_) => {
                         pods = None;
-                        ended = Some(opened[0].elapsed() < Duration::from_secs(1));
+                        pace.ended(POD_WATCH);
                     }
                     Ok(Some(Err(e))) => {
                         tracing::warn!(error = %describe(&e), "pod watch broke; resuming");
                         pods = None;
-                        ended = Some(opened[0].elapsed() < Duration::from_secs(1));
+                        pace.ended(POD_WATCH);
                     }
                 },
                 ev = tokio::time::timeout(idle, pool_stream.next()) => match ev {
-                    Ok(Some(Ok(ev))) => match ev {
-                        WatchEvent::Error(e) => {
-                            tracing::info!(code = e.code, message = %e.message, "pool watch error; relisting");
+                    Ok(Some(Ok(ev))) => {
+                        if self.on_pool_event(ev, &mut pool_rv, &spec).is_break() {
                             return;
                         }
-                        WatchEvent::Bookmark(b) => pool_rv = b.metadata.resource_version.clone(),
-                        WatchEvent::Deleted(_) => {
-                            tracing::info!(pool = %self.cfg.name, "InferencePool deleted");
-                            self.view = PoolView::default();
-                            self.sync();
-                            return;
-                        }
-                        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                            if let Some(rv) = &o.metadata.resource_version {
-                                pool_rv = rv.clone();
-                            }
-                            match PoolSpec::from_object(&o) {
-                                Ok(s) if s == spec => {}
-                                Ok(_) => {
-                                    tracing::info!(pool = %self.cfg.name, "InferencePool changed; relisting");
-                                    return;
-                                }
-                                Err(e) => {
-                                    tracing::warn!(pool = %self.cfg.name, error = %e, "InferencePool unreadable; keeping the last one");
-                                }
-                            }
-                        }
-                    },
+                    }
                     Ok(None) | Err(_) => {
                         pools = None;
-                        ended = Some(opened[1].elapsed() < Duration::from_secs(1));
+                        pace.ended(POOL_WATCH);
                     }
                     Ok(Some(Err(e))) => {
                         tracing::warn!(error = %describe(&e), "pool watch broke; resuming");
                         pools = None;
-                        ended = Some(opened[1].elapsed() < Duration::from_secs(1));
+                        pace.ended(POOL_WATCH);
                     }
                 },
             }
         }
+    }
+
+    /// One pod event: the view and the router's endpoints follow it, and `pods_rv` moves
+    /// to its version. An error event breaks off the watch for a relist.
+    fn on_pod_event(&mut self, ev: WatchEvent<Pod>, pods_rv: &mut String) -> ControlFlow<()> {
+        match &ev {
+            WatchEvent::Error(e) => {
+                tracing::info!(code = e.code, message = %e.message, "pod watch error; relisting");
+                return ControlFlow::Break(());
+            }
+            WatchEvent::Bookmark(b) => *pods_rv = b.metadata.resource_version.clone(),
+            WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p) => {
+                if let Some(rv) = &p.metadata.resource_version {
+                    *pods_rv = rv.clone();
+                }
+            }
+        }
+        self.view.apply(&ev);
+        self.sync();
+        ControlFlow::Continue(())
+    }
+
+    /// One event of the pool itself (`spec` as last listed): a deleted pool removes every
+    /// endpoint, and a changed selector or port list breaks off the watch for a relist, as
+    /// does an error event; an unreadable one keeps the last spec.
+    fn on_pool_event(
+        &mut self,
+        ev: WatchEvent<DynamicObject>,
+        pool_rv: &mut String,
+        spec: &PoolSpec,
+    ) -> ControlFlow<()> {
+        match ev {
+            WatchEvent::Error(e) => {
+                tracing::info!(code = e.code, message = %e.message, "pool watch error; relisting");
+                return ControlFlow::Break(());
+            }
+            WatchEvent::Bookmark(b) => *pool_rv = b.metadata.resource_version.clone(),
+            WatchEvent::Deleted(_) => {
+                tracing::info!(pool = %self.cfg.name, "InferencePool deleted");
+                self.view = PoolView::default();
+                self.sync();
+                return ControlFlow::Break(());
+            }
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                if let Some(rv) = &o.metadata.resource_version {
+                    *pool_rv = rv.clone();
+                }
+                match PoolSpec::from_object(&o) {
+                    Ok(s) if s == *spec => {}
+                    Ok(_) => {
+                        tracing::info!(pool = %self.cfg.name, "InferencePool changed; relisting");
+                        return ControlFlow::Break(());
+                    }
+                    Err(e) => {
+                        tracing::warn!(pool = %self.cfg.name, error = %e, "InferencePool unreadable; keeping the last one");
+                    }
+                }
+            }
+        }
+        ControlFlow::Continue(())
     }
 
     /// Runs until the task is dropped.

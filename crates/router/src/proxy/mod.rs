@@ -166,7 +166,7 @@ async fn read(
     let max = router.config().max_body_bytes;
     let body: Bytes = axum::body::to_bytes(body, max)
         .await
-        .map_err(|_| intake::too_large(max))?;
+        .map_err(|_| ApiError::body_too_large(max))?;
     let req = Incoming {
         has_body: has_body(&parts.method),
         path: parts.uri.path(),

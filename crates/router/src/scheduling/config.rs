@@ -59,9 +59,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::filters::{LoraAffinityFilter, LowQueueFilter, RoleFilter, StrictRoleFilter};
+use super::params::{parse, BadParameters, PrefixParams, ThresholdParams};
 use super::pd::{PdDecider, PdHandler, PD_PROFILE_HANDLER, PREFIX_PD_DECIDER};
 use super::pickers::{MaxScore, RandomPicker, WeightedRandom};
-use super::scorers::*;
+use super::scorers;
 use super::{EndpointPicker, Filter, Picker, Profile, Scorer};
 use crate::prefix::approx::ApproxConfig;
 
@@ -200,26 +201,6 @@ struct DeciderParams {
     non_cached_tokens: Option<i64>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PrefixParams {
-    block_size: Option<usize>,
-    lru_capacity_per_server: Option<usize>,
-    max_prefix_blocks_to_match: Option<usize>,
-    lower_tier_weight: Option<f64>,
-    /// Accepted for llm-d compatibility; the router's index needs no hash seed here.
-    #[serde(default)]
-    hash_seed: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ThresholdParams {
-    threshold: Option<f64>,
-    #[serde(alias = "queueDepthThreshold")]
-    queue_threshold: Option<f64>,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RoleParams {
@@ -230,48 +211,27 @@ fn params<T: for<'de> Deserialize<'de> + Default>(
     spec: &PluginSpec,
     name: &str,
 ) -> Result<T, ConfigError> {
-    match &spec.parameters {
-        None => Ok(T::default()),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| ConfigError::Parameters {
-            name: name.to_string(),
-            message: e.to_string(),
-        }),
+    parse(spec.parameters.as_ref()).map_err(|e| bad_parameters(name, e))
+}
+
+/// The plugin `name`'s parameters do not fit.
+fn bad_parameters(name: &str, e: BadParameters) -> ConfigError {
+    ConfigError::Parameters {
+        name: name.to_string(),
+        message: e.0,
     }
 }
 
-/// Builds one plugin from its spec: the registry of plugin types.
+/// Builds one plugin from its spec: the registry of plugin types (the scorers' own is
+/// [`scorers::SCORERS`]).
 pub fn build_plugin(spec: &PluginSpec) -> Result<Plugin, ConfigError> {
     let name = spec.name.as_deref().unwrap_or(&spec.kind);
+    if let Some(build) = scorers::find(&spec.kind) {
+        return build(spec.parameters.as_ref())
+            .map(Plugin::Scorer)
+            .map_err(|e| bad_parameters(name, e));
+    }
     Ok(match spec.kind.as_str() {
-        "queue-scorer" => Plugin::Scorer(Arc::new(QueueScorer)),
-        "kv-cache-utilization-scorer" => Plugin::Scorer(Arc::new(KvCacheUtilizationScorer)),
-        "prefix-cache-scorer" => {
-            let _: PrefixParams = params(spec, name)?;
-            Plugin::Scorer(Arc::new(PrefixCacheScorer))
-        }
-        "precise-prefix-cache-scorer" => {
-            let p: PrefixParams = params(spec, name)?;
-            let w = p.lower_tier_weight.unwrap_or(0.8);
-            if !(0.0..=1.0).contains(&w) {
-                return Err(ConfigError::Parameters {
-                    name: name.into(),
-                    message: "lowerTierWeight must be in 0..1".into(),
-                });
-            }
-            Plugin::Scorer(Arc::new(PrecisePrefixCacheScorer {
-                lower_tier_weight: w,
-            }))
-        }
-        "lora-affinity-scorer" => Plugin::Scorer(Arc::new(LoraAffinityScorer)),
-        "session-affinity-scorer" => Plugin::Scorer(Arc::new(SessionAffinityScorer)),
-        "load-aware-scorer" => {
-            let p: ThresholdParams = params(spec, name)?;
-            let threshold = p.threshold.or(p.queue_threshold).unwrap_or(128.0);
-            Plugin::Scorer(Arc::new(LoadAwareScorer { threshold }))
-        }
-        "least-request-scorer" => Plugin::Scorer(Arc::new(LeastRequestScorer)),
-        "round-robin-scorer" => Plugin::Scorer(Arc::new(RoundRobinScorer)),
-        "random-scorer" => Plugin::Scorer(Arc::new(RandomScorer)),
         "low-queue-filter" => {
             let p: ThresholdParams = params(spec, name)?;
             let threshold = p.threshold.or(p.queue_threshold).unwrap_or(128.0);

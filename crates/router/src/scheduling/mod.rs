@@ -16,12 +16,14 @@
 //! 5. the picker orders candidates; the first is the pick and the rest are the fallbacks
 //!    the proxy retries in order.
 //!
-//! Adding a plugin: one type implementing [`Filter`], [`Scorer`] or [`Picker`] and one line
-//! in [`config::build_plugin`].
+//! Adding a plugin: a scorer is a file in [`scorers`] implementing [`Scorer`] and one line
+//! in [`scorers::SCORERS`]; a filter or picker is one type implementing [`Filter`] or
+//! [`Picker`] and one line in [`config::build_plugin`].
 
 pub mod config;
 pub mod filters;
 pub mod flow;
+pub mod params;
 pub mod pd;
 pub mod pickers;
 pub mod saturation;

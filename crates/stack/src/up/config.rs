@@ -3,13 +3,47 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use strata_controller::autoscale::AutoscaleConfig;
-use strata_controller::rollout::RolloutConfig;
+use strata_controller::autoscale::{self, AutoscaleConfig};
+use strata_controller::rollout::{self, RolloutConfig};
 
 use super::args::UpArgs;
 use crate::pools::{self, served_name_of, ModelEntry, PoolConfigError, PoolSpec};
+
+/// A `strata.yaml` or flag that cannot run. A cause is part of the message (not a
+/// `source`), so that it is printed once, as the CLI prints the whole chain.
+#[derive(Debug, thiserror::Error)]
+pub enum StackConfigError {
+    #[error("reading {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("in {}: {error}", path.display())]
+    Parse {
+        path: PathBuf,
+        error: serde_yaml::Error,
+    },
+    /// A value out of range or a combination not allowed; the message names the key (or
+    /// flag).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("autoscale.{0}")]
+    Autoscale(autoscale::ConfigError),
+    #[error(transparent)]
+    Rollout(#[from] rollout::ConfigError),
+    #[error(transparent)]
+    Pools(#[from] PoolConfigError),
+}
+
+/// `Ok` when `ok`, else the `Invalid` error with `message`.
+fn ensure(ok: bool, message: impl Into<String>) -> Result<(), StackConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(StackConfigError::Invalid(message.into()))
+    }
+}
 
 /// `strata.yaml`: every key has a flag of the same name and a default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,7 +139,7 @@ impl Default for StackConfig {
 
 impl StackConfig {
     /// The file (if any) with the flags applied over it.
-    pub fn load(args: &UpArgs) -> anyhow::Result<StackConfig> {
+    pub fn load(args: &UpArgs) -> Result<StackConfig, StackConfigError> {
         let mut c = match &args.config {
             Some(path) => StackConfig::read(path)?,
             None => StackConfig::default(),
@@ -116,25 +150,30 @@ impl StackConfig {
     }
 
     /// A `strata.yaml` as written (checked only for unknown keys and types).
-    fn read(path: &Path) -> anyhow::Result<StackConfig> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        serde_yaml::from_str(&text).with_context(|| format!("in {}", path.display()))
+    fn read(path: &Path) -> Result<StackConfig, StackConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| StackConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        serde_yaml::from_str(&text).map_err(|error| StackConfigError::Parse {
+            path: path.to_path_buf(),
+            error,
+        })
     }
 
     /// Each flag given replaces its key.
-    fn apply(&mut self, args: &UpArgs) -> anyhow::Result<()> {
+    fn apply(&mut self, args: &UpArgs) -> Result<(), StackConfigError> {
         if !self.models.is_empty() {
             // `--model` and the replica flags describe the single-model form; with
             // `models:` each entry says its own.
-            anyhow::ensure!(
+            ensure(
                 args.model.is_none()
                     && args.replicas.is_none()
                     && args.min_replicas.is_none()
                     && args.max_replicas.is_none(),
                 "--model, --replicas, --min-replicas and --max-replicas cannot be used with \
-                 `models:` in the config: set `model`, `replicas` or `autoscale` per entry"
-            );
+                 `models:` in the config: set `model`, `replicas` or `autoscale` per entry",
+            )?;
         }
         if let Some(v) = args.replicas {
             self.replicas = v;
@@ -202,92 +241,97 @@ impl StackConfig {
     }
 
     /// Every key in range and every combination allowed; the error names the key.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), StackConfigError> {
         self.validate_disaggregated()?;
         if let Some(b) = self.kv_tier_bytes {
-            anyhow::ensure!(b >= 1 << 20, "kv_tier_bytes must be at least 1 MiB");
+            ensure(b >= 1 << 20, "kv_tier_bytes must be at least 1 MiB")?;
         }
         if !self.models.is_empty() {
             let single = StackConfig::default();
-            anyhow::ensure!(
+            ensure(
                 self.model == single.model && self.autoscale.is_none(),
-                "`model` and `autoscale` are per entry when `models:` is set"
-            );
+                "`model` and `autoscale` are per entry when `models:` is set",
+            )?;
             self.pools()?;
         }
-        anyhow::ensure!(
+        ensure(
             (1..=64).contains(&self.replicas),
-            "replicas must be 1..=64, not {}",
-            self.replicas
-        );
-        anyhow::ensure!(!self.model.is_empty(), "model must not be empty");
-        anyhow::ensure!(
+            format!("replicas must be 1..=64, not {}", self.replicas),
+        )?;
+        ensure(!self.model.is_empty(), "model must not be empty")?;
+        ensure(
             self.kv_cache_memory >= 1 << 20,
-            "kv_cache_memory must be at least 1 MiB"
-        );
-        anyhow::ensure!(
+            "kv_cache_memory must be at least 1 MiB",
+        )?;
+        ensure(
             self.ready_timeout_secs > 0.0,
-            "ready_timeout_secs must be positive"
-        );
+            "ready_timeout_secs must be positive",
+        )?;
         if let Some(a) = &self.autoscale {
-            a.validate().map_err(|e| anyhow::anyhow!("autoscale.{e}"))?;
-            anyhow::ensure!(
+            a.validate().map_err(StackConfigError::Autoscale)?;
+            ensure(
                 a.max_replicas <= 64,
-                "autoscale.maxReplicas must be at most 64"
-            );
+                "autoscale.maxReplicas must be at most 64",
+            )?;
         }
-        anyhow::ensure!(
+        ensure(
             self.controller_interval_secs.is_finite()
                 && (0.05..=60.0).contains(&self.controller_interval_secs),
-            "controller_interval_secs must be 0.05..=60"
-        );
+            "controller_interval_secs must be 0.05..=60",
+        )?;
         if let Some(h) = self.hold_timeout_secs {
-            anyhow::ensure!(
+            ensure(
                 h.is_finite() && h >= 0.0,
-                "hold_timeout_secs must be zero or more"
-            );
+                "hold_timeout_secs must be zero or more",
+            )?;
         }
         self.rollout.validate()?;
-        anyhow::ensure!(
+        ensure(
             (1..=16).contains(&self.canary_replicas),
-            "canary_replicas must be 1..=16"
-        );
+            "canary_replicas must be 1..=16",
+        )?;
         Ok(())
     }
 
     /// Disaggregated serving: both group sizes or neither, fixed counts of one model, and
     /// the per-group engine flags left to the stack.
-    fn validate_disaggregated(&self) -> anyhow::Result<()> {
+    fn validate_disaggregated(&self) -> Result<(), StackConfigError> {
         match (self.prefill_replicas, self.decode_replicas) {
             (None, None) => {}
             (Some(p), Some(d)) => {
-                anyhow::ensure!(
+                ensure(
                     self.autoscale.is_none(),
                     "disaggregated serving (prefill_replicas/decode_replicas) runs fixed \
                      counts: it cannot be combined with autoscale, --min-replicas or \
-                     --max-replicas"
-                );
-                anyhow::ensure!(
+                     --max-replicas",
+                )?;
+                ensure(
                     self.models.is_empty(),
                     "disaggregated serving (prefill_replicas/decode_replicas) serves one \
-                     model: it cannot be combined with `models:`"
-                );
-                anyhow::ensure!(
+                     model: it cannot be combined with `models:`",
+                )?;
+                ensure(
                     (1..=64).contains(&p) && (1..=64).contains(&d),
-                    "prefill_replicas and decode_replicas must be 1..=64, not {p} and {d}"
-                );
+                    format!("prefill_replicas and decode_replicas must be 1..=64, not {p} and {d}"),
+                )?;
                 for role in ["--kv-role", "--kv-transfer-port"] {
-                    anyhow::ensure!(
+                    ensure(
                         !self
                             .engine_args
                             .iter()
                             .any(|a| a == role || a.starts_with(&format!("{role}="))),
-                        "{role} is set per group in disaggregated serving; leave it out of \
+                        format!(
+                            "{role} is set per group in disaggregated serving; leave it out of \
                          engine_args"
-                    );
+                        ),
+                    )?;
                 }
             }
-            _ => anyhow::bail!("prefill_replicas and decode_replicas go together"),
+            _ => {
+                return Err(StackConfigError::Invalid(
+                    "prefill_replicas and decode_replicas go together".into(),
+                ))
+            }
         }
         Ok(())
     }
@@ -403,7 +447,11 @@ mod tests {
     }
 
     /// `args` over a `strata.yaml` at `file` holding `yaml`.
-    fn load_yaml(file: &std::path::Path, yaml: &str, args: UpArgs) -> anyhow::Result<StackConfig> {
+    fn load_yaml(
+        file: &std::path::Path,
+        yaml: &str,
+        args: UpArgs,
+    ) -> Result<StackConfig, StackConfigError> {
         std::fs::write(file, yaml).unwrap();
         StackConfig::load(&UpArgs {
             config: Some(file.to_path_buf()),

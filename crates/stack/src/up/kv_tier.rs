@@ -2,16 +2,39 @@
 //! kv-tier` child on a free loopback port, whose address every engine is given.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::time::Duration;
-
-use anyhow::Context;
 
 use super::tls::StackTls;
 use crate::pools::PoolSpec;
 
 /// How long the tier has to accept connections after it is started.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A KV tier that did not start.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KvTierError {
+    #[error("finding a free port for the KV tier")]
+    Port(#[source] std::io::Error),
+    #[error("finding the strata executable")]
+    Executable(#[source] std::io::Error),
+    #[error("creating {}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    /// Sharing the log file between stdout and stderr, or asking whether the child exited.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("starting strata kv-tier")]
+    Spawn(#[source] std::io::Error),
+    #[error("strata kv-tier exited at start ({0})")]
+    Exited(ExitStatus),
+    #[error("strata kv-tier did not listen on {0} within 15 s")]
+    NotListening(SocketAddr),
+}
 
 /// A running `strata kv-tier`; the child is stopped when this is dropped.
 pub(super) struct KvTier {
@@ -27,13 +50,13 @@ impl KvTier {
         bytes: u64,
         log_dir: Option<&Path>,
         tls: Option<&StackTls>,
-    ) -> anyhow::Result<KvTier> {
+    ) -> Result<KvTier, KvTierError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
-            .context("finding a free port for the KV tier")?
+            .map_err(KvTierError::Port)?
             .port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let exe = std::env::current_exe().context("finding the strata executable")?;
+        let exe = std::env::current_exe().map_err(KvTierError::Executable)?;
         let mut cmd = tokio::process::Command::new(exe);
         cmd.args([
             "kv-tier",
@@ -53,13 +76,16 @@ impl KvTier {
                 .arg(&t.ca);
         }
         if let Some(dir) = log_dir {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|error| KvTierError::Create {
+                path: dir.to_path_buf(),
+                error,
+            })?;
             let path = dir.join("kv-tier.log");
             let out = std::fs::File::create(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
+                .map_err(|error| KvTierError::Create { path, error })?;
             cmd.stdout(out.try_clone()?).stderr(out);
         }
-        let mut child = cmd.spawn().context("starting strata kv-tier")?;
+        let mut child = cmd.spawn().map_err(KvTierError::Spawn)?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
@@ -69,12 +95,11 @@ impl KvTier {
                 });
             }
             if let Some(status) = child.try_wait()? {
-                anyhow::bail!("strata kv-tier exited at start ({status})");
+                return Err(KvTierError::Exited(status));
             }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "strata kv-tier did not listen on {addr} within 15 s"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                return Err(KvTierError::NotListening(addr));
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -46,7 +46,7 @@ mod tls;
 mod view;
 
 pub use args::UpArgs;
-pub use config::StackConfig;
+pub use config::{StackConfig, StackConfigError};
 
 use strata_api::http::shutdown_signal;
 

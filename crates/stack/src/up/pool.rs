@@ -7,10 +7,10 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use strata_controller::autoscale::AutoscaleConfig;
 use strata_controller::controller::{Controller, Status};
 use strata_controller::driver::local::{LocalDriver, LocalDriverConfig};
+use strata_controller::driver::DriverError;
 use strata_controller::metrics::ControllerMetrics;
 use strata_router::Router;
 
@@ -25,6 +25,19 @@ use crate::signals::RouterSignals;
 const SIGNAL_MAX_AGE: Duration = Duration::from_secs(1);
 /// Replacements of crashed replicas wait 1 s, doubling up to 30 s.
 const FAULT_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// A pool that cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PoolError {
+    #[error("creating {}", dir.display())]
+    LogDir {
+        dir: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
 
 /// The control loop of one pool.
 pub(super) type PoolController = Controller<FleetDriver, RouterSignals>;
@@ -60,7 +73,7 @@ impl PoolBuilder<'_> {
     pub fn build_all(
         &self,
         specs: Vec<PoolSpec>,
-    ) -> anyhow::Result<(Vec<Pool>, Vec<PoolController>)> {
+    ) -> Result<(Vec<Pool>, Vec<PoolController>), PoolError> {
         let mut pools = Vec::with_capacity(specs.len());
         let mut controllers = Vec::with_capacity(specs.len());
         for (index, spec) in specs.into_iter().enumerate() {
@@ -72,7 +85,7 @@ impl PoolBuilder<'_> {
     }
 
     /// The `index`th pool of the stack and its control loop; nothing starts yet.
-    fn build(&self, index: usize, spec: PoolSpec) -> anyhow::Result<(Pool, PoolController)> {
+    fn build(&self, index: usize, spec: PoolSpec) -> Result<(Pool, PoolController), PoolError> {
         let cfg = self.cfg;
         let held = Arc::new(AtomicU32::new(0));
         let registrar = Arc::new(
@@ -163,7 +176,11 @@ impl Pool {
 
 /// Where the `index`th pool's replicas log (created): replica ids restart in every pool,
 /// so the second and later pools log apart.
-fn log_dir_of(cfg: &StackConfig, index: usize, spec: &PoolSpec) -> anyhow::Result<Option<PathBuf>> {
+fn log_dir_of(
+    cfg: &StackConfig,
+    index: usize,
+    spec: &PoolSpec,
+) -> Result<Option<PathBuf>, PoolError> {
     let Some(base) = &cfg.log_dir else {
         return Ok(None);
     };
@@ -175,8 +192,10 @@ fn log_dir_of(cfg: &StackConfig, index: usize, spec: &PoolSpec) -> anyhow::Resul
             None => base.join(format!("pool-{}", spec.slug())),
         }
     };
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(Some(dir))
+    match std::fs::create_dir_all(&dir) {
+        Ok(()) => Ok(Some(dir)),
+        Err(error) => Err(PoolError::LogDir { dir, error }),
+    }
 }
 
 /// `Retry-After` for a request that found its pool still cold: about one cold start.

@@ -2,18 +2,42 @@
 //! in disaggregated mode, llm-d's profile pair at `pd_threshold` unless the file brings
 //! its own scheduling.
 
-use anyhow::Context;
+use std::path::PathBuf;
+
+use strata_router::config::RouterConfigError;
 use strata_router::RouterConfig;
 
 use super::config::StackConfig;
 
+/// A `router_config` file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RouterFileError {
+    #[error("reading {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("in {}", path.display())]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        error: RouterConfigError,
+    },
+}
+
 /// The router's configuration for this stack.
-pub(super) fn router_config(cfg: &StackConfig) -> anyhow::Result<RouterConfig> {
+pub(super) fn router_config(cfg: &StackConfig) -> Result<RouterConfig, RouterFileError> {
     let from_file = match &cfg.router_config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            RouterConfig::from_yaml(&text).with_context(|| format!("in {}", path.display()))?
+            let text = std::fs::read_to_string(path).map_err(|error| RouterFileError::Read {
+                path: path.clone(),
+                error,
+            })?;
+            RouterConfig::from_yaml(&text).map_err(|error| RouterFileError::Invalid {
+                path: path.clone(),
+                error,
+            })?
         }
         None => RouterConfig::default(),
     };

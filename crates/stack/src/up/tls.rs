@@ -25,13 +25,37 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 
 use crate::pools::PoolSpec;
+
+/// The stack's certificates could not be made or written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StackTlsError {
+    #[error("creating {}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("writing {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("making the stack's CA")]
+    Ca(#[source] rcgen::Error),
+    #[error("making the {service} certificate")]
+    Leaf {
+        service: &'static str,
+        #[source]
+        error: rcgen::Error,
+    },
+}
 
 /// A service's certificate chain and key files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +90,7 @@ pub(super) struct StackTls {
 impl StackTls {
     /// A fresh CA and the services' certificates for a front on `host`, written to a new
     /// private directory under the system's temporary directory.
-    pub fn generate(host: &str) -> anyhow::Result<StackTls> {
+    pub fn generate(host: &str) -> Result<StackTls, StackTlsError> {
         let random: u64 = rand::random();
         let dir = std::env::temp_dir().join(format!(
             "strata-up-tls-{}-{random:016x}",
@@ -75,7 +99,10 @@ impl StackTls {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+            .map_err(|error| StackTlsError::Create {
+                path: dir.clone(),
+                error,
+            })?;
         // From here on, a failure removes the directory (Drop).
         let mut tls = StackTls {
             ca: dir.join("ca.pem"),
@@ -94,8 +121,8 @@ impl StackTls {
         &self.dir
     }
 
-    fn write_all(&mut self, host: &str) -> anyhow::Result<()> {
-        let (ca, ca_key) = make_ca().context("making the stack's CA")?;
+    fn write_all(&mut self, host: &str) -> Result<(), StackTlsError> {
+        let (ca, ca_key) = make_ca().map_err(StackTlsError::Ca)?;
         write_file(&self.ca, ca.pem().as_bytes(), 0o644)?;
         let names = subject_alt_names(host);
         for (service, files) in [
@@ -105,7 +132,7 @@ impl StackTls {
             ("kv-tier", &self.kv_tier),
         ] {
             let (cert, key) = make_leaf(service, &names, &ca, &ca_key)
-                .with_context(|| format!("making the {service} certificate"))?;
+                .map_err(|error| StackTlsError::Leaf { service, error })?;
             write_file(&files.cert, cert.as_bytes(), 0o644)?;
             write_file(&files.key, key.as_bytes(), 0o600)?;
         }
@@ -197,15 +224,20 @@ fn make_leaf(
 }
 
 /// Writes `bytes` to a new file `path` with `mode`.
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StackTlsError> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
         .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))
+        .map_err(|error| StackTlsError::Create {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    f.write_all(bytes).map_err(|error| StackTlsError::Write {
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 #[cfg(test)]

@@ -164,8 +164,7 @@ impl StepBudget {
 }
 
 impl Default for StepBudget {
-    /// No step-time target (what [`StepPlanner::new`](super::StepPlanner::new) starts
-    /// with).
+    /// No step-time target: only `max_num_batched_tokens` bounds a step.
     fn default() -> Self {
         Self::new(None)
     }
