@@ -191,18 +191,14 @@ fn rerank_sorts_by_relevance_on_three_paths() {
     assert!(results[0].get("document").is_none(), "{v}");
     // Usage counts every document scored, not only those returned.
     assert_eq!(v["usage"]["prompt_tokens"], tokens);
-    // top_n 0 (vLLM's default) and a top_n past the end return every document.
-    for top_n in [0, 99] {
-        let (_, v) = post(
-            addr,
-            "/rerank",
-            &json!({"query": QUERY, "documents": DOCS, "top_n": top_n}),
-        );
-        assert_eq!(
-            v["results"].as_array().unwrap().len(),
-            DOCS.len(),
-            "top_n {top_n}"
-        );
+    // No top_n, and a top_n past the end, return every document.
+    for body in [
+        json!({"query": QUERY, "documents": DOCS}),
+        json!({"query": QUERY, "documents": DOCS, "top_n": 99}),
+    ] {
+        let (status, v) = post(addr, "/rerank", &body);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["results"].as_array().unwrap().len(), DOCS.len(), "{body}");
     }
 }
 
@@ -272,6 +268,24 @@ fn bad_input_gets_vllm_s_400s() {
             "-1 or a positive integer",
         ),
         (
+            "/rerank",
+            json!({"query": "", "documents": ["a"]}),
+            "query",
+            "query must not be empty",
+        ),
+        (
+            "/v1/rerank",
+            json!({"query": QUERY, "documents": ["a"], "top_n": 0}),
+            "top_n",
+            "top_n must be a positive integer, got 0",
+        ),
+        (
+            "/v2/rerank",
+            json!({"query": QUERY, "documents": ["a"], "top_n": -1}),
+            "top_n",
+            "top_n must be a positive integer, got -1",
+        ),
+        (
             "/classify",
             json!({"input": "a"}),
             "model",
@@ -288,12 +302,38 @@ fn bad_input_gets_vllm_s_400s() {
         );
         assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
     }
-    let (status, v) = post(
-        addr,
-        "/rerank",
-        &json!({"model": "other", "query": "a", "documents": ["b"]}),
-    );
-    assert_eq!(status, 404, "{v}");
+    // A model this engine does not serve: OpenAI's 404 shape.
+    for path in ["/rerank", "/score"] {
+        let body = if path == "/score" {
+            json!({"model": "other", "text_1": "a", "text_2": ["b"]})
+        } else {
+            json!({"model": "other", "query": "a", "documents": ["b"]})
+        };
+        let (status, v) = post(addr, path, &body);
+        assert_eq!(status, 404, "{path}: {v}");
+        assert_eq!(v["error"]["param"], "model", "{v}");
+        assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+        assert_eq!(
+            v["error"]["message"], "The model `other` does not exist.",
+            "{v}"
+        );
+    }
+    // A body that is not JSON, or not the right JSON: a 400 naming no library internals.
+    for (path, raw) in [
+        ("/rerank", "{\"query\": \"a\", \"documents\": [\"b\""),
+        ("/score", "not json"),
+        (
+            "/v2/rerank",
+            "{\"query\": \"a\", \"documents\": [\"b\"], \"top_n\": \"two\"}",
+        ),
+    ] {
+        let (status, text) = request(addr, "POST", path, raw.as_bytes());
+        assert_eq!(status, 400, "{path} {raw}: {text}");
+        let v: Value = serde_json::from_str(&text).expect("an error body in JSON");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty() && !message.contains("serde"), "{v}");
+    }
     // A long document is cut when asked, and then scored.
     let (status, v) = post(
         addr,

@@ -165,6 +165,92 @@ async fn output_rules_withhold_whole_answers() {
         "{v}"
     );
     assert_eq!(chat.requests(), 1, "input: false sent the prompt on");
+
+    // Asking for a stream does not pass the rule: the stream is held, classified, and
+    // withheld before any byte of it is sent.
+    let mut streamed = user(SPAM);
+    streamed["stream"] = json!(true);
+    let (status, _, v) = post(
+        &format!("{}/v1/chat/completions", gw.url()),
+        Some(&k),
+        &streamed,
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    let err = assert_openai_error(&v);
+    assert_eq!(err["code"], "guardrail_blocked");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("The response was withheld"),
+        "{v}"
+    );
+    assert_eq!(chat.requests(), 2);
+}
+
+/// A held stream that passes reaches the client whole, as the model streamed it; one whose
+/// classifier is down follows `on_error` like a whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_answers_are_held_for_output_rules() {
+    let guard = tokio::task::spawn_blocking(engine_classifier)
+        .await
+        .unwrap();
+    let chat = mock("m").await;
+    // No probability reaches 1.0: nothing blocks.
+    let rule =
+        "{model: guard, block: [safe, toxic, spam], threshold: 1.0, input: false, output: true}";
+    let gw = gateway(&yaml(&chat.url(), &guard, rule)).await;
+    let k = key(&gw, "t");
+    let mut body = user(FINE);
+    body["stream"] = json!(true);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .bearer_auth(&k)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = resp.text().await.unwrap();
+    let content: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert!(!content.is_empty(), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+
+    let closed = gateway(&yaml(
+        &chat.url(),
+        &dead_url(),
+        "{model: guard, block: [spam], input: false, output: true}",
+    ))
+    .await;
+    let k = key(&closed, "t");
+    let (status, _, v) = post(
+        &format!("{}/v1/chat/completions", closed.url()),
+        Some(&k),
+        &body,
+    )
+    .await;
+    assert_eq!(status, 503, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("guardrail classifier is unavailable"),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

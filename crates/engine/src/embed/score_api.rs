@@ -47,8 +47,9 @@ impl ScoreAsk {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RerankAsk {
     pub scoring: ScoreAsk,
-    /// Results to return, best first; 0 means all (vLLM's default, also for `top_n <= 0`).
-    pub top_n: usize,
+    /// Results to return, best first; `None` (no `top_n` in the body) means all. An explicit
+    /// `top_n` below 1 is refused.
+    pub top_n: Option<usize>,
     /// Cohere's `return_documents` (default true, as vLLM always returns them).
     pub return_documents: bool,
 }
@@ -144,6 +145,9 @@ pub fn read_score(body: &[u8]) -> Result<ScoreAsk, ApiError> {
 pub fn read_rerank(body: &[u8]) -> Result<RerankAsk, ApiError> {
     let b: RerankBody = parse_json(body)?;
     let query = match b.query {
+        Some(Value::String(q)) if q.trim().is_empty() => {
+            return Err(ApiError::invalid("query", "query must not be empty."))
+        }
         Some(Value::String(q)) => q,
         Some(Value::Object(_)) => return Err(multimodal("query")),
         Some(_) => return Err(ApiError::invalid("query", "query must be a string.")),
@@ -163,9 +167,23 @@ pub fn read_rerank(body: &[u8]) -> Result<RerankAsk, ApiError> {
     check_counts(&scoring)?;
     Ok(RerankAsk {
         scoring,
-        top_n: usize::try_from(b.top_n.unwrap_or(0).max(0)).unwrap_or(usize::MAX),
+        top_n: top_n(b.top_n)?,
         return_documents: b.return_documents.unwrap_or(true),
     })
+}
+
+/// An explicit `top_n` must be at least 1; absent means every document.
+fn top_n(n: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match n {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(ApiError::invalid(
+            "top_n",
+            format!(
+                "top_n must be a positive integer, got {n}; leave it out to get every document."
+            ),
+        )),
+    }
 }
 
 /// A side as a list of texts: one string, or a list of strings.
@@ -384,15 +402,32 @@ mod tests {
     }
 
     #[test]
-    fn top_n_at_or_below_zero_means_every_document() {
-        for (top_n, want) in [("0", 0), ("-3", 0), ("2", 2)] {
+    fn top_n_absent_means_every_document_and_below_one_is_refused() {
+        let body = br#"{"query": "q", "documents": ["a", "b", "c"], "top_n": 2}"#;
+        assert_eq!(read_rerank(body).unwrap().top_n, Some(2));
+        for top_n in ["0", "-3"] {
             let body =
                 format!(r#"{{"query": "q", "documents": ["a", "b", "c"], "top_n": {top_n}}}"#);
-            assert_eq!(read_rerank(body.as_bytes()).unwrap().top_n, want);
+            let (p, m) = err(read_rerank(body.as_bytes()));
+            assert_eq!(p.as_deref(), Some("top_n"));
+            assert!(m.contains(&format!("got {top_n}")), "{m}");
         }
         let r =
             read_rerank(br#"{"query": "q", "documents": "a", "return_documents": false}"#).unwrap();
+        assert_eq!(r.top_n, None);
         assert!(!r.return_documents);
         assert_eq!(r.scoring.right, ["a"]);
+    }
+
+    #[test]
+    fn an_empty_query_is_refused() {
+        for q in ["\"\"", "\"  \""] {
+            let body = format!(r#"{{"query": {q}, "documents": ["a"]}}"#);
+            let (p, m) = err(read_rerank(body.as_bytes()));
+            assert_eq!(
+                (p.as_deref(), m.as_str()),
+                (Some("query"), "query must not be empty.")
+            );
+        }
     }
 }

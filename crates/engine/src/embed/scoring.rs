@@ -99,8 +99,8 @@ pub async fn rerank(State(state): State<Arc<EmbedState>>, req: Request) -> Respo
             .collect();
         // Stable, so equal scores keep the documents' order (as vLLM's sort does).
         results.sort_by(|a, b| b.relevance_score.total_cmp(&a.relevance_score));
-        if ask.top_n > 0 {
-            results.truncate(ask.top_n);
+        if let Some(n) = ask.top_n {
+            results.truncate(n);
         }
         let tokens = count(scored.prompt_tokens);
         Ok::<_, ApiError>((

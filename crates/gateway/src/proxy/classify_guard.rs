@@ -1,7 +1,8 @@
 //! The classifier guardrails on the request path ([`crate::guardrails::classifier`]): the
 //! texts of a generating request (its prompt, after the pattern guardrails) are sent to
-//! each input rule's model as one `/classify` call, and so are the texts of a whole
-//! (non-streamed) answer for each output rule, before the answer is returned.
+//! each input rule's model as one `/classify` call, and so are the texts of an answer for
+//! each output rule, before the answer is returned: a whole answer here, a streamed one
+//! held until it ends ([`super::classify_stream`]).
 //!
 //! The call goes where the rule's model is served, as the semantic cache's embedding call
 //! does: the model's plan of targets in order, one try each, directly or through an
@@ -79,6 +80,19 @@ pub(crate) async fn check_input(
     Ok(())
 }
 
+/// Whether an output rule reads this request's answer (a generating route, and a rule
+/// with `output: true`).
+pub(crate) fn classifies_output(req: &Admitted) -> bool {
+    req.route.generates()
+        && req
+            .resolved
+            .config
+            .guardrails
+            .classifiers
+            .iter()
+            .any(|r| r.output)
+}
+
 /// The output rules over a whole answer's texts: `Err` is the error to send instead (a
 /// 400 naming the label, or a 503 when a `closed` rule's classifier cannot answer).
 pub(crate) async fn check_output(
@@ -86,21 +100,29 @@ pub(crate) async fn check_output(
     req: &Admitted,
     answer: &[u8],
 ) -> Result<(), ApiError> {
-    let rules = &req.resolved.config.guardrails.classifiers;
-    if !req.route.generates() || !rules.iter().any(|r| r.output) {
+    if !classifies_output(req) {
         return Ok(());
     }
     let Ok(body) = serde_json::from_slice::<Value>(answer) else {
         return Ok(());
     };
-    let texts = answer_texts(&body);
+    check_output_texts(gw, req, &answer_texts(&body)).await
+}
+
+/// The output rules over an answer's `texts` (a whole answer's, or a held stream's).
+pub(crate) async fn check_output_texts(
+    gw: &Gateway,
+    req: &Admitted,
+    texts: &[String],
+) -> Result<(), ApiError> {
+    let rules = &req.resolved.config.guardrails.classifiers;
     let caller = Caller {
         headers: &req.headers,
         tenant: &req.key.record.tenant,
         request_id: req.request_id.clone(),
     };
     for rule in rules.iter().filter(|r| r.output) {
-        match run_rule(gw, &req.resolved, rule, &texts, &caller, Side::Output).await {
+        match run_rule(gw, &req.resolved, rule, texts, &caller, Side::Output).await {
             Ok(None) => {}
             Ok(Some(reason)) => {
                 return Err(ApiError::invalid_no_param(format!(
@@ -278,7 +300,7 @@ fn collect_texts(v: Option<&Value>, out: &mut Vec<String>) {
 }
 
 /// The last [`MAX_TEXTS`] texts.
-fn latest(mut texts: Vec<String>) -> Vec<String> {
+pub(super) fn latest(mut texts: Vec<String>) -> Vec<String> {
     if texts.len() > MAX_TEXTS {
         texts.drain(..texts.len() - MAX_TEXTS);
     }

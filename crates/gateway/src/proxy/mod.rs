@@ -31,6 +31,7 @@ pub(crate) mod admit;
 pub(crate) mod attempt;
 pub(crate) mod cascade;
 pub(crate) mod classify_guard;
+pub(crate) mod classify_stream;
 pub(crate) mod form;
 pub(crate) mod headers;
 pub(crate) mod lookup;
