@@ -94,6 +94,10 @@ struct Layer {
     out_norm: LayerNorm,
 }
 
+/// The last layer's token vectors of a batch, its inputs' rows end to end, and each
+/// input's `(first row, length)` ([`BertModel::hidden_states`]).
+pub type HiddenStates = (Vec<f32>, Vec<(usize, usize)>);
+
 /// The encoder and its pooling.
 pub struct BertModel {
     pub config: EncoderConfig,
@@ -319,10 +323,7 @@ impl BertModel {
     /// and each input's `(first row, length)`: what pooling or a task head reads. Inputs
     /// are checked as [`BertModel::embed`] says; a pair's second part must start within it
     /// and the model must have a second token type.
-    pub fn hidden_states<T: Segmented>(
-        &self,
-        inputs: &[T],
-    ) -> Result<(Vec<f32>, Vec<(usize, usize)>), EmbedError> {
+    pub fn hidden_states<T: Segmented>(&self, inputs: &[T]) -> Result<HiddenStates, EmbedError> {
         let cfg = &self.config;
         let h = cfg.hidden_size;
         for (i, input) in inputs.iter().enumerate() {

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::http::Response;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
