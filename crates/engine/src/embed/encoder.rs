@@ -10,9 +10,8 @@ use super::EmbedError;
 pub enum Encoder {
     /// Pooled, L2-normalised sentence vectors (`/v1/embeddings`; `/score` and `/rerank`
     /// by cosine similarity).
-    Embedding(BertModel),
-    /// Logits per label (`/classify`; `/score` and `/rerank` when it has one label). Boxed:
-    /// the head's tensors make it twice the sentence encoder's size.
+    Embedding(Box<BertModel>),
+    /// Logits per label (`/classify`; `/score` and `/rerank` when it has one label).
     Classifier(Box<SequenceClassifier>),
 }
 

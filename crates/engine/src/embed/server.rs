@@ -70,7 +70,7 @@ pub fn load(opts: &EngineOptions) -> Result<LoadedEncoder, ServerError> {
     }
     let (hidden_size, vocab_size) = (config.hidden_size, config.vocab_size);
     let model = match ClassifierConfig::from_dir(dir)? {
-        None => Encoder::Embedding(BertModel::load(dir, config)?),
+        None => Encoder::Embedding(Box::new(BertModel::load(dir, config)?)),
         Some(head) => Encoder::Classifier(Box::new(SequenceClassifier::load(dir, config, head)?)),
     };
     let classifier = model.classifier().cloned();
