@@ -5,6 +5,12 @@
 //! pattern detectors for secrets and personal data (API keys, private keys, card numbers
 //! checked with Luhn, email addresses, or a custom regex). Adding one means a new type
 //! implementing the trait and a line in [`Guardrails::new`].
+//!
+//! Guardrails that call a model (`classifiers`: a classifier served on the platform, the
+//! labels that block) are async and run on the request path; their rule is in
+//! [`classifier`].
+
+pub mod classifier;
 
 use std::borrow::Cow;
 
@@ -52,6 +58,9 @@ pub struct GuardrailsConfig {
     pub max_prompt_chars: Option<usize>,
     #[serde(default)]
     pub patterns: Vec<PatternRule>,
+    /// Rules that classify texts with a model ([`classifier::ClassifierRule`]).
+    #[serde(default)]
+    pub classifiers: Vec<classifier::ClassifierRule>,
 }
 
 /// Where in the request's life a text is checked.
@@ -425,6 +434,7 @@ mod tests {
     fn rules(kinds: &[(&str, GuardAction)]) -> Guardrails {
         Guardrails::new(&GuardrailsConfig {
             max_prompt_chars: None,
+            classifiers: Vec::new(),
             patterns: kinds
                 .iter()
                 .map(|(k, a)| PatternRule {

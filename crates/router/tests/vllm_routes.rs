@@ -437,8 +437,11 @@ async fn what_cannot_be_routed_is_refused_on_both_transports() {
         "/v1/embeddings",
         "/pooling",
         "/classify",
+        "/score",
         "/v1/score",
+        "/rerank",
         "/v1/rerank",
+        "/v2/rerank",
     ];
     let big = json!({"model": "m", "input": "x".repeat(5000), "messages": []}).to_string();
     let mut statuses = BTreeSet::new();
@@ -636,5 +639,53 @@ async fn stored_responses_are_asked_of_the_replica_that_holds_them() {
             r.status().iter().all(|e| e.in_flight == 0)
         })
         .await;
+    }
+}
+
+/// Scoring, reranking and classification stay on the pool that serves the model they
+/// name: with a chat pool and an encoder pool behind one router, each of the six paths
+/// naming the encoder reaches only encoder replicas, and naming the chat model only chat
+/// replicas (which answer for themselves); a model no pool serves reaches no engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scoring_routes_stay_on_the_pool_that_serves_their_model() {
+    let (engines, mut cfg) = pool(31, 4).await;
+    // 127.0.0.31-32 serve the chat model, 127.0.0.33-34 the encoder.
+    for (i, spec) in cfg.endpoints.iter_mut().enumerate() {
+        spec.model = Some(if i < 2 { "chat" } else { "encoder" }.into());
+    }
+    let (_router, base) = serve_http(cfg).await;
+    let paths = [
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/classify",
+    ];
+    for path in paths {
+        let body = match path {
+            "/classify" => json!({"input": ["a", "b"]}),
+            p if p.ends_with("score") => json!({"text_1": "q", "text_2": ["a", "b"]}),
+            _ => json!({"query": "q", "documents": ["a", "b"], "top_n": 1}),
+        };
+        for (model, pool) in [("encoder", [2, 3]), ("chat", [0, 1])] {
+            let mut body = body.clone();
+            body["model"] = json!(model);
+            for _ in 0..4 {
+                let r = post_json(&format!("{base}{path}"), &body).await;
+                assert_eq!(r.0, 200, "{path} {model}");
+                let v: Value = serde_json::from_slice(&r.2).unwrap();
+                assert_eq!(v["path"], path, "{v}");
+                let to = receiver(&engines);
+                assert!(pool.contains(&to), "{path} for {model} reached engine {to}");
+            }
+        }
+        let mut body = body.clone();
+        body["model"] = json!("nobody-serves-this");
+        let r = post_json(&format!("{base}{path}"), &body).await;
+        assert_eq!(r.0, 404, "{path}");
+        let v: Value = serde_json::from_slice(&r.2).unwrap();
+        assert!(v["error"]["message"].is_string(), "{v}");
+        assert!(engines.iter().all(|e| e.take().is_empty()), "{path}");
     }
 }

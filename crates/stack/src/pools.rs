@@ -38,9 +38,12 @@ pub struct AdapterEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelEntry {
-    /// A model name from the cache (pulled when missing) or a GGUF path.
+    /// A model name from the cache (pulled when missing), a GGUF path, or a model
+    /// directory (`config.json`, `model.safetensors`, `tokenizer.json`): a sentence
+    /// encoder, a cross-encoder (reranker) or a classifier, served like the embedding model.
     pub model: String,
-    /// The name clients send; absent: the cache name or the file's stem.
+    /// The name clients send; absent: the cache name, the file's stem or the directory's
+    /// name.
     #[serde(default)]
     pub name: Option<String>,
     /// A fixed replica count (the default is 1 when `autoscale` is absent too).
@@ -102,7 +105,8 @@ impl PoolSpec {
     }
 }
 
-/// The name clients send for `model`: the cache name, or a GGUF file's stem.
+/// The name clients send for `model`: the cache name, a GGUF file's stem, or a model
+/// directory's name.
 pub fn served_name_of(model: &str) -> String {
     let p = std::path::Path::new(model);
     if p.extension().is_some_and(|e| e == "gguf") {
@@ -110,7 +114,18 @@ pub fn served_name_of(model: &str) -> String {
             return stem.to_string_lossy().into_owned();
         }
     }
+    if is_model_dir(p) {
+        if let Some(name) = p.file_name() {
+            return name.to_string_lossy().into_owned();
+        }
+    }
     model.to_string()
+}
+
+/// A Hugging Face model directory (what an encoder, cross-encoder or classifier is): it
+/// holds a `config.json`. Nothing to pull.
+pub fn is_model_dir(p: &std::path::Path) -> bool {
+    p.join("config.json").is_file()
 }
 
 /// A `models:` list that cannot run; the message names the entry and the key.
@@ -386,6 +401,28 @@ mod tests {
         let p = resolve(&entries("- model: m\n"), &[], 1 << 20).unwrap();
         assert_eq!(p[0].autoscale.max_replicas, 1);
         assert_eq!(p[0].slug(), "m");
+    }
+
+    #[test]
+    fn a_model_directory_is_an_entry_named_after_it() {
+        // A reranker (cross-encoder) and a classifier: model directories, not cache names.
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny-bert");
+        let (rerank, classify) = (root.join("cross-encoder"), root.join("classifier"));
+        let yaml = format!(
+            "- model: {}\n- model: {}\n  name: guard\n  replicas: 2\n",
+            rerank.display(),
+            classify.display()
+        );
+        let p = resolve(&entries(&yaml), &[], 1 << 20).unwrap();
+        assert_eq!(p[0].name, "cross-encoder");
+        assert_eq!(p[0].model, rerank.display().to_string());
+        assert_eq!(
+            (p[1].name.as_str(), p[1].autoscale.max_replicas),
+            ("guard", 2)
+        );
+        assert!(is_model_dir(&rerank));
+        assert_eq!(served_name_of("/no/such/dir"), "/no/such/dir");
     }
 
     #[test]

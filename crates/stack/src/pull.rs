@@ -16,9 +16,11 @@ pub enum PullError {
     Failed { model: String, status: ExitStatus },
 }
 
-/// Pulls `model` with `strata model pull` (progress on this terminal) unless it is a path.
+/// Pulls `model` with `strata model pull` (progress on this terminal) unless it is a path
+/// (a file, or a model directory).
 pub fn pull_model(model: &str) -> Result<(), PullError> {
-    if std::path::Path::new(model).is_file() {
+    let path = std::path::Path::new(model);
+    if path.is_file() || crate::pools::is_model_dir(path) {
         return Ok(());
     }
     let exe = std::env::current_exe().map_err(PullError::Executable)?;

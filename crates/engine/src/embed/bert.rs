@@ -20,6 +20,7 @@ use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
 use super::attention::{attention, Rows};
+use super::input::Segmented;
 use super::linear::{EncoderWeights, Linear};
 use super::{Activation, EmbedError, EncoderConfig, Pooling};
 use crate::attention::exp;
@@ -93,6 +94,10 @@ struct Layer {
     out_norm: LayerNorm,
 }
 
+/// The last layer's token vectors of a batch, its inputs' rows end to end, and each
+/// input's `(first row, length)` ([`BertModel::hidden_states`]).
+pub type HiddenStates = (Vec<f32>, Vec<(usize, usize)>);
+
 /// The encoder and its pooling.
 pub struct BertModel {
     pub config: EncoderConfig,
@@ -100,7 +105,8 @@ pub struct BertModel {
     word: Vec<f32>,
     /// `[max_position_embeddings, hidden]`.
     position: Vec<f32>,
-    /// Row 0 of the token-type table: every input is a single segment.
+    /// The token-type table, `[type_vocab_size, hidden]`: row 0 for an input of one
+    /// segment, row 1 for the second part of a pair (a cross-encoder's document).
     segment: Vec<f32>,
     emb_norm: LayerNorm,
     layers: Vec<Layer>,
@@ -170,19 +176,16 @@ impl BertModel {
         config: EncoderConfig,
         format: EncoderWeights,
     ) -> Result<Self, EmbedError> {
-        let path = dir.join("model.safetensors");
-        if !path.is_file() {
-            return Err(EmbedError::Io {
-                path,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
-            });
-        }
-        let tensors = candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| {
-            EmbedError::Config {
-                path: path.clone(),
-                reason: format!("not a readable safetensors file: {e}"),
-            }
-        })?;
+        Self::from_checkpoint(read_safetensors(dir)?, config, format)
+    }
+
+    /// Builds the model from a checkpoint's tensors, named with or without a `bert.`
+    /// prefix (a task model such as `BertForSequenceClassification` has it).
+    pub(super) fn from_checkpoint(
+        tensors: HashMap<String, Tensor>,
+        config: EncoderConfig,
+        format: EncoderWeights,
+    ) -> Result<Self, EmbedError> {
         let prefix = if tensors.contains_key("embeddings.word_embeddings.weight") {
             ""
         } else {
@@ -242,11 +245,10 @@ impl BertModel {
             "embeddings.position_embeddings.weight",
             &[config.max_position_embeddings, h],
         )?;
-        let mut segment = w.vec(
+        let segment = w.vec(
             "embeddings.token_type_embeddings.weight",
             &[config.type_vocab_size, h],
         )?;
-        segment.truncate(h);
         let emb_norm = w.norm("embeddings.LayerNorm", h, eps)?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -304,12 +306,35 @@ impl BertModel {
     /// below `vocab_size`; the server checks this before submitting, and a violation here is
     /// an error rather than a panic.
     pub fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_segmented(inputs)
+    }
+
+    /// [`BertModel::embed`] over inputs that may be pairs (a pair's second part reads
+    /// the second token type).
+    pub fn embed_segmented<T: Segmented>(&self, inputs: &[T]) -> Result<Vec<Vec<f32>>, EmbedError> {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
+        let (x, spans) = self.hidden_states(inputs)?;
+        Ok(self.pool(&x, &spans))
+    }
+
+    /// The last layer's token vectors, every input's rows end to end (`[tokens, hidden]`),
+    /// and each input's `(first row, length)`: what pooling or a task head reads. Inputs
+    /// are checked as [`BertModel::embed`] says; a pair's second part must start within it
+    /// and the model must have a second token type.
+    pub fn hidden_states<T: Segmented>(&self, inputs: &[T]) -> Result<HiddenStates, EmbedError> {
         let cfg = &self.config;
         let h = cfg.hidden_size;
         for (i, input) in inputs.iter().enumerate() {
+            let (second, input) = (input.second_segment(), input.ids());
+            if second < input.len() && (second == 0 || cfg.type_vocab_size < 2) {
+                return Err(EmbedError::Forward(format!(
+                    "input {i}: a second segment at {second} needs a first one and two token \
+                     types (the model has {})",
+                    cfg.type_vocab_size
+                )));
+            }
             if input.is_empty() || input.len() > cfg.max_position_embeddings {
                 return Err(EmbedError::Forward(format!(
                     "input {i} has {} tokens (1..={} allowed)",
@@ -324,15 +349,18 @@ impl BertModel {
             }
         }
         // Embedding rows: word + position + segment, one row per token.
-        let mut x = Vec::with_capacity(inputs.iter().map(Vec::len).sum::<usize>() * h);
+        let mut x = Vec::with_capacity(inputs.iter().map(|i| i.ids().len()).sum::<usize>() * h);
         for input in inputs {
-            for (pos, &id) in input.iter().enumerate() {
+            let second = input.second_segment();
+            for (pos, &id) in input.ids().iter().enumerate() {
                 let word = &self.word[id as usize * h..(id as usize + 1) * h];
                 let position = &self.position[pos * h..(pos + 1) * h];
+                let kind = usize::from(pos >= second);
+                let segment = &self.segment[kind * h..(kind + 1) * h];
                 x.extend(
                     word.iter()
                         .zip(position)
-                        .zip(&self.segment)
+                        .zip(segment)
                         .map(|((w, p), s)| w + p + s),
                 );
             }
@@ -342,7 +370,7 @@ impl BertModel {
         for layer in &self.layers {
             x = self.layer(layer, x, &spans)?;
         }
-        Ok(self.pool(&x, &spans))
+        Ok((x, spans))
     }
 
     fn layer(
@@ -421,16 +449,31 @@ impl BertModel {
 }
 
 /// `(first row, length)` of each input in the ragged batch.
-fn spans(inputs: &[Vec<u32>]) -> Vec<(usize, usize)> {
+fn spans<T: Segmented>(inputs: &[T]) -> Vec<(usize, usize)> {
     let mut start = 0;
     inputs
         .iter()
         .map(|i| {
-            let s = (start, i.len());
-            start += i.len();
+            let s = (start, i.ids().len());
+            start += i.ids().len();
             s
         })
         .collect()
+}
+
+/// The tensors of a model directory's `model.safetensors`.
+pub(super) fn read_safetensors(dir: &Path) -> Result<HashMap<String, Tensor>, EmbedError> {
+    let path = dir.join("model.safetensors");
+    if !path.is_file() {
+        return Err(EmbedError::Io {
+            path,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        });
+    }
+    candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| EmbedError::Config {
+        path: path.clone(),
+        reason: format!("not a readable safetensors file: {e}"),
+    })
 }
 
 /// The activation over a slice, chosen once outside the loop so each loop is branch-free

@@ -9,6 +9,10 @@
 //! - [`bert`]: the encoder; one forward over a ragged batch (no padding: the dense layers
 //!   run over every token of every input at once, attention per input), then pooling and
 //!   L2 normalisation.
+//! - [`classifier`]: `BertForSequenceClassification` checkpoints, the encoder with its
+//!   pooler and classifier (cross-encoders with one label, classifiers with several);
+//!   [`encoder`] is either model, as the worker runs it; [`input`] one input, a single
+//!   segment or a pair.
 //! - `attention`: its self-attention, each input over its own tokens, in register tiles.
 //! - [`linear`]: its dense layers, 8-bit weights and activations on the decoder's integer
 //!   kernels by default, f32 on candle's GEMM with `STRATA_EMBED_WEIGHTS=f32`.
@@ -16,12 +20,21 @@
 //!   padding and truncation switched off (the server decides what is too long).
 //! - [`worker`]: the thread that owns the model and coalesces queued requests into one
 //!   forward.
-//! - [`server`]: the HTTP routes of an engine serving an encoder.
+//! - [`server`]: the HTTP routes of an engine serving an encoder; [`scoring`] its
+//!   `/score`, `/rerank` and `/classify` (vLLM's shapes, [`score_api`]); `state` what
+//!   the handlers share, `http` the edge (bodies, errors, checked inputs).
 
 mod attention;
 pub mod bert;
+pub mod classifier;
+pub mod encoder;
+mod http;
+pub mod input;
 pub mod linear;
+pub mod score_api;
+pub mod scoring;
 pub mod server;
+mod state;
 pub mod tokenizer;
 pub mod worker;
 

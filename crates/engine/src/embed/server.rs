@@ -1,5 +1,7 @@
 //! The HTTP server of an engine that serves an encoder: `/v1/embeddings` (PROTOCOLS §9),
-//! `/v1/models`, `/tokenize`, `/health`, `/metrics`, `/version`.
+//! `/score`, `/rerank` and `/classify` ([`super::scoring`]), `/v1/models`, `/tokenize`,
+//! `/health`, `/metrics`, `/version`. What the handlers share is [`super::state`]; bodies,
+//! errors and checked inputs are [`super::http`].
 //!
 //! Generation routes answer a 400 that says the model is an embedding model, so a client
 //! pointed at the wrong engine learns why instead of seeing a 404. Every input is checked
@@ -8,9 +10,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,37 +22,23 @@ use strata_api::types::{
     EmbeddingData, EmbeddingResponse, EmbeddingVector, EncodingFormat, ModelCard, ModelList,
     TokenizeResponse,
 };
-use strata_api::validate::{
-    parse_json, validate_embeddings, EmbeddingInput, Truncation, ValidatedEmbeddings,
-};
+use strata_api::validate::{parse_json, validate_embeddings};
 use strata_api::ApiError;
 
 use super::bert::BertModel;
+use super::classifier::{ClassifierConfig, SequenceClassifier};
+use super::encoder::Encoder;
+use super::http::{check_model, error_response, json_response, read_body, token_inputs, unix_now};
+use super::scoring;
+pub use super::state::EmbedState;
+use super::state::InFlight;
 use super::tokenizer::EmbedTokenizer;
-use super::worker::{self, EmbedFailure, EmbedHandle, WorkerConfig};
+use super::worker::{self, EmbedFailure, WorkerConfig};
 use super::{EmbedError, EncoderConfig};
 use crate::auth::{self, Gate};
 use crate::metrics::EngineMetrics;
 use crate::options::EngineOptions;
 use crate::serve::{serve_with_drain, ServerError};
-
-/// What the handlers share.
-pub struct EmbedState {
-    pub model_name: String,
-    pub tokenizer: EmbedTokenizer,
-    pub worker: EmbedHandle,
-    pub metrics: Arc<EngineMetrics>,
-    /// Longest input, special tokens included.
-    pub max_len: usize,
-    pub hidden_size: usize,
-    pub vocab_size: usize,
-    pub max_body_bytes: usize,
-    pub created: u64,
-    /// The API key every route but `/health`, `/version` and `/metrics` is checked against
-    /// (`crate::auth`; this front has no admin routes).
-    pub gate: Arc<Gate>,
-    in_flight: AtomicUsize,
-}
 
 /// A loaded encoder and its running worker.
 pub struct LoadedEncoder {
@@ -82,14 +69,19 @@ pub fn load(opts: &EngineOptions) -> Result<LoadedEncoder, ServerError> {
         return Err(ServerError::Option("max-model-len must be positive".into()));
     }
     let (hidden_size, vocab_size) = (config.hidden_size, config.vocab_size);
-    let model = BertModel::load(dir, config)?;
+    let model = match ClassifierConfig::from_dir(dir)? {
+        None => Encoder::Embedding(Box::new(BertModel::load(dir, config)?)),
+        Some(head) => Encoder::Classifier(Box::new(SequenceClassifier::load(dir, config, head)?)),
+    };
+    let classifier = model.classifier().cloned();
     tracing::info!(
         model = %dir.display(),
         hidden = hidden_size,
-        layers = model.config.num_layers,
+        layers = model.bert().config.num_layers,
         vocab = vocab_size,
         max_len,
-        pooling = ?model.config.pooling,
+        pooling = ?model.bert().config.pooling,
+        labels = ?classifier.as_ref().map(|c| &c.labels),
         "encoder loaded"
     );
     let (worker, worker_thread) = worker::start(
@@ -112,6 +104,7 @@ pub fn load(opts: &EngineOptions) -> Result<LoadedEncoder, ServerError> {
         max_body_bytes: opts.max_body_bytes,
         created: unix_now(),
         gate: Arc::new(Gate::new(&opts.auth, &[])),
+        classifier,
         in_flight: AtomicUsize::new(0),
     });
     Ok(LoadedEncoder {
@@ -124,6 +117,12 @@ pub fn load(opts: &EngineOptions) -> Result<LoadedEncoder, ServerError> {
 pub fn router(state: Arc<EmbedState>) -> Router {
     Router::new()
         .route("/v1/embeddings", post(embeddings))
+        .route("/score", post(scoring::score))
+        .route("/v1/score", post(scoring::score))
+        .route("/rerank", post(scoring::rerank))
+        .route("/v1/rerank", post(scoring::rerank))
+        .route("/v2/rerank", post(scoring::rerank))
+        .route("/classify", post(scoring::classify))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(not_generative))
         .route("/v1/completions", post(not_generative))
@@ -170,62 +169,6 @@ pub async fn run(opts: EngineOptions) -> Result<(), ServerError> {
     Ok(())
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn error_response(e: ApiError) -> Response {
-    strata_api::http::error_response(&e, None)
-}
-
-fn json_response<T: serde::Serialize>(value: &T) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => error_response(ApiError::internal(format!(
-            "cannot encode the response: {e}"
-        ))),
-    }
-}
-
-async fn read_body(state: &EmbedState, req: Request) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(req.into_body(), state.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::body_too_large(state.max_body_bytes))
-}
-
-fn check_model(state: &EmbedState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        None => Ok(()),
-        Some(m) if m == state.model_name => Ok(()),
-        Some(m) => Err(ApiError::model_not_found(m)),
-    }
-}
-
-/// Counts a request in flight for as long as it lives, whatever way it ends.
-struct InFlight<'a>(&'a EmbedState);
-
-impl<'a> InFlight<'a> {
-    fn new(state: &'a EmbedState) -> Self {
-        let n = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        state.metrics.num_requests_running.set(n as i64);
-        Self(state)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let n = self
-            .0
-            .in_flight
-            .fetch_sub(1, Ordering::SeqCst)
-            .saturating_sub(1);
-        self.0.metrics.num_requests_running.set(n as i64);
-    }
-}
-
 async fn embeddings(State(state): State<Arc<EmbedState>>, req: Request) -> Response {
     let started = Instant::now();
     let _guard = InFlight::new(&state);
@@ -250,6 +193,9 @@ async fn embed_request(state: &EmbedState, req: Request) -> Result<EmbeddingResp
     let body = read_body(state, req).await?;
     let v = validate_embeddings(parse_json(&body)?)?;
     check_model(state, v.model.as_deref())?;
+    if state.classifier.is_some() {
+        return Err(scoring::not_an_embedding_model(state, "/v1/embeddings"));
+    }
     if let Some(d) = v.dimensions {
         if d != state.hidden_size {
             return Err(ApiError::invalid(
@@ -299,80 +245,6 @@ pub fn base64_f32(v: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Each input as checked token ids: tokenized, held to the length limit (or truncated when
-/// asked), and within the vocabulary.
-fn token_inputs(state: &EmbedState, v: &ValidatedEmbeddings) -> Result<Vec<Vec<u32>>, ApiError> {
-    let limit = match v.truncation {
-        Truncation::Refuse => None,
-        Truncation::ModelLimit => Some(state.max_len),
-        Truncation::Tokens(k) if k <= state.max_len => Some(k),
-        Truncation::Tokens(k) => {
-            return Err(ApiError::invalid(
-                "truncate_prompt_tokens",
-                format!(
-                    "truncate_prompt_tokens ({k}) is larger than the model's maximum input \
-                     length ({}).",
-                    state.max_len
-                ),
-            ))
-        }
-    };
-    let single = v.inputs.len() == 1;
-    let param = |i: usize| {
-        if single {
-            "input".to_string()
-        } else {
-            format!("input[{i}]")
-        }
-    };
-    let mut out = Vec::with_capacity(v.inputs.len());
-    for (i, input) in v.inputs.iter().enumerate() {
-        let mut ids = match input {
-            EmbeddingInput::Text(text) => state
-                .tokenizer
-                .encode(text, v.add_special_tokens, limit)
-                .map_err(|e| ApiError::invalid(param(i), format!("Cannot tokenize: {e}")))?,
-            EmbeddingInput::Tokens(ids) => {
-                if let Some(bad) = ids.iter().find(|&&t| t as usize >= state.vocab_size) {
-                    return Err(ApiError::invalid(
-                        param(i),
-                        format!(
-                            "Token id {bad} is out of vocabulary (size {}).",
-                            state.vocab_size
-                        ),
-                    ));
-                }
-                let mut ids = ids.clone();
-                if let Some(k) = limit {
-                    ids.truncate(k);
-                }
-                ids
-            }
-        };
-        if ids.is_empty() {
-            // Text that tokenizes to nothing without special tokens (e.g. only spaces).
-            return Err(ApiError::invalid(
-                param(i),
-                "The input has no tokens to embed.",
-            ));
-        }
-        if ids.len() > state.max_len {
-            return Err(ApiError::invalid(
-                param(i),
-                format!(
-                    "This model's maximum input length is {} tokens. However, input {i} has \
-                     {} tokens. Please shorten it, or set truncate_prompt_tokens to cut it.",
-                    state.max_len,
-                    ids.len()
-                ),
-            ));
-        }
-        ids.shrink_to_fit();
-        out.push(ids);
-    }
-    Ok(out)
-}
-
 async fn models(State(state): State<Arc<EmbedState>>) -> Response {
     json_response(&ModelList::new(vec![ModelCard {
         id: state.model_name.clone(),
@@ -387,6 +259,9 @@ async fn models(State(state): State<Arc<EmbedState>>) -> Response {
 
 async fn not_generative(State(state): State<Arc<EmbedState>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
+    if state.classifier.is_some() {
+        return error_response(scoring::not_an_embedding_model(&state, &path));
+    }
     error_response(ApiError::invalid(
         "model",
         format!(

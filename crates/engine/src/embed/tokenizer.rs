@@ -8,14 +8,18 @@
 
 use std::path::{Path, PathBuf};
 
+use tokenizers::utils::truncation::{truncate_encodings, TruncationParams, TruncationStrategy};
 use tokenizers::{PostProcessor, TruncationDirection};
 
+use super::input::EncoderInput;
 use super::EmbedError;
 
 pub struct EmbedTokenizer {
     inner: tokenizers::Tokenizer,
     /// Special tokens the post-processor adds around one input.
     added: usize,
+    /// Special tokens it adds around a pair (`[CLS] a [SEP] b [SEP]`: 3).
+    pair_added: usize,
 }
 
 impl EmbedTokenizer {
@@ -36,7 +40,15 @@ impl EmbedTokenizer {
             .get_post_processor()
             .map(|p| p.added_tokens(false))
             .unwrap_or(0);
-        Ok(Self { inner, added })
+        let pair_added = inner
+            .get_post_processor()
+            .map(|p| p.added_tokens(true))
+            .unwrap_or(0);
+        Ok(Self {
+            inner,
+            added,
+            pair_added,
+        })
     }
 
     /// Token ids of `text`; with `truncate = Some(k)` the text's own tokens are cut so that
@@ -66,6 +78,50 @@ impl EmbedTokenizer {
             ids.truncate(k);
         }
         Ok(ids)
+    }
+
+    /// A pair as a cross-encoder reads it, `[CLS] first [SEP] second [SEP]` with `second`
+    /// (and its `[SEP]`) as token type 1, by the file's own pair template. With
+    /// `truncate = Some(k)` the texts' tokens are cut so that the result has at most `k`
+    /// ids, the longer text first, as transformers' `truncation=True` does for a pair.
+    pub fn encode_pair(
+        &self,
+        first: &str,
+        second: &str,
+        truncate: Option<usize>,
+    ) -> Result<EncoderInput, EmbedError> {
+        let encode = |text: &str| {
+            self.inner
+                .encode(text, false)
+                .map_err(|e| EmbedError::Encode(e.to_string()))
+        };
+        let (mut a, mut b) = (encode(first)?, Some(encode(second)?));
+        if let Some(k) = truncate {
+            let params = TruncationParams {
+                max_length: k.saturating_sub(self.pair_added),
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+                direction: TruncationDirection::Right,
+            };
+            (a, b) =
+                truncate_encodings(a, b, &params).map_err(|e| EmbedError::Encode(e.to_string()))?;
+        }
+        let enc = self
+            .inner
+            .post_process(a, b, true)
+            .map_err(|e| EmbedError::Encode(e.to_string()))?;
+        let mut ids = enc.get_ids().to_vec();
+        if let Some(k) = truncate {
+            // Only reachable when `k` leaves no room for the special tokens themselves.
+            ids.truncate(k);
+        }
+        let second_segment = enc
+            .get_type_ids()
+            .iter()
+            .position(|&t| t != 0)
+            .unwrap_or(enc.get_type_ids().len())
+            .min(ids.len());
+        Ok(EncoderInput::pair(ids, second_segment))
     }
 
     pub fn vocab_size(&self) -> usize {

@@ -14,7 +14,8 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
-use super::bert::BertModel;
+use super::encoder::Encoder;
+use super::input::EncoderInput;
 use super::EmbedError;
 
 /// Limits of the worker.
@@ -38,7 +39,7 @@ pub enum EmbedFailure {
 }
 
 struct Job {
-    inputs: Vec<Vec<u32>>,
+    inputs: Vec<EncoderInput>,
     reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
 }
 
@@ -54,6 +55,13 @@ pub struct EmbedHandle {
 impl EmbedHandle {
     /// Embeds `inputs` (checked token ids), waiting for the worker's next round.
     pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EmbedFailure> {
+        self.forward(inputs.into_iter().map(EncoderInput::single).collect())
+            .await
+    }
+
+    /// Runs `inputs` (checked token ids, one segment or a pair each) through the model,
+    /// waiting for the worker's next round: a vector per input (an embedding, or logits).
+    pub async fn forward(&self, inputs: Vec<EncoderInput>) -> Result<Vec<Vec<f32>>, EmbedFailure> {
         let (reply, rx) = oneshot::channel();
         self.waiting.fetch_add(1, Ordering::SeqCst);
         match self.tx.try_send(Job { inputs, reply }) {
@@ -86,7 +94,7 @@ impl EmbedHandle {
 
 /// Starts the worker thread; it ends when every handle is dropped.
 pub fn start(
-    model: Arc<BertModel>,
+    model: Arc<Encoder>,
     config: WorkerConfig,
 ) -> std::io::Result<(EmbedHandle, JoinHandle<()>)> {
     let (tx, rx) = mpsc::sync_channel(config.max_waiting.max(1));
@@ -105,7 +113,7 @@ pub fn start(
 }
 
 fn run(
-    model: &BertModel,
+    model: &Encoder,
     rx: &Receiver<Job>,
     config: WorkerConfig,
     waiting: &AtomicUsize,
@@ -115,12 +123,12 @@ fn run(
     while let Ok(first) = rx.recv() {
         waiting.fetch_sub(1, Ordering::SeqCst);
         let mut round = vec![first];
-        let mut tokens: usize = round[0].inputs.iter().map(Vec::len).sum();
+        let mut tokens: usize = round[0].inputs.iter().map(|i| i.ids.len()).sum();
         while tokens < budget {
             match rx.try_recv() {
                 Ok(job) => {
                     waiting.fetch_sub(1, Ordering::SeqCst);
-                    tokens += job.inputs.iter().map(Vec::len).sum::<usize>();
+                    tokens += job.inputs.iter().map(|i| i.ids.len()).sum::<usize>();
                     round.push(job);
                 }
                 Err(_) => break,
@@ -133,7 +141,7 @@ fn run(
 }
 
 /// Runs the round's inputs as forwards of at most `budget` tokens and replies to each job.
-fn serve_round(model: &BertModel, round: Vec<Job>, budget: usize, forwards: &AtomicUsize) {
+fn serve_round(model: &Encoder, round: Vec<Job>, budget: usize, forwards: &AtomicUsize) {
     let mut outputs: Vec<Result<Vec<Vec<f32>>, EmbedError>> = round
         .iter()
         .map(|j| Ok(Vec::with_capacity(j.inputs.len())))
@@ -150,7 +158,7 @@ fn serve_round(model: &BertModel, round: Vec<Job>, budget: usize, forwards: &Ato
         let mut tokens = 0;
         while end < pairs.len() {
             let (j, i) = pairs[end];
-            let n = round[j].inputs[i].len();
+            let n = round[j].inputs[i].ids.len();
             if end > start && tokens + n > budget {
                 break;
             }
@@ -164,7 +172,7 @@ fn serve_round(model: &BertModel, round: Vec<Job>, budget: usize, forwards: &Ato
             .copied()
             .filter(|&(j, _)| outputs[j].is_ok())
             .collect();
-        let batch: Vec<Vec<u32>> = live
+        let batch: Vec<EncoderInput> = live
             .iter()
             .map(|&(j, i)| round[j].inputs[i].clone())
             .collect();
@@ -172,7 +180,7 @@ fn serve_round(model: &BertModel, round: Vec<Job>, budget: usize, forwards: &Ato
             forwards.fetch_add(1, Ordering::SeqCst);
             // Inside the pool, the matrix products fork from a worker thread instead of
             // waking the pool from outside for each one.
-            match rayon::scope(|_| model.embed(&batch)) {
+            match rayon::scope(|_| model.forward(&batch)) {
                 Ok(vectors) => {
                     for (&(j, _), v) in live.iter().zip(vectors) {
                         if let Ok(out) = &mut outputs[j] {

@@ -530,6 +530,9 @@ impl Config {
         for p in &self.guardrails.patterns {
             crate::guardrails::validate_rule(p).map_err(invalid)?;
         }
+        for c in &self.guardrails.classifiers {
+            c.validate(|m| names.contains(m)).map_err(invalid)?;
+        }
         self.server.validate()?;
         if let Some(j) = &self.auth.jwt {
             j.validate().map_err(invalid)?;

@@ -14,6 +14,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use super::account::Settle;
+use super::classify_guard;
 use super::headers::{hv, REQUEST_ID_HEADER};
 use super::placement::strip_client_placement;
 use super::refusal::Refusal;
@@ -75,6 +76,8 @@ pub(crate) async fn admit(
     let chars = prompt_chars(&body);
     let stripped = strip_client_placement(&mut body);
     let rewritten = input_guardrails(&resolved, &mut body, chars)? || stripped;
+    let tenant = &key.record.tenant;
+    classify_guard::check_input(gw, &resolved, route, &body, &parts.headers, tenant).await?;
 
     // Budget: this replica's view first (no I/O); a shared store then holds the
     // estimated cost so that other replicas see it at once.

@@ -30,6 +30,8 @@ pub mod account;
 pub(crate) mod admit;
 pub(crate) mod attempt;
 pub(crate) mod cascade;
+pub(crate) mod classify_guard;
+pub(crate) mod classify_stream;
 pub(crate) mod form;
 pub(crate) mod headers;
 pub(crate) mod lookup;

@@ -10,14 +10,18 @@ use serde_json::Value;
 use strata_api::ApiError;
 
 use super::account::Settle;
+use super::classify_guard;
+use super::classify_stream;
 use super::headers::{hv, CACHE_HEADER, MODEL_HEADER, SERVED_BY_HEADER, UPSTREAM_HEADER};
 use super::lookup::store_answer;
 use super::refusal::error_response;
+use super::send::Replica;
 use super::shape::answer_usage;
 use super::values::{Admitted, Reply, Served, Store, StreamReply, Tried};
 use crate::routing::{self, Failure};
 use crate::state::Gateway;
 use crate::stream_guard::StreamGuard;
+use crate::upstream::UpstreamBody;
 
 pub(crate) fn count_request(gw: &Gateway, model: &str, status: u16) {
     gw.metrics
@@ -97,17 +101,7 @@ pub(crate) async fn respond(
             served: s,
         } => {
             served(gw, &mut req, &s, settle);
-            count_request(gw, &public_model, 200);
-            let guard = (!req.resolved.guardrails.is_empty())
-                .then(|| StreamGuard::new(req.resolved.clone()));
-            Reply::Stream(Box::new(StreamReply {
-                resp,
-                lease,
-                guard,
-                extra: req.extra,
-                store,
-                max_entry_bytes: req.resolved.config.cache.max_entry_bytes,
-            }))
+            stream_reply(gw, req, resp, lease, store).await
         }
         Tried::Whole {
             status,
@@ -117,6 +111,9 @@ pub(crate) async fn respond(
         } => {
             served(gw, &mut req, &s, settle);
             let usage = answer_usage(req.route, &bytes);
+            if let Err(e) = classify_guard::check_output(gw, &req, &bytes).await {
+                return withheld(gw, req, e, usage, status);
+            }
             if !req.resolved.guardrails.is_empty() {
                 if let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) {
                     match req.resolved.guardrails.apply_response(&mut v) {
@@ -177,6 +174,61 @@ pub(crate) async fn respond(
                 cached: false,
             }
         }
+    }
+}
+
+/// A streamed answer to relay: held first while output classifier rules read it
+/// ([`classify_stream`]), then watched through the pattern guardrails.
+async fn stream_reply(
+    gw: &Gateway,
+    req: Admitted,
+    resp: axum::http::Response<UpstreamBody>,
+    lease: Option<Replica>,
+    store: Store,
+) -> Reply {
+    let resp = if classify_guard::classifies_output(&req) {
+        let status = resp.status().as_u16();
+        match classify_stream::hold(gw, &req, resp).await {
+            Ok(resp) => resp,
+            Err(w) => {
+                drop(lease);
+                return withheld(gw, req, w.error, w.usage, status);
+            }
+        }
+    } else {
+        resp
+    };
+    count_request(gw, &req.model().name, 200);
+    let guard =
+        (!req.resolved.guardrails.is_empty()).then(|| StreamGuard::new(req.resolved.clone()));
+    Reply::Stream(Box::new(StreamReply {
+        resp,
+        lease,
+        guard,
+        extra: req.extra,
+        store,
+        max_entry_bytes: req.resolved.config.cache.max_entry_bytes,
+    }))
+}
+
+/// An answer an output rule withheld: the rule's error instead. The model did the work,
+/// so it is charged at the upstream's `status` with the answer's `usage`.
+fn withheld(
+    gw: &Gateway,
+    req: Admitted,
+    error: ApiError,
+    usage: Option<(u64, u64)>,
+    status: u16,
+) -> Reply {
+    count_request(gw, &req.model().name, error.status);
+    gw.metrics.reject("guardrail");
+    let mut response = error_response(&error);
+    response.headers_mut().extend(req.extra);
+    Reply::Whole {
+        response,
+        usage,
+        status,
+        cached: false,
     }
 }
 
