@@ -56,7 +56,10 @@ fn chromium() -> Command {
                 .is_ok_and(|s| s.success())
         })
         .expect("headless Chromium is required for the dashboard test (Debian: apt-get install chromium)");
-    let mut c = Command::new(bin);
+    // Headless Chromium can hang on a loaded machine (seen: 15 minutes on the screenshot);
+    // `timeout` turns a hang into a failure of the run that says so.
+    let mut c = Command::new("timeout");
+    c.args(["--kill-after=10", "180", bin]);
     c.args([
         "--headless",
         "--no-sandbox",
@@ -175,7 +178,11 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
         .arg(&url)
         .output()
         .expect("run chromium");
-    assert!(dom.status.success(), "chromium failed");
+    assert!(
+        dom.status.success(),
+        "chromium failed or timed out: {:?}",
+        dom.status
+    );
     let dom = String::from_utf8_lossy(&dom.stdout);
     let points = |id: &str| -> u64 {
         let at = dom
@@ -212,7 +219,7 @@ fn up_serves_shows_the_dashboard_replaces_a_dead_replica_and_stops_cleanly() {
         .arg(&url)
         .status()
         .expect("run chromium");
-    assert!(status.success());
+    assert!(status.success(), "chromium failed or timed out: {status:?}");
     assert!(
         std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000),
         "no screenshot"
