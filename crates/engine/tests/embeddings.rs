@@ -21,26 +21,9 @@ use strata_engine::embed::linear::EncoderWeights;
 use strata_engine::embed::server::{self as embed_server, EmbedState};
 use strata_engine::embed::tokenizer::EmbedTokenizer;
 use strata_engine::embed::{is_encoder_model, EncoderConfig};
-use strata_engine::model_cache::{ModelCache, EMBEDDING_MODEL};
 use strata_engine::server::EngineOptions;
 
 const NAME: &str = "all-minilm-l6-v2";
-
-/// `$STRATA_TEST_EMBED_MODEL`, else the cache entry `strata model pull all-minilm-l6-v2`
-/// writes. A missing model fails the test with what to run; it is never skipped.
-fn model_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("STRATA_TEST_EMBED_MODEL") {
-        return PathBuf::from(p);
-    }
-    let dir = ModelCache::from_env().path_of(EMBEDDING_MODEL);
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "the embedding model is missing at {}; run `cargo run -p strata-cli -- model pull \
-         {EMBEDDING_MODEL}` (scripts/test.sh does this first)",
-        dir.display()
-    );
-    dir
-}
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -83,7 +66,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn token_ids_and_vectors_match_the_transformers_reference() {
-    let dir = model_dir();
+    let dir = common::embedding_model_dir();
     assert!(is_encoder_model(&dir));
     let config = EncoderConfig::from_dir(&dir).unwrap();
     assert_eq!(config.max_len, 256, "sentence-transformers' max_seq_length");
@@ -144,7 +127,7 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
 
 fn start(opts: EngineOptions) -> (SocketAddr, Arc<EmbedState>) {
     let loaded = embed_server::load(&EngineOptions {
-        model_path: model_dir(),
+        model_path: common::embedding_model_dir(),
         model_name: NAME.into(),
         ..opts
     })

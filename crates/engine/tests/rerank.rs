@@ -9,35 +9,17 @@ mod common;
 use common::request;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 use strata_engine::embed::server::{self as embed_server, EmbedState};
-use strata_engine::model_cache::{ModelCache, EMBEDDING_MODEL};
 use strata_engine::server::EngineOptions;
 
 const NAME: &str = "all-minilm-l6-v2";
 
-/// `$STRATA_TEST_EMBED_MODEL`, else the cache entry `strata model pull all-minilm-l6-v2`
-/// writes. A missing model fails the test with what to run; it is never skipped.
-fn model_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("STRATA_TEST_EMBED_MODEL") {
-        return PathBuf::from(p);
-    }
-    let dir = ModelCache::from_env().path_of(EMBEDDING_MODEL);
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "the embedding model is missing at {}; run `cargo run -p strata-cli -- model pull \
-         {EMBEDDING_MODEL}` (scripts/test.sh does this first)",
-        dir.display()
-    );
-    dir
-}
-
 fn start() -> (SocketAddr, Arc<EmbedState>) {
     let opts = EngineOptions {
-        model_path: model_dir(),
+        model_path: common::embedding_model_dir(),
         model_name: NAME.into(),
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()

@@ -24,6 +24,24 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// The embedding model's directory: `$STRATA_TEST_EMBED_MODEL`, else the cache entry
+/// `strata model pull all-minilm-l6-v2` writes. A missing model fails the test with what to
+/// run; it is never skipped.
+pub fn embedding_model_dir() -> PathBuf {
+    use strata_engine::model_cache::{ModelCache, EMBEDDING_MODEL};
+    if let Some(p) = std::env::var_os("STRATA_TEST_EMBED_MODEL") {
+        return PathBuf::from(p);
+    }
+    let dir = ModelCache::from_env().path_of(EMBEDDING_MODEL);
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "the embedding model is missing at {}; run `cargo run -p strata-cli -- model pull \
+         {EMBEDDING_MODEL}` (scripts/test.sh does this first)",
+        dir.display()
+    );
+    dir
+}
+
 /// Serves the default model with `opts` on a loopback port, in process, on a runtime thread
 /// of its own; returns the address once it is listening.
 pub fn serve(opts: &strata_engine::server::EngineOptions) -> std::net::SocketAddr {
