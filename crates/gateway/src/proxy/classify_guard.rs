@@ -9,8 +9,6 @@
 //! embedded router. Texts longer than the classifier's limit are cut to it
 //! (`truncate_prompt_tokens: -1`); the latest [`MAX_TEXTS`] texts are classified.
 
-use std::time::{Duration, Instant};
-
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
@@ -19,11 +17,10 @@ use strata_api::ApiError;
 use super::headers::hv;
 use super::refusal::Refusal;
 use super::route::Route;
-use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, JSON};
+use super::side_call::{self, SideCall};
 use super::values::Admitted;
 use crate::config::Resolved;
 use crate::guardrails::classifier::{ClassifierRule, OnError};
-use crate::routing;
 use crate::state::Gateway;
 
 /// Most texts one check classifies (the latest of a long conversation).
@@ -170,8 +167,8 @@ async fn run_rule(
     }
 }
 
-/// `/classify` of `texts` by `model`'s plan (its targets in order, one try each): the
-/// first successful answer, or the last failure.
+/// `/classify` of `texts` by `model` ([`side_call::call_model`]): the first successful
+/// answer, or the last failure.
 async fn classify(
     gw: &Gateway,
     resolved: &Resolved,
@@ -179,86 +176,22 @@ async fn classify(
     texts: &[String],
     caller: &Caller<'_>,
 ) -> Result<Bytes, String> {
-    let model = resolved
-        .model(model)
-        .ok_or_else(|| format!("`{model}` is not a model"))?;
-    let tries = {
-        let mut rng = gw.rng.lock();
-        routing::plan(resolved, model, 0, &mut *rng)
+    let call = SideCall {
+        route: Route::Classify,
+        headers: caller.headers,
+        tenant: caller.tenant,
+        request_id: &caller.request_id,
+        answer_limit: ANSWER_LIMIT,
     };
-    let deadline = Instant::now() + Duration::from_millis(model.timeout_ms);
-    let mut last = "no target to try".to_string();
-    for att in tries {
-        let Some(up) = resolved.upstreams.get(&att.upstream) else {
-            continue;
-        };
+    let body = |upstream_model: &str| {
         let payload =
-            json!({"model": att.upstream_model, "input": texts, "truncate_prompt_tokens": -1});
-        let payload = Bytes::from(payload.to_string());
-        let per_try = att
-            .try_timeout
-            .min(deadline.saturating_duration_since(Instant::now()));
-        if per_try.is_zero() {
-            break;
-        }
-        let sent = match &up.router {
-            None => {
-                send_direct(
-                    gw,
-                    up,
-                    Route::Classify,
-                    &payload,
-                    &JSON,
-                    &caller.request_id,
-                    per_try,
-                    None,
-                )
-                .await
-            }
-            Some(emb) => {
-                let ask = RouterAsk {
-                    model: &att.upstream_model,
-                    prefix: "",
-                    headers: caller.headers,
-                    priority: 0,
-                    flow: caller.tenant,
-                    traceparent: None,
-                    content_type: &JSON,
-                };
-                send_via_router(
-                    gw,
-                    &emb.router,
-                    Route::Classify,
-                    &payload,
-                    &caller.request_id,
-                    &ask,
-                    Instant::now() + per_try,
-                )
-                .await
-            }
-        };
-        let UpstreamReply { resp, lease } = match sent {
-            Ok(reply) => reply,
-            Err(f) => {
-                last = format!("upstream `{}`: {f:?}", att.upstream);
-                continue;
-            }
-        };
-        let read = read_limited(resp, ANSWER_LIMIT, Instant::now() + per_try).await;
-        drop(lease);
-        match read {
-            Ok((200..=299, _, bytes)) => return Ok(bytes),
-            Ok((status, _, bytes)) => {
-                last = format!(
-                    "upstream `{}` answered {status}: {}",
-                    att.upstream,
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
-                );
-            }
-            Err(f) => last = format!("upstream `{}`: {f:?}", att.upstream),
-        }
-    }
-    Err(last)
+            json!({"model": upstream_model, "input": texts, "truncate_prompt_tokens": -1});
+        Bytes::from(payload.to_string())
+    };
+    side_call::call_model(gw, resolved, model, &call, body, |answer| {
+        Some(answer.clone())
+    })
+    .await
 }
 
 /// A request's texts: `system`, `instructions`, `prompt`, `input` and `messages`, each a

@@ -16,7 +16,7 @@
 //! lookup said it goes (called by *respond* for a whole answer, by the stream watcher for
 //! a streamed one).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue};
@@ -24,11 +24,10 @@ use serde_json::json;
 
 use super::headers::CACHE_HEADER;
 use super::route::Route;
-use super::send::{read_limited, send_direct, send_via_router, RouterAsk, UpstreamReply, JSON};
+use super::side_call::{self, SideCall};
 use super::values::{Admitted, Lookup, Store};
 use crate::cache;
 use crate::config::Resolved;
-use crate::routing;
 use crate::semantic::{self, HeaderAsk, SEMANTIC_HEADER};
 use crate::state::Gateway;
 
@@ -170,8 +169,9 @@ fn count_semantic(gw: &Gateway, tenant: String, result: &str) {
         .inc();
 }
 
-/// The unit-length embedding of `text` from the embedding model's plan (its targets in
-/// order, one try each); `None` when none answers (the request then goes uncached).
+/// The unit-length embedding of `text` from the embedding model
+/// ([`side_call::call_model`]); `None` when no target answers one (the request then goes
+/// uncached).
 async fn embed(
     gw: &Gateway,
     resolved: &Resolved,
@@ -179,77 +179,23 @@ async fn embed(
     req: &Admitted,
     text: &str,
 ) -> Option<Vec<f32>> {
-    let model = resolved.model(model)?;
-    let tries = {
-        let mut rng = gw.rng.lock();
-        routing::plan(resolved, model, 0, &mut *rng)
+    let call = SideCall {
+        route: Route::Embeddings,
+        headers: &req.headers,
+        tenant: &req.key.record.tenant,
+        request_id: &req.request_id,
+        answer_limit: EMBEDDING_ANSWER_LIMIT,
     };
-    let deadline = Instant::now() + Duration::from_millis(model.timeout_ms);
-    for att in tries {
-        let Some(up) = resolved.upstreams.get(&att.upstream) else {
-            continue;
-        };
-        let payload = match serde_json::to_vec(&json!({"model": att.upstream_model, "input": text}))
-        {
-            Ok(p) => Bytes::from(p),
-            Err(_) => return None,
-        };
-        let per_try = att
-            .try_timeout
-            .min(deadline.saturating_duration_since(Instant::now()));
-        if per_try.is_zero() {
-            break;
+    let body = |upstream_model: &str| {
+        Bytes::from(json!({"model": upstream_model, "input": text}).to_string())
+    };
+    let read =
+        |answer: &Bytes| semantic::embedding_from_json(answer).and_then(semantic::normalized);
+    match side_call::call_model(gw, resolved, model, &call, body, read).await {
+        Ok(vector) => Some(vector),
+        Err(why) => {
+            tracing::debug!(%why, "no embedding; semantic cache skipped");
+            None
         }
-        let sent = match &up.router {
-            None => {
-                send_direct(
-                    gw,
-                    up,
-                    Route::Embeddings,
-                    &payload,
-                    &JSON,
-                    &req.request_id,
-                    per_try,
-                    None,
-                )
-                .await
-            }
-            Some(emb) => {
-                let ask = RouterAsk {
-                    model: &att.upstream_model,
-                    prefix: "",
-                    headers: &req.headers,
-                    priority: 0,
-                    flow: &req.key.record.tenant,
-                    traceparent: None,
-                    content_type: &JSON,
-                };
-                send_via_router(
-                    gw,
-                    &emb.router,
-                    Route::Embeddings,
-                    &payload,
-                    &req.request_id,
-                    &ask,
-                    Instant::now() + per_try,
-                )
-                .await
-            }
-        };
-        let Ok(UpstreamReply { resp, lease }) = sent else {
-            continue;
-        };
-        if !resp.status().is_success() {
-            continue;
-        }
-        let read = read_limited(resp, EMBEDDING_ANSWER_LIMIT, Instant::now() + per_try).await;
-        drop(lease);
-        if let Ok((_, _, bytes)) = read {
-            if let Some(v) = semantic::embedding_from_json(&bytes).and_then(semantic::normalized) {
-                return Some(v);
-            }
-        }
-        tracing::debug!(upstream = %att.upstream, "embedding try failed; semantic cache skipped");
     }
-    None
 }

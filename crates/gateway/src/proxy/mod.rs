@@ -43,6 +43,7 @@ pub(crate) mod route;
 pub(crate) mod send;
 pub(crate) mod settle;
 pub(crate) mod shape;
+pub(crate) mod side_call;
 pub(crate) mod stream;
 pub(crate) mod values;
 
