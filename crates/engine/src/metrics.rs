@@ -642,18 +642,20 @@ mod tests {
     use strata_api::model_server::{parse_load, EngineKind};
     use strata_api::prometheus::samples;
 
+    /// The limits the page tests size their buckets with.
+    fn test_limits() -> MetricLimits {
+        MetricLimits {
+            block_size: 16,
+            num_blocks: 100,
+            max_model_len: 8192,
+            max_num_batched_tokens: 2048,
+            cache_dtype: KvDtype::Int8,
+        }
+    }
+
     #[test]
     fn the_page_has_vllms_names_labels_and_buckets() {
-        let m = EngineMetrics::with_limits(
-            "m",
-            MetricLimits {
-                block_size: 16,
-                num_blocks: 100,
-                max_model_len: 8192,
-                max_num_batched_tokens: 2048,
-                cache_dtype: KvDtype::Int8,
-            },
-        );
+        let m = EngineMetrics::with_limits("m", test_limits());
         m.set_queue(3, 2);
         m.record_step(17);
         m.record_prompt(100, 32);
@@ -855,16 +857,7 @@ mod tests {
     /// To refresh the golden after a deliberate change, run with `STRATA_BLESS=1`.
     #[test]
     fn the_page_matches_the_golden_exposition() {
-        let m = EngineMetrics::with_limits(
-            "m",
-            MetricLimits {
-                block_size: 16,
-                num_blocks: 100,
-                max_model_len: 8192,
-                max_num_batched_tokens: 2048,
-                cache_dtype: KvDtype::Int8,
-            },
-        );
+        let m = EngineMetrics::with_limits("m", test_limits());
         m.record_http("/v1/completions", "POST", 200, Duration::from_millis(30));
         let mut page = String::new();
         encode(&mut page, &m.registry).unwrap();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::request;
+use common::post;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use strata_engine::embed::classifier::{sigmoid, ClassifierConfig, SequenceClassifier};
 use strata_engine::embed::input::EncoderInput;
 use strata_engine::embed::linear::EncoderWeights;
-use strata_engine::embed::server::{self as embed_server, EmbedState};
+use strata_engine::embed::server::EmbedState;
 use strata_engine::embed::tokenizer::EmbedTokenizer;
 use strata_engine::embed::{is_encoder_model, EncoderConfig};
 use strata_engine::server::EngineOptions;
@@ -127,24 +127,12 @@ fn the_head_is_read_from_the_config() {
 }
 
 fn start(kind: &str) -> (SocketAddr, Arc<EmbedState>) {
-    let opts = EngineOptions {
+    common::serve_encoder(&EngineOptions {
         model_path: fixtures().join(kind),
         model_name: kind.into(),
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()
-    };
-    let loaded = embed_server::load(&opts).expect("load the model");
-    let state = loaded.state.clone();
-    let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
-    (addr, state)
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = request(addr, "POST", path, body.to_string().as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    })
 }
 
 /// The logits the served model (default 8-bit weights) gives `batch`.

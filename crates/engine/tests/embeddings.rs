@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use strata_engine::embed::bert::BertModel;
 use strata_engine::embed::linear::EncoderWeights;
-use strata_engine::embed::server::{self as embed_server, EmbedState};
+use strata_engine::embed::server::EmbedState;
 use strata_engine::embed::tokenizer::EmbedTokenizer;
 use strata_engine::embed::{is_encoder_model, EncoderConfig};
 use strata_engine::server::EngineOptions;
@@ -126,15 +126,11 @@ fn token_ids_and_vectors_match_the_transformers_reference() {
 }
 
 fn start(opts: EngineOptions) -> (SocketAddr, Arc<EmbedState>) {
-    let loaded = embed_server::load(&EngineOptions {
+    common::serve_encoder(&EngineOptions {
         model_path: common::embedding_model_dir(),
         model_name: NAME.into(),
         ..opts
     })
-    .expect("load the encoder");
-    let state = loaded.state.clone();
-    let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
-    (addr, state)
 }
 
 fn small() -> EngineOptions {

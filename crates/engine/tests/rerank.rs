@@ -6,36 +6,24 @@
 
 mod common;
 
-use common::request;
+use common::{post, request};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use strata_engine::embed::server::{self as embed_server, EmbedState};
+use strata_engine::embed::server::EmbedState;
 use strata_engine::server::EngineOptions;
 
 const NAME: &str = "all-minilm-l6-v2";
 
 fn start() -> (SocketAddr, Arc<EmbedState>) {
-    let opts = EngineOptions {
+    common::serve_encoder(&EngineOptions {
         model_path: common::embedding_model_dir(),
         model_name: NAME.into(),
         max_body_bytes: 256 * 1024,
         ..EngineOptions::default()
-    };
-    let loaded = embed_server::load(&opts).expect("load the encoder");
-    let state = loaded.state.clone();
-    let addr = common::serve_app(embed_server::router(loaded.state.clone()), loaded.state);
-    (addr, state)
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = request(addr, "POST", path, body.to_string().as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    })
 }
 
 const QUERY: &str = "How do I keep my houseplants alive?";

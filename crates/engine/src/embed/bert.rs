@@ -112,6 +112,30 @@ pub struct BertModel {
     layers: Vec<Layer>,
 }
 
+/// The checkpoint's tensor `name` (`t`), checked to be there and of `shape`, in f32.
+pub(super) fn checked_f32(
+    name: String,
+    t: Option<&Tensor>,
+    shape: &[usize],
+) -> Result<Tensor, EmbedError> {
+    let Some(t) = t else {
+        return Err(EmbedError::Weights {
+            name,
+            reason: "missing".into(),
+        });
+    };
+    if t.dims() != shape {
+        return Err(EmbedError::Weights {
+            name,
+            reason: format!("shape {:?}, expected {shape:?}", t.dims()),
+        });
+    }
+    t.to_dtype(DType::F32).map_err(|e| EmbedError::Weights {
+        name,
+        reason: e.to_string(),
+    })
+}
+
 /// The tensors of a safetensors file, found by name with or without a `bert.` prefix.
 struct Weights {
     tensors: HashMap<String, Tensor>,
@@ -122,20 +146,8 @@ struct Weights {
 impl Weights {
     fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, EmbedError> {
         let full = format!("{}{name}", self.prefix);
-        let t = self.tensors.get(&full).ok_or_else(|| EmbedError::Weights {
-            name: full.clone(),
-            reason: "missing".into(),
-        })?;
-        if t.dims() != shape {
-            return Err(EmbedError::Weights {
-                name: full,
-                reason: format!("shape {:?}, expected {shape:?}", t.dims()),
-            });
-        }
-        t.to_dtype(DType::F32).map_err(|e| EmbedError::Weights {
-            name: full,
-            reason: e.to_string(),
-        })
+        let t = self.tensors.get(&full);
+        checked_f32(full, t, shape)
     }
 
     fn vec(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EmbedError> {

@@ -16,10 +16,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::Deserialize;
 
-use super::bert::{read_safetensors, BertModel};
+use super::bert::{checked_f32, read_safetensors, BertModel};
 use super::input::Segmented;
 use super::linear::{EncoderWeights, Linear};
 use super::{EmbedError, EncoderConfig};
@@ -212,17 +212,8 @@ fn take_dense(
 ) -> Result<Linear, EmbedError> {
     let mut take = |suffix: &str, shape: &[usize]| -> Result<Tensor, EmbedError> {
         let full = format!("{name}.{suffix}");
-        let t = tensors.remove(&full).ok_or_else(|| EmbedError::Weights {
-            name: full.clone(),
-            reason: "missing".into(),
-        })?;
-        if t.dims() != shape {
-            return Err(EmbedError::Weights {
-                name: full,
-                reason: format!("shape {:?}, expected {shape:?}", t.dims()),
-            });
-        }
-        Ok(t.to_dtype(DType::F32)?)
+        let t = tensors.remove(&full);
+        checked_f32(full, t.as_ref(), shape)
     };
     let w = take("weight", &[out, inp])?;
     let b = take("bias", &[out])?.to_vec1::<f32>()?;

@@ -127,6 +127,21 @@ pub fn dechunk(mut s: &str) -> String {
     out
 }
 
+/// An encoder (`embed_server`) loaded with `opts` and served on a thread of its own: its
+/// address and its state, for looking inside.
+pub fn serve_encoder(
+    opts: &strata_engine::server::EngineOptions,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<strata_engine::embed::server::EmbedState>,
+) {
+    use strata_engine::embed::server as embed_server;
+    let loaded = embed_server::load(opts).expect("load the encoder");
+    let state = loaded.state.clone();
+    let addr = serve_app(embed_server::router(loaded.state.clone()), loaded.state);
+    (addr, state)
+}
+
 /// A POST of `body`; the answer as JSON (a string when it is not JSON).
 pub fn post(
     addr: std::net::SocketAddr,
